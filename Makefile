@@ -1,0 +1,33 @@
+# Every target calls the real command; `make help` lists them.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The MiniMind-3 tokenizer: $MINIMIND_TOKENIZER, else ../shared's copy, else the stand-in that `make tiny` writes.
+TOKENIZER ?= $(or $(MINIMIND_TOKENIZER),$(firstword $(wildcard ../shared/minimind3-tokenizer)),out/tiny/standin-tokenizer)
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-all demo tiny bench lint clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## create .venv: CPU torch from the local wheel when pip can, then this package with [dev]
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q 'torch>=2.6'
+	$(PY) -m pip install -q -e '.[dev]' && touch $(STAMP)
+
+test: setup ## fast test suite (excludes slow and gpu markers)
+	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-all: setup ## every test except gpu, slow end-to-end ones included
+	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+
+tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMind format) to out/tiny
+	$(PY) -m opd.tiny_checkpoints --out out/tiny --standin-tokenizer out/tiny/standin-tokenizer
+
+lint: setup ## ruff over the code
+	$(PY) -m ruff check regen opd tools launch tests

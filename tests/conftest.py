@@ -1,0 +1,46 @@
+"""Shared fixtures: offline hubs, the MiniMind-3 tokenizer (real when available, else the stand-in)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+def real_tokenizer_path() -> Path | None:
+    """The real MiniMind-3 tokenizer: $MINIMIND_TOKENIZER, else ../shared/minimind3-tokenizer, else None."""
+    candidates = [os.environ.get("MINIMIND_TOKENIZER"), str(REPO_ROOT.parent / "shared" / "minimind3-tokenizer")]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "tokenizer.json").is_file():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture(scope="session")
+def standin_tokenizer_path(tmp_path_factory) -> Path:
+    """The MiniMind-shaped stand-in tokenizer, written once per session."""
+    from opd.tokenizer import build_standin_tokenizer
+
+    return build_standin_tokenizer(tmp_path_factory.mktemp("standin-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path(standin_tokenizer_path) -> Path:
+    """The tokenizer tests use: the real MiniMind-3 one when present, else the stand-in (never a skip)."""
+    return real_tokenizer_path() or standin_tokenizer_path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_path):
+    from opd.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(tokenizer_path))

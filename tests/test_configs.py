@@ -1,0 +1,119 @@
+"""The Hydra config tree: every option of every group composes for both entrypoints, and the CLIs print it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from tests.conftest import CONFIG_DIR, REPO_ROOT
+
+GROUPS = {
+    "regen": ("dataset", "server", "sampling"),
+    "opd": ("teacher", "student", "sampling"),
+}
+# Mandatory (???) values a user must give, per entrypoint and group option.
+REQUIRED = {
+    "regen": ["dataset=sample"],
+    "opd": ["data=agent.jsonl"],
+}
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def compose_config(config_name: str, overrides: list[str]):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+
+
+@pytest.mark.parametrize(
+    "config_name,group,option",
+    [(name, group, option) for name, groups in GROUPS.items() for group in groups for option in options(group)],
+)
+def test_every_group_option_composes(config_name, group, option):
+    overrides = [o for o in REQUIRED[config_name] if not o.startswith(f"{group}=")] + [f"{group}={option}"]
+    cfg = compose_config(config_name, overrides)
+    block = OmegaConf.to_container(cfg[group], resolve=True, throw_on_missing=False)
+    reference = OmegaConf.to_container(
+        compose_config(config_name, REQUIRED[config_name])[group], resolve=True, throw_on_missing=False
+    )
+    if group != "server":  # every preset of a group has the same keys, so overrides work on any of them
+        assert set(block) == set(reference), f"{group}={option} keys differ from the default preset"
+    assert OmegaConf.is_struct(cfg), "unknown keys must fail"
+
+
+def test_group_key_sets():
+    for group in ("teacher", "student"):
+        for option in options(group):
+            block = OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml")
+            assert {"checkpoint", "hidden_size", "num_hidden_layers", "use_moe", "tokenizer"} <= set(block)
+    for option in options("sampling"):
+        block = OmegaConf.load(CONFIG_DIR / "sampling" / f"{option}.yaml")
+        assert set(block) == set(OmegaConf.load(CONFIG_DIR / "sampling" / "server_default.yaml"))
+    assert all(v is None for v in OmegaConf.load(CONFIG_DIR / "sampling" / "server_default.yaml").values())
+    opd = OmegaConf.load(CONFIG_DIR / "sampling" / "opd_rollout.yaml")
+    assert (opd.temperature, opd.top_p, opd.top_k) == (1.0, 1.0, 0)
+
+
+def test_dataset_aliases_match_their_presets():
+    for alias, canonical in [("open-perfectblend", "open_perfectblend"), ("hermes-fc", "hermes_fc"),
+                             ("sharegpt4v-coco", "sharegpt4v_coco")]:
+        a = compose_config("regen", [f"dataset={alias}"]).dataset
+        b = compose_config("regen", [f"dataset={canonical}"]).dataset
+        assert a == b
+
+
+def test_model_presets_follow_minimind_naming():
+    for group in ("teacher", "student"):
+        for option in options(group):
+            block = OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml")
+            if option != "tiny":
+                suffix = "_moe" if block.use_moe else ""
+                assert block.checkpoint.endswith(f"_{block.hidden_size}{suffix}.pth"), option
+
+
+def test_unknown_key_and_missing_required_value_fail():
+    with pytest.raises(ConfigCompositionException):
+        compose_config("regen", ["dataset=sample", "no_such_key=1"])
+    with pytest.raises(ConfigCompositionException):
+        compose_config("regen", ["dataset=no_such_preset"])
+    cfg = compose_config("regen", ["dataset=magpie"])
+    assert OmegaConf.is_missing(cfg.server, "model")
+
+
+def test_multirun_job_dirs_never_collide():
+    for name in GROUPS:
+        cfg = compose_config(name, REQUIRED[name])
+        assert "${hydra.job.num}" in OmegaConf.to_container(cfg.hydra.sweep)["subdir"]
+
+
+def run_cli(script: str, *overrides: str) -> dict:
+    result = subprocess.run(
+        [sys.executable, script, "--cfg", "job", *overrides],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_regen_cli_prints_composed_config():
+    cfg = run_cli("regen/main.py", "dataset=magpie", "server.dp=4")
+    assert cfg["dataset"]["path"] == "Magpie-Align/Magpie-Llama-3.1-Pro-300K-Filtered"
+    assert cfg["server"]["kind"] == "vllm" and cfg["server"]["dp"] == 4 and cfg["server"]["model"] == "???"
+    assert cfg["sampling"]["temperature"] is None
+
+
+def test_opd_cli_prints_composed_config():
+    cfg = run_cli("opd/train.py", "teacher=agent_768")
+    assert cfg["teacher"]["checkpoint"] == "out/agent_768.pth" and cfg["teacher"]["hidden_size"] == 768
+    assert cfg["student"]["name"] == "full_sft_768"
+    assert (cfg["sampling"]["temperature"], cfg["sampling"]["top_k"]) == (1.0, 0)
