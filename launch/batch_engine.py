@@ -1,0 +1,231 @@
+"""Continuous batching for the embedded server: many requests share every forward pass.
+
+One worker thread owns the model. At each step boundary it admits waiting requests (up to
+``max_batch_size`` running, ``max_prefill_tokens`` padded prompt tokens per prefill pass), prefills them
+together, merges them into the running left-padded batch (``PaddedBatch``) and runs one decode step for
+every running sequence. Finished and cancelled sequences leave at the next boundary. Forward passes are
+counted so callers can see the batching happen.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+
+import torch
+
+from launch.padded_batch import PaddedBatch, cache_argument_name, prefill_inputs
+from launch.sampling import SamplingParams, TokenSampler
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A finished generation: its token ids (stop token included) and why it ended."""
+
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    stop_token_id: int | None = None  # the id that ended it when finish_reason is "stop"
+    stopped_by_eos: bool = False
+
+
+@dataclass
+class _Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    future: Future
+    sampler: TokenSampler
+    output_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class EngineStats:
+    """Counters since start (read them with ``BatchEngine.stats()``)."""
+
+    forward_passes: int = 0
+    prefill_passes: int = 0
+    decode_passes: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    finished_requests: int = 0
+    cancelled_requests: int = 0
+    peak_running: int = 0
+
+
+class BatchEngine:
+    """Runs generation requests in shared, KV-cached, padded batches on one worker thread."""
+
+    def __init__(self, model, *, eos_token_ids: set[int], max_model_len: int, max_batch_size: int = 32,
+                 max_prefill_tokens: int = 8192, pad_token_id: int = 0):
+        if max_batch_size < 1 or max_prefill_tokens < 1:
+            raise ValueError("max_batch_size and max_prefill_tokens must be at least 1")
+        self.model = model.eval()
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.pad_token_id = pad_token_id
+        self._cache_argument = cache_argument_name(model)
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._batch = PaddedBatch()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._stats = EngineStats()
+        self._thread = threading.Thread(target=self._work, name="batch-engine", daemon=True)
+
+    def start(self) -> BatchEngine:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the worker; requests not finished get an error."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+        for sequence in [*self._running, *self._waiting]:
+            _fail(sequence.future, RuntimeError("the server is shutting down"))
+        self._running.clear()
+        self._waiting.clear()
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
+        """Queue a request; the future resolves to a ``Generation``. Cancel the future to abandon it."""
+        max_new = min(params.max_tokens, self.max_model_len - len(prompt_ids))
+        if not prompt_ids or max_new < 1:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in {self.max_model_len}")
+        sequence = _Sequence(list(prompt_ids), params, max_new, Future(), TokenSampler(params, list(prompt_ids)))
+        with self._wake:
+            if self._stopping:
+                raise RuntimeError("the server is shutting down")
+            self._waiting.append(sequence)
+            self._wake.notify()
+        return sequence.future
+
+    def stats(self) -> dict:
+        """Counters plus the current running/waiting sizes."""
+        with self._wake:
+            waiting = len(self._waiting)
+        return {**vars(self._stats), "running": len(self._running), "waiting": waiting}
+
+    # -- worker thread -------------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._wake:
+                    while not self._stopping and not self._waiting and not self._running:
+                        self._wake.wait()
+                    if self._stopping:
+                        return
+                    admitted = self._take_admissible()
+                self._drop_cancelled()
+                try:
+                    if admitted:
+                        self._prefill(admitted)
+                    if self._running:
+                        self._decode_step()
+                except Exception as error:  # a failed pass fails its requests, never the server
+                    for sequence in [*admitted, *self._running]:
+                        _fail(sequence.future, error)
+                    self._running, self._batch = [], PaddedBatch()
+
+    def _take_admissible(self) -> list[_Sequence]:
+        taken: list[_Sequence] = []
+        width = 0
+        while self._waiting and len(self._running) + len(taken) < self.max_batch_size:
+            candidate = self._waiting[0]
+            if candidate.future.cancelled():
+                self._waiting.popleft()
+                self._stats.cancelled_requests += 1
+                continue
+            new_width = max(width, len(candidate.prompt_ids))
+            if taken and new_width * (len(taken) + 1) > self.max_prefill_tokens:
+                break
+            taken.append(self._waiting.popleft())
+            width = new_width
+        return taken
+
+    def _forward(self, inputs: dict, cache) -> torch.Tensor:
+        output = self.model(**inputs, **{self._cache_argument: cache}, use_cache=True, logits_to_keep=1)
+        self._stats.forward_passes += 1
+        return output.logits[:, -1, :]
+
+    def _prefill(self, group: list[_Sequence]) -> None:
+        from transformers import DynamicCache
+
+        inputs = prefill_inputs([s.prompt_ids for s in group], self.pad_token_id)
+        cache = DynamicCache()
+        logits = self._forward(inputs, cache)
+        self._stats.prefill_passes += 1
+        self._stats.prompt_tokens += sum(len(s.prompt_ids) for s in group)
+        tokens = self._choose(group, logits)
+        self._batch.add(cache, inputs["attention_mask"], tokens)
+        self._running.extend(group)
+        self._stats.peak_running = max(self._stats.peak_running, len(self._running))
+        self._retire_finished()
+
+    def _decode_step(self) -> None:
+        logits = self._forward(self._batch.decode_inputs(), self._batch.cache)
+        self._stats.decode_passes += 1
+        self._batch.advance(self._choose(self._running, logits))
+        self._retire_finished()
+
+    def _choose(self, sequences: list[_Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """Pick every sequence's next token (argmax for the whole batch, samplers where needed)."""
+        tokens = logits.argmax(-1)
+        for row, sequence in enumerate(sequences):
+            if not sequence.sampler.plain_greedy:
+                tokens[row] = sequence.sampler.choose(logits[row], sequence.output_ids)
+        for sequence, token in zip(sequences, tokens.tolist(), strict=True):
+            sequence.output_ids.append(token)
+        self._stats.generated_tokens += len(sequences)
+        return tokens
+
+    def _retire_finished(self) -> None:
+        keep = []
+        for row, sequence in enumerate(self._running):
+            generation = self._finished(sequence)
+            if generation is None:
+                keep.append(row)
+                continue
+            self._stats.finished_requests += 1
+            _resolve(sequence.future, generation)
+        self._keep_rows(keep)
+
+    def _finished(self, sequence: _Sequence) -> Generation | None:
+        token = sequence.output_ids[-1]
+        if token in self.eos_token_ids and not sequence.params.ignore_eos:
+            return Generation(list(sequence.output_ids), "stop", token, stopped_by_eos=True)
+        if token in sequence.params.stop_token_ids:
+            return Generation(list(sequence.output_ids), "stop", token)
+        if len(sequence.output_ids) >= sequence.max_new_tokens:
+            return Generation(list(sequence.output_ids), "length")
+        return None
+
+    def _drop_cancelled(self) -> None:
+        keep = [row for row, s in enumerate(self._running) if not s.future.cancelled()]
+        self._stats.cancelled_requests += len(self._running) - len(keep)
+        self._keep_rows(keep)
+
+    def _keep_rows(self, rows: list[int]) -> None:
+        if len(rows) != len(self._running):
+            self._running = [self._running[row] for row in rows]
+            self._batch.keep(rows)
+
+
+def _resolve(future: Future, generation: Generation) -> None:
+    try:
+        future.set_result(generation)
+    except InvalidStateError:  # cancelled by the client meanwhile
+        pass
+
+
+def _fail(future: Future, error: BaseException) -> None:
+    try:
+        future.set_exception(error)
+    except InvalidStateError:
+        pass

@@ -1,0 +1,90 @@
+"""Turning a finished generation into a vLLM-shaped ``chat.completion`` reply.
+
+Field names and conventions follow vLLM: ``prompt_token_ids`` at the top level and ``token_ids`` in the
+choice (stop token included) when ``return_token_ids`` is asked; ``reasoning`` split off by the ``qwen3``
+reasoning parser; hermes ``<tool_call>`` blocks parsed into ``message.tool_calls`` with
+``chatcmpl-tool-<hex>`` ids and JSON-string arguments, ``finish_reason: "tool_calls"``, and the text
+before the first call as ``content``. A block that does not parse leaves the whole text as content, as
+vLLM's hermes parser does.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from launch.batch_engine import Generation
+from tools.tool_calls import ToolCall, split_tool_calls
+
+REASONING_PARSERS = ("qwen3",)
+TOOL_CALL_PARSERS = ("hermes",)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def split_reasoning(text: str) -> tuple[str | None, str | None]:
+    """qwen3 parser: text up to ``</think>`` (minus a leading ``<think>``) is reasoning, the rest content.
+
+    Without ``</think>`` everything is content (the chat template may already have closed the think block).
+    """
+    if THINK_CLOSE not in text:
+        return None, text
+    before, _, content = text.partition(THINK_CLOSE)
+    if THINK_OPEN in before:
+        before = before.partition(THINK_OPEN)[2]
+    return before, content or None
+
+
+def extract_tool_calls(text: str | None) -> tuple[str | None, list[dict]]:
+    """hermes parser: ``(content before the first call or None, OpenAI tool_calls)``; no calls if any is malformed."""
+    if not text:
+        return text, []
+    content, calls = split_tool_calls(text)
+    if not calls or not all(isinstance(call, ToolCall) for call in calls):
+        return text, []
+    return content or None, [
+        {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+         "function": {"name": call.name, "arguments": call.arguments_json()}}
+        for call in calls
+    ]
+
+
+def build_reply(*, model: str, prompt_ids: list[int], generation: Generation, tokenizer,
+                return_token_ids: bool, skip_special_tokens: bool = True,
+                reasoning_parser: str | None = None, parse_tool_calls: bool = False) -> dict:
+    """The ``/v1/chat/completions`` JSON for one finished generation."""
+    text_ids = generation.token_ids
+    if generation.finish_reason == "stop" and generation.stop_token_id is not None:
+        text_ids = text_ids[:-1]  # the stop token's text is never part of the content
+    text = tokenizer.decode(text_ids, skip_special_tokens=skip_special_tokens)
+    reasoning, content = split_reasoning(text) if reasoning_parser else (None, text)
+    tool_calls: list[dict] = []
+    if parse_tool_calls:
+        content, tool_calls = extract_tool_calls(content)
+    message = {"role": "assistant", "content": content, "refusal": None, "annotations": None, "audio": None,
+               "function_call": None, "reasoning": reasoning}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    finish_reason = "tool_calls" if tool_calls else generation.finish_reason
+    stop_reason = None if generation.stopped_by_eos else generation.stop_token_id
+    completion = len(generation.token_ids)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+            "token_ids": list(generation.token_ids) if return_token_ids else None,
+        }],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + completion,
+                  "completion_tokens": completion, "prompt_tokens_details": None},
+        "prompt_logprobs": None,
+        "prompt_token_ids": list(prompt_ids) if return_token_ids else None,
+        "kv_transfer_params": None,
+    }

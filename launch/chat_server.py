@@ -1,0 +1,228 @@
+"""The embedded CPU server: an OpenAI-compatible aiohttp app speaking vLLM's dialect, on transformers.
+
+    python -m launch.chat_server --checkpoint out/tiny/tiny_teacher.pth --tokenizer TOKENIZER \\
+        --hidden-size 128 --num-hidden-layers 2 --num-attention-heads 4 --num-key-value-heads 2
+
+Serves a native MiniMind ``.pth`` (architecture flags + tokenizer) or an HF model folder / hub id.
+Routes: ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming), ``GET /health`` and
+``GET /stats`` (the batch engine's counters: forward passes, tokens, peak batch). Concurrent requests
+share forward passes (``launch.batch_engine``). Binds 127.0.0.1 unless ``--host`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from aiohttp import web
+from jinja2 import TemplateError
+
+from launch.batch_engine import BatchEngine
+from launch.chat_reply import REASONING_PARSERS, TOOL_CALL_PARSERS, build_reply
+from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, parse_chat_request
+
+SERVICE_KEY = web.AppKey("chat_service", object)
+
+
+@dataclass
+class ChatService:
+    """Everything a request handler needs: the engine, the tokenizer and the serving options."""
+
+    engine: BatchEngine
+    tokenizer: object
+    model_name: str
+    max_model_len: int
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = "hermes"
+    sampling_defaults: dict | None = None
+    created: int = 0
+
+    def prompt_ids(self, request: ChatRequest) -> list[int]:
+        """The chat template's token ids for this request (what vLLM returns as ``prompt_token_ids``)."""
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                request.messages, tools=request.tools, add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message, tokenize=True, return_dict=False,
+                **request.chat_template_kwargs,
+            )
+        except (TemplateError, ValueError, TypeError) as error:
+            raise RequestError(f"the chat template could not render these messages: {error}",
+                               param="messages") from None
+        return list(ids)
+
+    def check_length(self, prompt_len: int, max_tokens: int | None) -> int:
+        """The completion budget for a prompt, or a 400 like vLLM's when the context is too small."""
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise RequestError(f"This model's maximum context length is {limit} tokens. However, your request "
+                               f"has {prompt_len} input tokens. Please reduce the length of the input messages.")
+        if max_tokens is None:
+            return limit - prompt_len
+        if prompt_len + max_tokens > limit:
+            raise RequestError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion.", param="max_tokens")
+        return max_tokens
+
+
+def _error(message: str, status: int, param: str | None = None) -> web.Response:
+    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                             status=status)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    service: ChatService = request.app[SERVICE_KEY]
+    card = {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "embedded",
+            "root": service.model_name, "parent": None, "max_model_len": service.max_model_len}
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def chat_completions(request: web.Request) -> web.Response:
+    service: ChatService = request.app[SERVICE_KEY]
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return _error(f"the request body is not valid JSON: {error}", 400)
+    try:
+        chat = parse_chat_request(body, sampling_defaults=service.sampling_defaults,
+                                  tool_parser=service.tool_call_parser)
+        if chat.model is not None and chat.model != service.model_name:
+            return _error(f"The model `{chat.model}` does not exist.", 404, "model")
+        prompt_ids = service.prompt_ids(chat)
+        max_tokens = service.check_length(len(prompt_ids), chat.max_tokens)
+        future = service.engine.submit(prompt_ids, chat.sampling_params(max_tokens))
+    except RequestError as error:
+        return _error(error.message, error.status, error.param)
+    try:
+        generation = await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        future.cancel()  # the client went away: the engine drops the sequence at its next step
+        raise
+    except Exception as error:
+        return _error(f"generation failed: {error}", 500)
+    reply = build_reply(
+        model=service.model_name, prompt_ids=prompt_ids, generation=generation, tokenizer=service.tokenizer,
+        return_token_ids=chat.return_token_ids, skip_special_tokens=chat.skip_special_tokens,
+        reasoning_parser=service.reasoning_parser,
+        parse_tool_calls=bool(chat.tools) and chat.tool_choice == "auto" and service.tool_call_parser is not None,
+    )
+    return web.json_response(reply)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE_KEY].engine.stats())
+
+
+def create_app(service: ChatService) -> web.Application:
+    """The aiohttp application; starts the engine on startup and stops it on cleanup."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[SERVICE_KEY] = service
+    app.add_routes([
+        web.get("/v1/models", list_models),
+        web.post("/v1/chat/completions", chat_completions),
+        web.get("/health", health),
+        web.get("/stats", stats),
+    ])
+
+    async def stop_engine(_app: web.Application) -> None:
+        await asyncio.to_thread(service.engine.stop)
+
+    app.on_cleanup.append(stop_engine)
+    return app
+
+
+def generation_defaults(checkpoint: str) -> dict:
+    """Sampling defaults from an HF folder's generation_config.json (vLLM's ``--generation-config auto``)."""
+    path = Path(checkpoint).expanduser() / "generation_config.json"
+    if not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    return {k: config[k] for k in SAMPLING_DEFAULTS if config.get(k) is not None}
+
+
+def load_service(args: argparse.Namespace) -> ChatService:
+    """Load the model and tokenizer named by the CLI arguments and wrap them in a started engine."""
+    import torch
+
+    from opd.minimind import MiniMindArch, load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    block = {"checkpoint": args.checkpoint, "tokenizer": args.tokenizer,
+             **{f.name: getattr(args, f.name) for f in fields(MiniMindArch)}}
+    model, tokenizer = load_model(block, role="server")
+    layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise ValueError(f"the embedded server batches full-attention models only; this one has {layer_types}")
+    max_model_len = args.max_model_len or model.config.max_position_embeddings
+    eos = model.generation_config.eos_token_id
+    eos_ids = {tokenizer.eos_token_id, *([] if eos is None else [eos] if isinstance(eos, int) else eos)}
+    engine = BatchEngine(model, eos_token_ids=eos_ids, max_model_len=max_model_len,
+                         max_batch_size=args.max_batch_size, max_prefill_tokens=args.max_prefill_tokens,
+                         pad_token_id=tokenizer.pad_token_id)
+    return ChatService(
+        engine=engine.start(), tokenizer=tokenizer, model_name=args.served_model_name or args.checkpoint,
+        max_model_len=max_model_len, reasoning_parser=args.reasoning_parser,
+        tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
+        sampling_defaults=generation_defaults(args.checkpoint), created=int(time.time()),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from opd.minimind import MiniMindArch
+
+    parser = argparse.ArgumentParser(prog="python -m launch.chat_server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="native MiniMind .pth, HF model folder or hub id")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (required for a .pth)")
+    for f in fields(MiniMindArch):  # unset flags fall back to MiniMindArch's defaults
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            parser.add_argument(flag, type=int, default=None, help="architecture flag of a native checkpoint")
+    parser.add_argument("--served-model-name", default=None, help="name in /v1/models (default: --checkpoint)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8011)
+    parser.add_argument("--max-batch-size", type=int, default=32, help="most sequences decoded together")
+    parser.add_argument("--max-prefill-tokens", type=int, default=8192, help="padded prompt tokens per prefill pass")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
+    parser.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None)
+    parser.add_argument("--tool-call-parser", choices=[*TOOL_CALL_PARSERS, "none"], default="hermes")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    return parser
+
+
+async def _exit_with_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    service = load_service(args)
+    app = create_app(service)
+    if args.parent_pid:
+        async def watch_parent(_app: web.Application) -> None:
+            _app["parent_watch"] = asyncio.create_task(_exit_with_parent(args.parent_pid))
+        app.on_startup.append(watch_parent)
+    print(f"serving {service.model_name} on http://{args.host}:{args.port} "
+          f"(max batch {args.max_batch_size}, max model len {service.max_model_len})", flush=True)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

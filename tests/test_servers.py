@@ -1,0 +1,260 @@
+"""regen/servers.py: server lifecycle for server=vllm (launch/vllm.sh with a stand-in `vllm` first on PATH) and
+server=local (the real embedded server): start, ready, reuse, stop on success/failure/interrupt, early death
+with the log tail, keep_server, and one shared server for a Hydra multirun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from launch.server_process import ServerStartError, probe_models, start_detached, stop_process_group
+from opd.minimind import MiniMindArch, build_model, save_native
+from regen.servers import SharedServerCallback, local_command, provide_endpoints, vllm_command
+from tests.conftest import CONFIG_DIR, REPO_ROOT
+from tests.standin_vllm import free_port, install_standin_vllm
+
+
+def regen_config(*overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="regen", overrides=["dataset=sample", *overrides])
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """`vllm` on PATH is the stand-in; returns a factory of vllm server configs logging into tmp_path."""
+    install_standin_vllm(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("VLLM_READY_POLL_S", "0.1")
+    monkeypatch.setenv("STANDIN_VLLM_ARGV_LOG", str(tmp_path / "argv.jsonl"))
+
+    def config(*overrides: str, mode: str = "serve"):
+        monkeypatch.setenv("STANDIN_VLLM_MODE", mode)
+        return regen_config("server=vllm", "server.model=org/model", f"server.port={free_port()}",
+                            f"server.log_file={tmp_path / 'vllm.log'}", "server.stop_grace_s=5", *overrides).server
+
+    config.starts = lambda: len((tmp_path / "argv.jsonl").read_text().splitlines()) if (
+        tmp_path / "argv.jsonl").exists() else 0
+    config.pid = lambda: int((tmp_path / "vllm.pid").read_text())
+    return config
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def base_url(cfg) -> str:
+    return f"http://{cfg.host}:{cfg.port}"
+
+
+def test_vllm_command_carries_every_server_value():
+    cfg = regen_config("server=vllm", "server.model=Qwen/Qwen3-8B", "server.dp=4", "server.tp=2", "server.gpus=[0,1]",
+                       "server.port=8100", "server.max_model_len=8192", "server.reasoning_parser=qwen3",
+                       "server.extra_args=[--gpu-memory-utilization,0.9]", "server.log_file=logs/v.log").server
+    assert vllm_command(cfg) == [
+        str(REPO_ROOT / "launch" / "vllm.sh"), "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "8100",
+        "--dp-size", "4", "--tp-size", "2", "--log-file", "logs/v.log", "--pid-file", "logs/v.pid",
+        "--ready-timeout", "1800", "--stop-grace", "30", "--gpus", "0,1", "--max-model-len", "8192",
+        "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--", "--gpu-memory-utilization", "0.9"]
+
+
+def test_local_command_serves_the_teacher_preset(tokenizer_path):
+    cfg = regen_config("server=local", f"tokenizer={tokenizer_path}").server
+    command = local_command(cfg)
+    assert command[:3] == [sys.executable, "-m", "launch.chat_server"]
+    assert "--no-use-moe" in command
+    pairs = [a for a in command[3:] if a != "--no-use-moe"]
+    flags = dict(zip(pairs[::2], pairs[1::2], strict=True))
+    assert flags["--checkpoint"] == "out/tiny/tiny_teacher.pth" and flags["--tokenizer"] == str(tokenizer_path)
+    assert (flags["--hidden-size"], flags["--num-hidden-layers"], flags["--port"]) == ("128", "2", "8011")
+    assert flags["--served-model-name"] == "out/tiny/tiny_teacher.pth"
+    assert flags["--parent-pid"] == str(os.getpid()) and flags["--tool-call-parser"] == "hermes"
+    other = regen_config("server=local", "teacher@server=agent_768_moe").server
+    assert (other.checkpoint, other.hidden_size, other.use_moe) == ("out/agent_768_moe.pth", 768, True)
+    assert "--use-moe" in local_command(other)
+
+
+def test_start_ready_and_stop_on_success(standin):
+    cfg = standin("server.dp=2")
+    with provide_endpoints(cfg) as endpoints:
+        assert endpoints == [base_url(cfg)]
+        assert probe_models(endpoints[0]) == ["org/model", "org/model"]
+        pid = standin.pid()
+        request = urllib.request.Request(f"{endpoints[0]}/v1/chat/completions", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert json.load(response)["choices"][0]["message"]["content"] == "ok"
+    assert group_gone(pid) and probe_models(base_url(cfg)) is None
+    assert standin.starts() == 1
+
+
+def test_stop_on_failure_inside_the_block(standin):
+    cfg = standin()
+    with pytest.raises(RuntimeError, match="job failed"), provide_endpoints(cfg):
+        pid = standin.pid()
+        raise RuntimeError("job failed")
+    assert group_gone(pid)
+
+
+def test_stubborn_server_is_killed_after_the_grace_period(standin):
+    cfg = standin("server.stop_grace_s=1", mode="stubborn")
+    with provide_endpoints(cfg):
+        pid = standin.pid()
+    assert group_gone(pid)
+
+
+def test_early_death_is_reported_with_the_log_tail(standin):
+    cfg = standin(mode="die")
+    with pytest.raises(ServerStartError) as caught, provide_endpoints(cfg):
+        pytest.fail("the block must not run")
+    assert "CUDA out of memory while loading weights" in str(caught.value)
+    assert "launch/vllm.sh failed with status 1" in str(caught.value)
+    assert "vllm exited with status 3 before it was ready" in str(caught.value)
+
+
+def test_never_ready_is_bounded(standin):
+    cfg = standin("server.ready_timeout_s=1", "server.stop_grace_s=1", mode="hang")
+    with pytest.raises(ServerStartError, match="not ready after 1s"), provide_endpoints(cfg):
+        pytest.fail("the block must not run")
+
+
+def test_reuses_a_healthy_server_with_the_model_and_leaves_it_running(standin, tmp_path):
+    cfg = standin()
+    command = [sys.executable, str(REPO_ROOT / "tests" / "standin_vllm.py"), "serve", "org/model", "--port",
+               str(cfg.port)]
+    already = start_detached(command, tmp_path / "already.log")
+    try:
+        deadline = time.monotonic() + 30
+        while probe_models(base_url(cfg)) is None:
+            assert time.monotonic() < deadline and already.poll() is None
+            time.sleep(0.05)
+        starts = standin.starts()
+        with provide_endpoints(cfg) as endpoints:
+            assert endpoints == [base_url(cfg)]
+        assert standin.starts() == starts  # nothing new was launched
+        assert already.poll() is None and probe_models(base_url(cfg)) is not None  # and it was left running
+        other = regen_config("server=vllm", "server.model=other/model", f"server.port={cfg.port}").server
+        with pytest.raises(ServerStartError, match="already serves"), provide_endpoints(other):
+            pytest.fail("the block must not run")
+    finally:
+        stop_process_group(already.pid, grace_s=5, process=already)
+
+
+def test_keep_server_leaves_it_running(standin):
+    cfg = standin("server.keep_server=true")
+    with provide_endpoints(cfg):
+        pid = standin.pid()
+    try:
+        assert not group_gone(pid) and probe_models(base_url(cfg)) is not None
+    finally:
+        stop_process_group(pid, grace_s=5)
+
+
+HOLDER = """
+import json, sys, time
+from omegaconf import OmegaConf
+from regen.servers import provide_endpoints
+with provide_endpoints(OmegaConf.create(json.loads(sys.argv[1]))) as endpoints:
+    print("READY", endpoints[0], flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("signum,mode", [(signal.SIGINT, "serve"), (signal.SIGTERM, "serve"),
+                                          (signal.SIGINT, "hang"), (signal.SIGTERM, "hang")])
+def test_interrupt_stops_the_server(standin, tmp_path, signum, mode):
+    """Ctrl-C / SIGTERM while the job runs ("serve") or while it still waits for readiness ("hang")."""
+    cfg = standin(mode=mode)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, json.dumps(OmegaConf.to_container(cfg, resolve=True))],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        if mode == "serve":
+            assert holder.stdout.readline().startswith("READY")
+        else:
+            deadline = time.monotonic() + 30
+            while "mode hang" not in ((tmp_path / "vllm.log").read_text() if (tmp_path / "vllm.log").exists() else ""):
+                assert time.monotonic() < deadline, "stand-in never started"
+                time.sleep(0.05)
+        pid = standin.pid()
+        holder.send_signal(signum)
+        _, stderr = holder.communicate(timeout=60)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert holder.returncode != 0 and "KeyboardInterrupt" in stderr
+    assert group_gone(pid)
+    assert probe_models(base_url(cfg)) is None
+
+
+def test_multirun_callback_shares_one_server(standin):
+    cfg = standin()
+    root = OmegaConf.create({"server": OmegaConf.to_container(cfg, resolve=True)})
+    callback = SharedServerCallback()
+    callback.on_multirun_start(root)
+    try:
+        pid = standin.pid()
+        for _job in range(2):
+            with provide_endpoints(root.server) as endpoints:
+                assert probe_models(endpoints[0]) is not None
+            assert not group_gone(pid)  # jobs reuse it and leave it up
+        assert standin.starts() == 1
+    finally:
+        callback.on_multirun_end(root)
+    assert group_gone(pid)
+
+
+def test_regen_config_registers_the_multirun_callback():
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        hydra_cfg = compose(config_name="regen", overrides=["dataset=sample"], return_hydra_config=True).hydra
+    assert hydra_cfg.callbacks.shared_server._target_ == "regen.servers.SharedServerCallback"
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    model = build_model(MiniMindArch(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2))
+    return save_native(model, tmp_path_factory.mktemp("tiny") / "tiny_teacher.pth")
+
+
+def test_local_server_lifecycle_with_the_embedded_server(tmp_path, tiny_checkpoint, tokenizer_path, tokenizer):
+    cfg = regen_config("server=local", f"server.checkpoint={tiny_checkpoint}", f"server.port={free_port()}",
+                       f"tokenizer={tokenizer_path}", f"server.log_file={tmp_path / 'local.log'}").server
+    with provide_endpoints(cfg) as [endpoint]:
+        assert probe_models(endpoint) == [str(tiny_checkpoint)] * 2
+        messages = [{"role": "user", "content": "Hello"}]
+        body = json.dumps({"model": str(tiny_checkpoint), "messages": messages, "max_tokens": 5,
+                           "return_token_ids": True}).encode()
+        request = urllib.request.Request(f"{endpoint}/v1/chat/completions", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            reply = json.load(response)
+        assert reply["prompt_token_ids"] == list(tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        assert 1 <= len(reply["choices"][0]["token_ids"]) <= 5
+    assert probe_models(endpoint) is None
+    assert "serving" in (tmp_path / "local.log").read_text()
+
+
+def test_local_server_that_cannot_load_reports_why(tmp_path, tokenizer_path):
+    cfg = regen_config("server=local", f"server.checkpoint={tmp_path / 'missing.pth'}", f"server.port={free_port()}",
+                       f"tokenizer={tokenizer_path}", f"server.log_file={tmp_path / 'local.log'}").server
+    with pytest.raises(ServerStartError) as caught, provide_endpoints(cfg):
+        pytest.fail("the block must not run")
+    assert "server exited with status 1 before it was ready" in str(caught.value)
+    assert "checkpoint not found" in str(caught.value)
