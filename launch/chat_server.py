@@ -126,7 +126,7 @@ async def stats(request: web.Request) -> web.Response:
 
 
 def create_app(service: ChatService) -> web.Application:
-    """The aiohttp application; starts the engine on startup and stops it on cleanup."""
+    """The aiohttp application around a started engine; the engine stops when the app shuts down."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[SERVICE_KEY] = service
     app.add_routes([
@@ -136,10 +136,10 @@ def create_app(service: ChatService) -> web.Application:
         web.get("/stats", stats),
     ])
 
-    async def stop_engine(_app: web.Application) -> None:
+    async def stop_engine(_app: web.Application) -> None:  # first thing on shutdown: in-flight requests fail fast
         await asyncio.to_thread(service.engine.stop)
 
-    app.on_cleanup.append(stop_engine)
+    app.on_shutdown.append(stop_engine)
     return app
 
 

@@ -112,7 +112,7 @@ def vllm_command(server_cfg: Mapping) -> list[str]:
                "--stop-grace", str(int(server_cfg["stop_grace_s"]))]
     gpus = server_cfg.get("gpus")
     if gpus is not None:
-        command += ["--gpus", gpus if isinstance(gpus, str) else ",".join(str(g) for g in gpus)]
+        command += ["--gpus", str(gpus) if isinstance(gpus, (str, int)) else ",".join(str(g) for g in gpus)]
     for key in ("max_model_len", "reasoning_parser", "tool_call_parser"):
         if server_cfg.get(key) is not None:
             command += ["--" + key.replace("_", "-"), str(server_cfg[key])]
