@@ -182,8 +182,8 @@ def _sampling(body: dict, defaults: dict) -> dict:
             raise RequestError(f"'top_k' must be an integer >= -1 (0 or -1: off), got {top_k!r}", param="top_k")
         values["top_k"] = max(top_k, 0)
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise RequestError(f"'seed' must be an integer, got {seed!r}", param="seed")
+    if seed is not None and not (_is_int(seed) and -(2**63) <= seed < 2**64):
+        raise RequestError(f"'seed' must be an integer in [-2**63, 2**64), got {seed!r}", param="seed")
     stop_ids = body.get("stop_token_ids") or []
     if not (isinstance(stop_ids, list) and all(_is_int(t) and t >= 0 for t in stop_ids)):
         raise RequestError("'stop_token_ids' must be a list of token ids", param="stop_token_ids")

@@ -230,6 +230,7 @@ async def test_seed_makes_sampling_repeatable(serve):
     ({"messages": USER, "top_p": 0}, 400, "'top_p'"),
     ({"messages": USER, "top_k": -2}, 400, "'top_k'"),
     ({"messages": USER, "seed": 1.5}, 400, "'seed'"),
+    ({"messages": USER, "seed": 2**70}, 400, "'seed'"),
     ({"messages": USER, "stream": True}, 400, "streaming"),
     ({"messages": USER, "n": 2}, 400, "'n'"),
     ({"messages": USER, "stop": ["\n"]}, 400, "stop strings"),

@@ -174,13 +174,16 @@ with provide_endpoints(OmegaConf.create(json.loads(sys.argv[1]))) as endpoints:
 """
 
 
-@pytest.mark.parametrize("signum,mode", [(signal.SIGINT, "serve"), (signal.SIGTERM, "serve"),
-                                          (signal.SIGINT, "hang"), (signal.SIGTERM, "hang")])
-def test_interrupt_stops_the_server(standin, tmp_path, signum, mode):
-    """Ctrl-C / SIGTERM while the job runs ("serve") or while it still waits for readiness ("hang")."""
+@pytest.mark.parametrize("signum,mode,whole_group", [
+    (signal.SIGINT, "serve", False), (signal.SIGTERM, "serve", False), (signal.SIGINT, "hang", False),
+    (signal.SIGTERM, "hang", False), (signal.SIGINT, "serve", True), (signal.SIGINT, "hang", True)])
+def test_interrupt_stops_the_server(standin, tmp_path, signum, mode, whole_group):
+    """Ctrl-C / SIGTERM while the job runs ("serve") or while it still waits for readiness ("hang"), sent to
+    the regen process alone or, as a terminal's Ctrl-C does, to its whole process group (vllm.sh too)."""
     cfg = standin(mode=mode)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, json.dumps(OmegaConf.to_container(cfg, resolve=True))],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                              start_new_session=True)
     try:
         if mode == "serve":
             assert holder.stdout.readline().startswith("READY")
@@ -190,7 +193,10 @@ def test_interrupt_stops_the_server(standin, tmp_path, signum, mode):
                 assert time.monotonic() < deadline, "stand-in never started"
                 time.sleep(0.05)
         pid = standin.pid()
-        holder.send_signal(signum)
+        if whole_group:
+            os.killpg(holder.pid, signum)
+        else:
+            holder.send_signal(signum)
         _, stderr = holder.communicate(timeout=60)
     finally:
         if holder.poll() is None:
