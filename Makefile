@@ -8,7 +8,7 @@ TOKENIZER ?= $(or $(MINIMIND_TOKENIZER),$(firstword $(wildcard ../shared/minimin
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all demo tiny bench bench-serve lint clean
+.PHONY: help setup test test-all demo tiny bench lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -35,5 +35,6 @@ lint: setup ## ruff over the code
 demo: tiny ## regenerate the bundled sample end to end on the embedded CPU server (tiny random model), show a row
 	rm -rf out/demo && $(PY) regen/main.py dataset=sample server=local tokenizer=$(TOKENIZER) max_tokens=48 output=out/demo/sample.jsonl && $(PY) -m launch.demo_report out/demo/sample.jsonl --tokenizer $(TOKENIZER)
 
+.PHONY: bench-serve
 bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (tiny and 768x8 random models)
 	$(PY) -m launch.benchmark

@@ -127,7 +127,7 @@ while true; do
     exit 0
   fi
   if (( SECONDS >= deadline )); then
-    echo "vllm.sh: not ready after ${ready_timeout}s; stopping it" >&2
+    echo "vllm.sh: not ready after ${ready_timeout}s; stopping it (pid $pid)" >&2
     show_log_tail
     stop_server
     exit 1

@@ -109,7 +109,9 @@ def test_prefill_token_budget_splits_prefill_passes(prompts, engine):
         f.result(timeout=60)
     stats = e.stats()
     assert stats["prefill_passes"] == stats["forward_passes"]  # max_tokens=1: the prefill pass yields the token
-    assert stats["prefill_passes"] >= 4  # no pass holds more than 30 padded tokens
+    # no pass holds more than 30 padded tokens: FIFO gives [3] [17] [9] [30] [5, 12] [1] [22] when all wait
+    # together, one pass each when they trickle in
+    assert stats["prefill_passes"] in (7, 8)
 
 
 def test_eos_and_stop_token_ids_stop_and_ignore_eos_continues(prompts, engine):
