@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=2, help="user turns (requests) per conversation")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="stand-in server latency per request")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--answer-words", type=int, default=400, help="words per stand-in answer (~1.3 tokens each)")
+    parser.add_argument("--answer-words", type=int, default=400, help="words per stand-in answer (400 words = 592 MiniMind-3 tokens)")
     parser.add_argument("--work-dir", type=Path, default=REPO_ROOT / "out" / "bench" / "regen")
     parser.add_argument("--speculators-venv", type=Path, default=REPO_ROOT / "out" / "bench" / "speculators-venv")
     parser.add_argument("--skip-speculators", action="store_true")

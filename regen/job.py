@@ -36,15 +36,21 @@ from regen.servers import provide_endpoints
 
 
 def _check_settings(cfg: DictConfig) -> None:
-    positive = ("max_tokens", "concurrency", "request_timeout_s", "endpoint_max_failures", "endpoint_reprobe_s",
-                "progress_log_s")
-    for key in positive:
-        if not isinstance(cfg[key], (int, float)) or cfg[key] <= 0:
-            raise ValueError(f"{key} must be a number > 0, got {cfg[key]!r}")
-    for key in ("max_retries", "retry_backoff_s", "max_backoff_s", "all_endpoints_down_wait_s"):
-        if not isinstance(cfg[key], (int, float)) or cfg[key] < 0:
-            raise ValueError(f"{key} must be a number >= 0, got {cfg[key]!r}")
-    if cfg.limit is not None and (not isinstance(cfg.limit, int) or cfg.limit < 0):
+    """Refuse out-of-range settings before anything starts, naming the key."""
+    rules = {  # key: (integers only, smallest allowed, smallest excluded)
+        "max_tokens": (True, 1, False), "concurrency": (True, 1, False), "endpoint_max_failures": (True, 1, False),
+        "max_retries": (True, 0, False), "mix_seed": (True, None, False),
+        "request_timeout_s": (False, 0, True), "endpoint_reprobe_s": (False, 0, True), "progress_log_s": (False, 0, True),
+        "retry_backoff_s": (False, 0, False), "max_backoff_s": (False, 0, False), "all_endpoints_down_wait_s": (False, 0, False),
+    }
+    for key, (integer, low, exclusive) in rules.items():
+        value = cfg[key]
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or (
+                low is not None and (value <= low if exclusive else value < low)):
+            wanted = ("an integer" if integer else "a number") + ("" if low is None else f" {'>' if exclusive else '>='} {low}")
+            raise ValueError(f"{key} must be {wanted}, got {value!r}")
+    if cfg.limit is not None and (isinstance(cfg.limit, bool) or not isinstance(cfg.limit, int) or cfg.limit < 0):
         raise ValueError(f"limit must be null or an integer >= 0, got {cfg.limit!r}")
     check_format(cfg.dataset.format, cfg.dataset.name or cfg.dataset.path)
 

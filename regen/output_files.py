@@ -9,11 +9,14 @@ and only the newest row per id is kept.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import heapq
 import json
 import os
 import re
 import tempfile
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,23 +45,41 @@ class OutputPaths:
 
 
 class IdSet:
-    """A set of conversation ids held as 64-bit digests (about 70 bytes each, whatever the id length)."""
+    """A set of conversation ids held as 64-bit digests: about 8 bytes per id once settled.
 
-    def __init__(self) -> None:
-        self._digests: set[int] = set()
+    New digests go to a small Python set; every ``buffer`` additions they are merged into one sorted
+    ``array('Q')`` (searched by bisection), so memory grows by 8 bytes per id, not a Python object's ~70.
+    """
+
+    def __init__(self, buffer: int = 16384) -> None:
+        self._recent: set[int] = set()
+        self._settled = array("Q")
+        self._buffer = buffer
 
     @staticmethod
     def _digest(key: str) -> int:
         return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
 
     def add(self, key: str) -> None:
-        self._digests.add(self._digest(key))
+        digest = self._digest(key)
+        if self._has(digest):
+            return
+        self._recent.add(digest)
+        if len(self._recent) >= self._buffer:
+            self._settled = array("Q", heapq.merge(self._settled, sorted(self._recent)))
+            self._recent.clear()
 
     def __contains__(self, key: str) -> bool:
-        return self._digest(key) in self._digests
+        return self._has(self._digest(key))
+
+    def _has(self, digest: int) -> bool:
+        if digest in self._recent:
+            return True
+        position = bisect.bisect_left(self._settled, digest)
+        return position < len(self._settled) and self._settled[position] == digest
 
     def __len__(self) -> int:
-        return len(self._digests)
+        return len(self._recent) + len(self._settled)
 
 
 @dataclass

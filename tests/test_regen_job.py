@@ -285,3 +285,26 @@ def test_output_is_named_after_dataset_and_model(serve, tmp_path, tokenizer_path
     summary = run(regen_config(tmp_path, [server.url], data, tokenizer_path, "output=null", f"output_dir={tmp_path / 'o'}"))
     assert summary["output"] == str(tmp_path / "o" / "my_prompts_Qwen3-8B.jsonl")
     assert len(read_jsonl(tmp_path / "o" / "my_prompts_Qwen3-8B.jsonl")) == 1
+
+
+@pytest.mark.parametrize("override,message", [
+    ("concurrency=0", "concurrency must be an integer >= 1, got 0"),
+    ("concurrency=2.5", "concurrency must be an integer >= 1, got 2.5"),
+    ("max_retries=-1", "max_retries must be an integer >= 0"),
+    ("request_timeout_s=0", "request_timeout_s must be a number > 0"),
+    ("limit=-3", "limit must be null or an integer >= 0"),
+    ("dataset.format=csv", "dataset.format='csv' is unknown"),
+])
+def test_bad_settings_fail_before_anything_starts(tmp_path, tokenizer_path, override, message):
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "Hi"}])
+    with pytest.raises(ValueError, match=message):
+        run(regen_config(tmp_path, ["http://127.0.0.1:9"], data, tokenizer_path, override))
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_multimodal_preset_is_refused_with_the_reason(tmp_path, tokenizer_path):
+    from tests.test_configs import compose_config
+
+    cfg = compose_config("regen", ["dataset=sharegpt4v-coco", "server=external", "server.endpoints=[http://127.0.0.1:9]"])
+    with pytest.raises(ValueError, match="dataset sharegpt4v-coco is multimodal .* text-only"):
+        run(cfg)

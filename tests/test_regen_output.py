@@ -103,3 +103,13 @@ def test_appender_writes_whole_blocks(tmp_path):
     lines = path.read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == ["a_gen0", "a_gen1", "a_gen2", "b_gen0"]
     assert json.loads(lines[0])["input_ids"][-1] == 199_999
+
+
+def test_id_set_keeps_every_id_across_merges():
+    ids = IdSet(buffer=64)
+    keys = [f"conversation-{i}" for i in range(1000)]
+    for key in keys[::2]:
+        ids.add(key)
+    ids.add(keys[0])  # a repeat is not counted twice
+    assert len(ids) == 500
+    assert all(key in ids for key in keys[::2]) and not any(key in ids for key in keys[1::2])
