@@ -11,8 +11,8 @@ import sys
 import time
 from collections import Counter
 
-from tests.conftest import REPO_ROOT
 from regen.job import run
+from tests.conftest import REPO_ROOT
 from tests.regen_helpers import read_jsonl, regen_config, write_jsonl
 from tests.vllm_standin import EOS, ok
 
