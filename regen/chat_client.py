@@ -97,6 +97,7 @@ class ChatClient:
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=min(30.0, request_timeout_s))
         self.rng = rng or random.Random()
         self.retries = 0
+        self.retry_wait_s = 0.0  # time spent backing off, over all requests
 
     async def _attempt(self, endpoint: Endpoint, body: bytes) -> Any:
         try:
@@ -140,8 +141,8 @@ class ChatClient:
             endpoint = await self._live_endpoint(affinity)
             try:
                 data = await self._attempt(endpoint, body)
-            except RequestFailed:
-                self.pool.record_failure(endpoint, "client error", unreachable=False)
+            except RequestFailed as error:
+                self.pool.record_failure(endpoint, str(error), unreachable=False)
                 raise
             except _Retryable as error:
                 self.pool.record_failure(endpoint, str(error), unreachable=error.unreachable)
@@ -151,7 +152,9 @@ class ChatClient:
                 self.retries += 1
                 moved = not endpoint.live  # taken out: go to another endpoint now, no wait
                 if not moved:
-                    await asyncio.sleep(self.policy.delay(retry_number, error.retry_after_s, self.rng))
+                    wait = self.policy.delay(retry_number, error.retry_after_s, self.rng)
+                    self.retry_wait_s += wait
+                    await asyncio.sleep(wait)
                 continue
             self.pool.record_success(endpoint)
             return data, endpoint.url

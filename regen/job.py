@@ -198,7 +198,7 @@ async def _run_async(cfg: DictConfig, urls: list[str], console: Console) -> dict
                 "resume_dropped_partial_rows": resume_state.dropped_rows,
                 "resume_dropped_bytes": resume_state.dropped_bytes,
                 "recovered_from_errors": len(pipeline.recovered_ids),
-                **stats.summary(sum(e.requests for e in pool.endpoints), client.retries),
+                **stats.summary(sum(e.requests for e in pool.endpoints), client.retries, client.retry_wait_s),
                 "endpoints": pool.counts(),
                 "sampling_params": params.base,
                 "max_tokens": cfg.max_tokens,

@@ -36,7 +36,7 @@ class RunStats:
         elapsed = self.elapsed_s
         return count / elapsed if elapsed > 0 else 0.0
 
-    def summary(self, requests: int, retries: int) -> dict:
+    def summary(self, requests: int, retries: int, retry_wait_s: float) -> dict:
         """The counts and rates of this run (the caller adds files, endpoints and settings)."""
         return {
             "conversations_done": self.done,
@@ -50,6 +50,7 @@ class RunStats:
             "rows_written": self.rows,
             "requests": requests,
             "retries": retries,
+            "retry_wait_s": round(retry_wait_s, 3),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "elapsed_s": round(self.elapsed_s, 3),

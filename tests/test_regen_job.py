@@ -167,6 +167,13 @@ def test_transient_failures_are_retried(serve, regen, first):
     assert (summary["retries"], len(server.requests)) == (1, 2)
 
 
+def test_retry_after_is_honoured(serve, regen):
+    server = serve(Script({"Hi": _fails_then(Reply({"error": {"message": "busy"}}, status=429, headers={"Retry-After": "1"}))}))
+    summary, out, _ = regen([server.url], [{"id": "A", "prompt": "Hi"}], "retry_backoff_s=0.001", "max_backoff_s=5")
+    assert [r["id"] for r in out] == ["A_gen0"]
+    assert (summary["retries"], summary["retry_wait_s"]) == (1, 1.0)  # the server's wait, not the 1 ms backoff
+
+
 def test_retries_are_bounded(serve, regen):
     server = serve(Script({"Hi": [Reply(raw=b"<html>oops</html>")] * 10}))
     summary, out, errors = regen([server.url], [{"id": "A", "prompt": "Hi"}], "max_retries=2")
