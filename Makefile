@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed
 # The MiniMind-3 tokenizer: $MINIMIND_TOKENIZER, else ../shared's copy, else the stand-in that `make tiny` writes.
 TOKENIZER ?= $(or $(MINIMIND_TOKENIZER),$(firstword $(wildcard ../shared/minimind3-tokenizer)),out/tiny/standin-tokenizer)
 PYTEST_ARGS ?=
+BENCH_REGEN_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all demo tiny bench lint clean
+.PHONY: help setup test test-all demo tiny bench bench-regen lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -28,6 +29,9 @@ test-all: setup ## every test except gpu, slow end-to-end ones included
 
 tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMind format) to out/tiny
 	$(PY) -m opd.tiny_checkpoints --out out/tiny --standin-tokenizer out/tiny/standin-tokenizer
+
+bench-regen: setup ## regen client vs speculators 0.9.0 (BENCH_REGEN_ARGS="--sizes 2000" for a quick run)
+	$(PY) -m regen.benchmark $(BENCH_REGEN_ARGS)
 
 lint: setup ## ruff over the code
 	$(PY) -m ruff check regen opd tools launch tests

@@ -1,0 +1,160 @@
+"""POSTing chat-completion requests with retries, over the endpoints of an :class:`EndpointPool`.
+
+Retried: HTTP 408/409/425/429/5xx, connection errors, timeouts, a reply body that is not JSON. Waits grow
+exponentially with jitter and follow ``Retry-After`` (seconds or an HTTP date), both capped at
+``max_backoff_s``. Other HTTP errors fail at once with the server's message. When every endpoint is
+out, a request waits up to ``all_down_wait_s`` for the pool's probe to bring one back, then fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from regen.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpoint
+
+RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class RequestFailed(RuntimeError):
+    """A request that did not get a usable reply; ``endpoint`` is where the last attempt went."""
+
+    def __init__(self, message: str, endpoint: str | None = None):
+        super().__init__(message)
+        self.endpoint = endpoint
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after_s: float | None = None, unreachable: bool = False):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.unreachable = unreachable
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date), ``None`` if absent/unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries: ``max_retries`` after the first attempt, exponential backoff with jitter."""
+
+    max_retries: int = 6
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+
+    def delay(self, retry_number: int, retry_after_s: float | None, rng: random.Random) -> float:
+        """Seconds before retry ``retry_number`` (1-based): jittered exponential, or the server's Retry-After."""
+        ceiling = min(self.max_backoff_s, self.backoff_s * 2 ** (retry_number - 1))
+        backoff = ceiling / 2 + rng.uniform(0, ceiling / 2)
+        return backoff if retry_after_s is None else min(self.max_backoff_s, retry_after_s)
+
+
+def _server_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return text[:500]
+    error = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])[:500]
+    if isinstance(data, dict) and data.get("message"):
+        return str(data["message"])[:500]
+    return text[:500]
+
+
+class ChatClient:
+    """One shared aiohttp session sending chat requests to the pool's endpoints."""
+
+    def __init__(self, session: aiohttp.ClientSession, pool: EndpointPool, policy: RetryPolicy,
+                 request_timeout_s: float, all_down_wait_s: float = 0.0, rng: random.Random | None = None):
+        self.session = session
+        self.pool = pool
+        self.policy = policy
+        self.all_down_wait_s = all_down_wait_s
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=min(30.0, request_timeout_s))
+        self.rng = rng or random.Random()
+        self.retries = 0
+        self.retry_wait_s = 0.0  # time spent backing off, over all requests
+
+    async def _attempt(self, endpoint: Endpoint, body: bytes) -> Any:
+        try:
+            async with self.session.post(endpoint.chat_target, data=body, headers=JSON_HEADERS,
+                                         timeout=self.timeout) as reply:
+                body = await reply.read()
+                status = reply.status
+                retry_after = reply.headers.get("Retry-After")
+        except (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
+            raise _Retryable(f"{type(error).__name__}: {error}".rstrip(": "), unreachable=True) from None
+        if status != 200:
+            message = f"HTTP {status} from {endpoint.chat_url}: {_server_message(body)}"
+            if status >= 500 or status in RETRYABLE_STATUSES:
+                raise _Retryable(message, parse_retry_after(retry_after))
+            raise RequestFailed(message, endpoint.url)
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise _Retryable(f"reply from {endpoint.chat_url} is not JSON: {body[:200]!r}") from None
+
+    @property
+    def gave_up_on_endpoints(self) -> bool:
+        """Every endpoint has been out for longer than ``all_down_wait_s``."""
+        return self.pool.all_down_since is not None and self.pool.down_for_s() >= self.all_down_wait_s
+
+    async def _live_endpoint(self, affinity: Affinity) -> Endpoint:
+        """The endpoint for the next attempt, waiting up to ``all_down_wait_s`` for one to come back."""
+        while True:
+            try:
+                return self.pool.pick(affinity)
+            except NoLiveEndpoint as error:
+                if self.gave_up_on_endpoints:
+                    raise RequestFailed(f"{error} (waited {self.all_down_wait_s:g} s)") from None
+            await asyncio.sleep(min(1.0, max(0.01, self.all_down_wait_s - self.pool.down_for_s())))
+
+    async def complete(self, payload: dict[str, Any], affinity: Affinity) -> tuple[Any, str]:
+        """The decoded JSON reply and the endpoint URL that gave it; raises :class:`RequestFailed`."""
+        body = orjson.dumps(payload)
+        retry_number = 0
+        while True:
+            endpoint = await self._live_endpoint(affinity)
+            try:
+                data = await self._attempt(endpoint, body)
+            except RequestFailed as error:
+                self.pool.record_failure(endpoint, str(error), unreachable=False)
+                raise
+            except _Retryable as error:
+                self.pool.record_failure(endpoint, str(error), unreachable=error.unreachable)
+                retry_number += 1
+                if retry_number > self.policy.max_retries:
+                    raise RequestFailed(f"gave up after {retry_number} attempts: {error}", endpoint.url) from None
+                self.retries += 1
+                moved = not endpoint.live  # taken out: go to another endpoint now, no wait
+                if not moved:
+                    wait = self.policy.delay(retry_number, error.retry_after_s, self.rng)
+                    self.retry_wait_s += wait
+                    await asyncio.sleep(wait)
+                continue
+            self.pool.record_success(endpoint)
+            return data, endpoint.url

@@ -1,0 +1,144 @@
+"""Several chat endpoints behind one client: spreading conversations, taking dead ones out, counting.
+
+A conversation sticks to the endpoint it was given (prefix-cache friendly) until that endpoint is taken
+out; then its next request goes to the live endpoint with the fewest active conversations. An endpoint
+is taken out after ``max_failures`` connection-level failures in a row (refused, reset, timed out);
+a background probe of ``/v1/models`` puts it back when it answers again. ``all_down_since`` tells the
+client how long there has been no endpoint at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from yarl import URL
+
+
+class NoLiveEndpoint(RuntimeError):
+    """Every endpoint has been taken out."""
+
+
+@dataclass
+class Endpoint:
+    """One base URL (``http://host:port``) and its counters."""
+
+    url: str
+    live: bool = True
+    consecutive_failures: int = 0
+    requests: int = 0
+    failures: int = 0
+    conversations: int = 0
+    taken_out: int = 0
+    reinstated: int = 0
+    active: int = 0
+    last_error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.chat_url = f"{self.url}/v1/chat/completions"
+        self.chat_target = URL(self.chat_url)  # parsed once, not per request
+
+    def counts(self) -> dict:
+        return {
+            "requests": self.requests, "failures": self.failures, "conversations": self.conversations,
+            "live": self.live, "taken_out": self.taken_out, "reinstated": self.reinstated,
+            "last_error": self.last_error,
+        }
+
+
+@dataclass
+class Affinity:
+    """The endpoint a conversation is currently on (``None`` before its first request)."""
+
+    endpoint: Endpoint | None = None
+    used: set[str] = field(default_factory=set)
+
+
+class EndpointPool:
+    """Live/dead bookkeeping for the endpoints of one run."""
+
+    def __init__(self, urls: list[str], max_failures: int = 3):
+        if not urls:
+            raise ValueError("no endpoints to send requests to")
+        self.endpoints = [Endpoint(url) for url in urls]
+        self.max_failures = max_failures
+        self._tie_break = itertools.count()
+        self.all_down_since: float | None = None  # time.monotonic() when the last live endpoint went
+
+    def down_for_s(self) -> float:
+        """How long every endpoint has been out (0 while one is live)."""
+        return 0.0 if self.all_down_since is None else time.monotonic() - self.all_down_since
+
+    def pick(self, affinity: Affinity) -> Endpoint:
+        """The endpoint for this conversation's next request; raises :class:`NoLiveEndpoint`."""
+        current = affinity.endpoint
+        if current is not None and current.live:
+            return current
+        live = [endpoint for endpoint in self.endpoints if endpoint.live]
+        if not live:
+            raise NoLiveEndpoint("no endpoint left: " + "; ".join(
+                f"{e.url} taken out after {e.failures} failures (last: {e.last_error})" for e in self.endpoints))
+        turn = next(self._tie_break)
+        chosen = min(live, key=lambda e: (e.active, (self.endpoints.index(e) - turn) % len(self.endpoints)))
+        if current is not None:
+            current.active -= 1
+        chosen.active += 1
+        affinity.endpoint = chosen
+        if chosen.url not in affinity.used:
+            affinity.used.add(chosen.url)
+            chosen.conversations += 1
+        return chosen
+
+    def release(self, affinity: Affinity) -> None:
+        """The conversation is finished: it no longer loads its endpoint."""
+        if affinity.endpoint is not None:
+            affinity.endpoint.active -= 1
+            affinity.endpoint = None
+
+    def record_success(self, endpoint: Endpoint) -> None:
+        endpoint.requests += 1
+        endpoint.consecutive_failures = 0
+
+    def record_failure(self, endpoint: Endpoint, error: str, *, unreachable: bool) -> None:
+        """Count a failed request; ``unreachable`` (connection refused/reset, timeout) may take it out."""
+        endpoint.requests += 1
+        endpoint.failures += 1
+        endpoint.last_error = error
+        if not unreachable:
+            return
+        endpoint.consecutive_failures += 1
+        if endpoint.live and endpoint.consecutive_failures >= self.max_failures:
+            self.take_out(endpoint)
+
+    def take_out(self, endpoint: Endpoint) -> None:
+        endpoint.live = False
+        endpoint.taken_out += 1
+        if not any(e.live for e in self.endpoints):
+            self.all_down_since = time.monotonic()
+
+    def put_back(self, endpoint: Endpoint) -> None:
+        self.all_down_since = None
+        endpoint.live = True
+        endpoint.consecutive_failures = 0
+        endpoint.reinstated += 1
+
+    async def probe_dead(self, session: aiohttp.ClientSession, interval_s: float, headers: dict) -> None:
+        """Forever: every ``interval_s``, put back taken-out endpoints whose ``/v1/models`` answers 200."""
+        timeout = aiohttp.ClientTimeout(total=min(10.0, interval_s))
+        while True:
+            await asyncio.sleep(interval_s)
+            for endpoint in self.endpoints:
+                if endpoint.live:
+                    continue
+                try:
+                    async with session.get(f"{endpoint.url}/v1/models", headers=headers, timeout=timeout) as reply:
+                        if reply.status == 200:
+                            self.put_back(endpoint)
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    pass
+
+    def counts(self) -> dict[str, dict]:
+        return {endpoint.url: endpoint.counts() for endpoint in self.endpoints}

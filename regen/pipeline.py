@@ -1,0 +1,159 @@
+"""The streaming pipeline: source records -> conversations -> bounded workers -> output/error lines.
+
+A producer reads the source in small chunks (in a thread, so a slow hub stream never stalls requests)
+into a queue of at most ``2 * concurrency`` conversations; ``concurrency`` workers regenerate them.
+Nothing grows with the dataset except the set of ids already seen (64-bit digests). When the client
+has given up on every endpoint, reading stops: conversations already admitted end in the error file,
+the rest stay unread for a resumed run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from regen.chat_client import ChatClient
+from regen.conversation import Conversation, RowError, primary_id_of
+from regen.detokenizer import Detokenizer
+from regen.endpoint_pool import Affinity
+from regen.output_files import IdSet, LineAppender
+from regen.progress_view import ProgressView
+from regen.regenerate import ConversationFailed, RequestShape, regenerate
+from regen.request_params import RequestParams
+from regen.row_formats import to_conversation
+from regen.row_sources import SourceRecord
+from regen.run_stats import RunStats
+
+CHUNK = 256
+
+
+@dataclass
+class Pipeline:
+    """Everything one run needs; :meth:`run` drives it to the end of the source (or the limit)."""
+
+    records: Iterator[SourceRecord]
+    format_name: str
+    client: ChatClient
+    shape: RequestShape
+    params: RequestParams
+    detokenizer: Detokenizer
+    output: LineAppender
+    errors: LineAppender
+    stats: RunStats
+    progress: ProgressView
+    done_ids: IdSet
+    concurrency: int = 64
+    limit: int | None = None
+    language_filter: str | None = None
+    previous_error_ids: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        self.seen = IdSet()
+        self.recovered_ids: set[str] = set()  # in the error file at the start, written this run
+        self.tokenizer_warning: str | None = None
+        self._tokenizer_checked = False
+        self.stopped: str | None = None  # why reading stopped before the end of the source
+
+    def _record_error(self, key: str, idx: int, where: str, error: str, stage: str,
+                      generations_completed: int = 0, endpoint: str | None = None) -> None:
+        self.errors.append([{"id": key, "metadata": {
+            "idx": idx, "error": error, "generations_completed": generations_completed,
+            "endpoint": endpoint, "source": where, "stage": stage}}])
+
+    def _admit(self, record: SourceRecord) -> Conversation | None:
+        """The conversation to regenerate for this record, or ``None`` when it is skipped or rejected."""
+        if record.error is not None:
+            self.stats.input_errors += 1
+            self._record_error(record.where, record.idx, record.where, record.error, "input")
+            return None
+        try:
+            conversation = to_conversation(record.row, self.format_name, record.idx)
+        except RowError as error:
+            self.stats.input_errors += 1
+            key = primary_id_of(record.row) if isinstance(record.row, dict) else record.where
+            self._record_error(key, record.idx, record.where, f"{record.where}: {error}", "input")
+            return None
+        if conversation.primary_id in self.done_ids:
+            self.stats.skipped_done += 1
+            return None
+        if conversation.primary_id in self.seen:
+            self.stats.skipped_duplicate += 1
+            return None
+        self.seen.add(conversation.primary_id)
+        return conversation
+
+    def _eligible(self) -> Iterator[SourceRecord]:
+        """Source records that pass the language filter, up to ``limit`` of them."""
+        for record in self.records:
+            if self.language_filter is not None and (
+                    not isinstance(record.row, dict) or record.row.get("language") != self.language_filter):
+                self.stats.skipped_language += 1
+                continue
+            yield record
+
+    async def _produce(self, queue: asyncio.Queue) -> None:
+        eligible = itertools.islice(self._eligible(), self.limit)
+        while not self.stopped and (chunk := await asyncio.to_thread(lambda: list(itertools.islice(eligible, CHUNK)))):
+            for record in chunk:
+                if self.client.gave_up_on_endpoints:
+                    self.stopped = "every endpoint is down; rows not read yet are left for resume=true"
+                    break
+                conversation = self._admit(record)
+                if conversation is not None:
+                    await queue.put((conversation, record.where))
+        for _ in range(self.concurrency):
+            await queue.put(None)
+
+    async def _regenerate_one(self, conversation: Conversation, where: str) -> None:
+        affinity = Affinity()
+        params = self.params.for_conversation(conversation.primary_id)
+        try:
+            outcome = await regenerate(conversation, lambda payload: self.client.complete(payload, affinity),
+                                       self.shape, params, self.detokenizer.decode)
+        except ConversationFailed as failure:
+            self.stats.failed += 1
+            self._record_error(conversation.primary_id, conversation.idx, where, str(failure), "generation",
+                               failure.generations_completed, failure.endpoint)
+            return
+        finally:
+            self.client.pool.release(affinity)
+        self.output.append(outcome.rows)
+        self.stats.done += 1
+        self.stats.rows += len(outcome.rows)
+        self.stats.prompt_tokens += outcome.prompt_tokens
+        self.stats.completion_tokens += outcome.completion_tokens
+        if outcome.truncation:
+            self.stats.truncated[outcome.truncation] += 1
+        if conversation.primary_id in self.previous_error_ids:
+            self.recovered_ids.add(conversation.primary_id)
+        if not self._tokenizer_checked:
+            self._tokenizer_checked = True
+            self._check_tokenizer(conversation, outcome.rows[0]["text"])
+
+    def _check_tokenizer(self, conversation: Conversation, text: str) -> None:
+        """Warn once when the decoded prompt does not contain the user's words (likely a wrong tokenizer)."""
+        first_user = next(turn["content"] for turn in conversation.turns if turn["role"] == "user")
+        if first_user.strip() not in text:
+            self.tokenizer_warning = (
+                f"the first row's decoded text does not contain its user message: tokenizer "
+                f"{self.detokenizer.source} may not be the served model's (row text would be wrong)")
+            self.progress.console.print(f"[yellow]warning:[/] {self.tokenizer_warning}")
+
+    async def _work(self, queue: asyncio.Queue) -> None:
+        while (item := await queue.get()) is not None:
+            await self._regenerate_one(*item)
+
+    async def run(self) -> None:
+        """Regenerate every admitted conversation; a fatal error cancels the rest and propagates."""
+        queue: asyncio.Queue = asyncio.Queue(maxsize=2 * self.concurrency)
+        tasks = [asyncio.create_task(self._produce(queue))]
+        tasks += [asyncio.create_task(self._work(queue)) for _ in range(self.concurrency)]
+        follower = asyncio.create_task(self.progress.follow())
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in [*tasks, follower]:
+                task.cancel()
+            await asyncio.gather(*tasks, follower, return_exceptions=True)

@@ -1,0 +1,131 @@
+"""Regenerating one conversation turn by turn against the target's own earlier answers.
+
+Each generation (a final answer or a tool call) becomes one training row: ``input_ids`` = the reply's
+``prompt_token_ids`` + its generated ``token_ids``, ``loss_mask`` 0 over the prompt and 1 over the
+generation. The k-th regenerated tool call is answered with the k-th cached result; the conversation
+stops early, keeping its rows, when a call cannot be paired 1:1 or a generation hits ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from regen.chat_client import RequestFailed
+from regen.conversation import Conversation
+from regen.replies import Generation, ReplyError, parse_reply
+
+# send(payload) -> (decoded JSON reply, endpoint URL that answered)
+Send = Callable[[dict[str, Any]], Awaitable[tuple[Any, str]]]
+
+
+class ConversationFailed(Exception):
+    """A conversation that could not finish (request or reply error); it writes only an error-file record."""
+
+    def __init__(self, cause: Exception, generations_completed: int, endpoint: str | None):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+        self.generations_completed = generations_completed
+        self.endpoint = endpoint
+
+
+@dataclass
+class Outcome:
+    """The rows of a finished conversation; ``truncation`` says why it stopped early (``None``: complete)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    truncation: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """What every request of the run carries besides messages and per-conversation parameters."""
+
+    model: str
+    max_tokens: int
+    carry_reasoning: bool = False
+
+
+def _tool_message(call: dict, result_content: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "tool", "content": result_content}
+    if call.get("id"):
+        message["tool_call_id"] = call["id"]
+    return message
+
+
+def _unpairable(generation: Generation, results: deque) -> str | None:
+    """Why this tool-call generation cannot be answered from the cached results, or ``None``."""
+    if len(generation.tool_calls) > 1:
+        return "parallel_tool_calls"
+    if not results:
+        return "tool_results_exhausted"
+    function = generation.tool_calls[0].get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if results[0].names and name not in results[0].names:
+        return "tool_name_mismatch"
+    return None
+
+
+def _row(conversation: Conversation, index: int, generation: Generation, endpoint: str,
+         params: dict[str, Any], decode: Callable[[list[int]], str]) -> dict[str, Any]:
+    input_ids = generation.prompt_ids + generation.generated_ids
+    return {
+        "id": f"{conversation.primary_id}_gen{index}",
+        "primary_id": conversation.primary_id,
+        "input_ids": input_ids,
+        "loss_mask": [0] * len(generation.prompt_ids) + [1] * len(generation.generated_ids),
+        "text": decode(input_ids),
+        "metadata": {
+            "idx": conversation.idx,
+            "finish_reason": generation.finish_reason,
+            "is_tool_call": bool(generation.tool_calls),
+            "usage": generation.usage,
+            "endpoint": endpoint,
+            "sampling_params": params,
+        },
+    }
+
+
+async def regenerate(conversation: Conversation, send: Send, shape: RequestShape, params: dict[str, Any],
+                     decode: Callable[[list[int]], str]) -> Outcome:
+    """All rows of one conversation; raises :class:`ConversationFailed` (no rows kept) on any error."""
+    outcome = Outcome()
+    results = deque(conversation.tool_results)
+    history: list[dict[str, Any]] = []
+    endpoint = None
+    try:
+        for turn in conversation.turns:
+            history.append(dict(turn))
+            if turn["role"] == "system":
+                continue
+            while True:  # one user turn: generations until a final answer
+                payload = {**params, "model": shape.model, "messages": history,
+                           "max_tokens": shape.max_tokens, "return_token_ids": True}
+                if conversation.tools:
+                    payload["tools"] = conversation.tools
+                    payload["tool_choice"] = "auto"
+                data, endpoint = await send(payload)
+                generation = parse_reply(data)
+                outcome.rows.append(_row(conversation, len(outcome.rows), generation, endpoint, params, decode))
+                outcome.prompt_tokens += len(generation.prompt_ids)
+                outcome.completion_tokens += len(generation.generated_ids)
+                history.append(generation.history_message(shape.carry_reasoning))
+                if generation.finish_reason == "length":
+                    outcome.truncation = "length"
+                elif generation.tool_calls:
+                    outcome.truncation = _unpairable(generation, results)
+                    if outcome.truncation is None:
+                        history.append(_tool_message(generation.tool_calls[0], results.popleft().content))
+                        continue
+                break
+            if outcome.truncation:
+                break
+    except (ReplyError, RequestFailed) as error:
+        raise ConversationFailed(error, len(outcome.rows), getattr(error, "endpoint", None) or endpoint) from error
+    for row in outcome.rows:
+        row["metadata"]["num_generations"] = len(outcome.rows)
+    return outcome

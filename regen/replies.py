@@ -1,0 +1,80 @@
+"""Reading one vLLM chat-completion reply (``return_token_ids: true``) into a checked :class:`Generation`."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+TOKEN_IDS_HINT = "the endpoint must support return_token_ids (vLLM's chat API with \"return_token_ids\": true)"
+
+
+class ReplyError(ValueError):
+    """A 200 reply that cannot become a training row; the message says what is missing or inconsistent."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The parts of a reply regen uses: exact token ids, the assistant message and its bookkeeping."""
+
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    content: str | None
+    reasoning: str | None
+    reasoning_field: str | None
+    tool_calls: list[dict]
+    finish_reason: str | None
+    usage: dict
+
+    def history_message(self, carry_reasoning: bool) -> dict[str, Any]:
+        """The assistant message appended to the conversation before the next request."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        if carry_reasoning and self.reasoning and self.reasoning_field:
+            message[self.reasoning_field] = self.reasoning  # the field name this server replied with
+        return message
+
+
+def _token_list(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise ReplyError(f"reply has no {name}: {TOKEN_IDS_HINT}")
+    try:
+        array("Q", value)  # one C pass: every element an integer in 0..2**64-1
+    except (TypeError, OverflowError):
+        raise ReplyError(f"reply {name} must be a list of non-negative integers") from None
+    return value
+
+
+def parse_reply(data: Any) -> Generation:
+    """Check one reply and return its :class:`Generation`; raises :class:`ReplyError`."""
+    if not isinstance(data, dict):
+        raise ReplyError(f"reply is {type(data).__name__}, expected a JSON object")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ReplyError("reply has no choices[0]")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise ReplyError("reply choices[0] has no message object")
+    prompt_ids = _token_list(data.get("prompt_token_ids"), "prompt_token_ids")
+    generated_ids = _token_list(choice.get("token_ids"), "choices[0].token_ids")
+    usage = data.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise ReplyError("reply usage must be an object")
+    for key, ids in (("prompt_tokens", prompt_ids), ("completion_tokens", generated_ids)):
+        if key in usage and usage[key] != len(ids):
+            raise ReplyError(f"reply usage.{key}={usage[key]} but it carries {len(ids)} ids")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise ReplyError(f"reply message.content must be a string or null, got {type(content).__name__}")
+    reasoning_field = next((f for f in ("reasoning", "reasoning_content") if message.get(f)), None)
+    reasoning = message.get(reasoning_field) if reasoning_field else None
+    tool_calls = message.get("tool_calls") or []
+    if not isinstance(tool_calls, list) or not all(isinstance(call, dict) for call in tool_calls):
+        raise ReplyError("reply message.tool_calls must be a list of objects")
+    if not (content and content.strip()) and not tool_calls and not reasoning:
+        raise ReplyError("empty generation: the reply has no content, no tool call and no reasoning")
+    return Generation(
+        prompt_ids, generated_ids, content, reasoning, reasoning_field, tool_calls, choice.get("finish_reason"), usage
+    )

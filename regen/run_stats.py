@@ -1,0 +1,60 @@
+"""Counters of one regen run, and the summary built from them."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunStats:
+    """What happened to every source record this run (each lands in exactly one outcome counter)."""
+
+    done: int = 0
+    failed: int = 0
+    input_errors: int = 0
+    skipped_done: int = 0
+    skipped_duplicate: int = 0
+    skipped_language: int = 0
+    rows: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    truncated: Counter = field(default_factory=Counter)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def handled(self) -> int:
+        """Source records dealt with (the ones ``limit`` counts: everything past the language filter)."""
+        return self.done + self.failed + self.input_errors + self.skipped_done + self.skipped_duplicate
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def rate(self, count: float) -> float:
+        elapsed = self.elapsed_s
+        return count / elapsed if elapsed > 0 else 0.0
+
+    def summary(self, requests: int, retries: int, retry_wait_s: float) -> dict:
+        """The counts and rates of this run (the caller adds files, endpoints and settings)."""
+        return {
+            "conversations_done": self.done,
+            "conversations_truncated": sum(self.truncated.values()),
+            "truncated_by_reason": dict(self.truncated),
+            "conversations_failed": self.failed,
+            "input_errors": self.input_errors,
+            "skipped_already_done": self.skipped_done,
+            "skipped_duplicate_id": self.skipped_duplicate,
+            "skipped_language": self.skipped_language,
+            "rows_written": self.rows,
+            "requests": requests,
+            "retries": retries,
+            "retry_wait_s": round(retry_wait_s, 3),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "conversations_per_s": round(self.rate(self.done + self.failed), 3),
+            "requests_per_s": round(self.rate(requests), 3),
+            "completion_tokens_per_s": round(self.rate(self.completion_tokens), 1),
+        }
