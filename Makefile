@@ -31,3 +31,7 @@ tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMi
 
 lint: setup ## ruff over the code
 	$(PY) -m ruff check regen opd tools launch tests
+
+.PHONY: bench-opd
+bench-opd: setup ## OPD rollout vs plain decode, and training steps/s, on CPU (tiny and 768x8 pairs)
+	$(PY) -m opd.benchmark --out out/bench/opd_benchmark.json

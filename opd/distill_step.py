@@ -15,7 +15,8 @@ import torch
 
 from opd.device_setup import Precision
 from opd.distill_loss import token_kl
-from opd.episodes import Episode, pack_episodes
+from opd.episodes import Episode, PackedBatch, pack_episodes
+from opd.shared_prefix import cache_argument, prefill_shared_prefix, shared_prefix_length
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,35 @@ def router_aux_coef(model: torch.nn.Module) -> float | None:
     return getattr(config, "router_aux_loss_coef", None) if getattr(config, "num_experts", None) else None
 
 
-def teacher_target_logits(teacher: torch.nn.Module, batch, precision: Precision) -> torch.Tensor:
+def target_positions(batch: PackedBatch) -> torch.Tensor:
+    """Positions whose logits some row trains: only these go through the vocabulary projection."""
+    return batch.target_mask.any(dim=0).nonzero().squeeze(1)
+
+
+def forward_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 0, **extra):
+    """The model output with logits only where some row trains, and those logits at the targets ``[targets, vocab]``.
+
+    With ``prefix`` > 0 the first ``prefix`` ids (identical in every row, before any target) run once.
+    """
+    positions = target_positions(batch)
+    if not prefix:
+        output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=positions,
+                       **extra)
+    else:
+        rows, length = batch.input_ids.shape
+        cache = prefill_shared_prefix(model, batch.input_ids[0, :prefix].tolist(), rows)
+        suffix_positions = torch.arange(prefix, length, device=batch.input_ids.device).expand(rows, -1)
+        output = model(input_ids=batch.input_ids[:, prefix:], attention_mask=batch.attention_mask,
+                       position_ids=suffix_positions, use_cache=True, logits_to_keep=positions - prefix,
+                       **{cache_argument(model): cache}, **extra)
+    return output.logits[batch.target_mask[:, positions]], output
+
+
+def teacher_target_logits(teacher: torch.nn.Module, batch: PackedBatch, precision: Precision,
+                          prefix: int = 0) -> torch.Tensor:
     """Teacher logits at the target positions, ``[targets, vocab]``, without autograd."""
     with torch.no_grad(), precision.autocast():
-        logits = teacher(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    return logits[:, :-1][batch.target_mask]
+        return forward_targets(teacher, batch, prefix)[0]
 
 
 def distill_update(micro_batches: list[list[Episode]], *, student: torch.nn.Module, teacher: torch.nn.Module,
@@ -68,13 +93,16 @@ def distill_update(micro_batches: list[list[Episode]], *, student: torch.nn.Modu
     parameters = [p for p in student.parameters() if p.requires_grad]
     student.train()
     kl_total, aux_total = 0.0, 0.0
-    for batch in packed:
+    for episodes, batch in zip(micro_batches, packed, strict=True):
         batch = batch.to(precision.device)
-        teacher_logits = teacher_target_logits(teacher, batch, precision)
+        prefix = shared_prefix_length(episodes)
+        teacher_logits = teacher_target_logits(teacher, batch, precision, prefix)
         with precision.autocast():
-            extra = {"output_router_logits": True} if aux_coef is not None else {}
-            output = student(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **extra)
-        kl_sum = token_kl(output.logits[:, :-1][batch.target_mask], teacher_logits,
+            if aux_coef is None:
+                student_logits, output = forward_targets(student, batch, prefix)
+            else:  # the router loss averages over every token of every row: no prefix sharing
+                student_logits, output = forward_targets(student, batch, output_router_logits=True)
+        kl_sum = token_kl(student_logits, teacher_logits,
                           temperature=settings.temperature, direction=settings.direction).sum()
         loss = kl_sum / total
         if aux_coef is not None:
@@ -86,7 +114,7 @@ def distill_update(micro_batches: list[list[Episode]], *, student: torch.nn.Modu
                                      "or check the teacher/student checkpoints")
         scaler.scale(loss).backward()
         kl_total += kl_sum.item() / total
-        del output, teacher_logits, loss
+        del output, student_logits, teacher_logits, loss
     scaler.unscale_(optimizer)
     max_norm = settings.grad_clip if settings.grad_clip else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, error_if_nonfinite=True)

@@ -8,11 +8,11 @@ a row's real tokens, so every row computes exactly what a forward on its own unp
 
 A row whose tools ran waits (feeding nothing) while others decode; waiting observations are prefilled
 together once no row is decoding or at least half of the live rows wait. Finished rows leave the cache.
+A prompt prefix every row shares (system prompt, tool list) is prefilled once (``opd.shared_prefix``).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ from transformers import DynamicCache
 from opd.agent_records import AgentRecord
 from opd.chat_format import ChatFormat
 from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn
+from opd.shared_prefix import cache_argument, prefill_shared_prefix, shared_prefix_length
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import check_call, execute_call
 
@@ -64,8 +65,7 @@ class AgentRollout:
         self.sampler = sampler
         self.limits = limits
         self.autocast = autocast
-        parameters = inspect.signature(model.forward).parameters
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self._cache_argument = cache_argument(model)
 
     def run(self, records: list[AgentRecord]) -> list[Episode]:
         """Roll out every record; raises ``PromptTooLongError`` (naming the record) before any compute."""
@@ -83,8 +83,14 @@ class AgentRollout:
 
     def _decode(self, live: list[_Row]) -> None:
         device = next(self.model.parameters()).device
-        cache = DynamicCache(config=self.model.config)
-        attention = torch.zeros((len(live), 0), dtype=torch.long, device=device)
+        prefix = shared_prefix_length([row.episode for row in live])
+        if prefix:
+            cache = prefill_shared_prefix(self.model, live[0].episode.ids[:prefix], len(live))
+            for row in live:
+                row.fed = prefix
+        else:
+            cache = DynamicCache(config=self.model.config)
+        attention = torch.ones((len(live), prefix), dtype=torch.long, device=device)
         while live:
             waiting = [row for row in live if row.pending is not None]
             if waiting and 2 * len(waiting) >= len(live):

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from transformers import get_scheduler
 
@@ -124,8 +125,7 @@ def step_metrics(step: int, epoch: int, stats, episodes: list[Episode], lr: floa
 
 
 def _run_dir(out_dir: str) -> Path:
-    from hydra.core.hydra_config import HydraConfig
-
+    """Hydra's run directory under ``python opd/train.py``; ``out_dir`` when called without Hydra (tests)."""
     return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(out_dir)
 
 

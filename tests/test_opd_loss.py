@@ -11,11 +11,19 @@ import torch
 from opd.chat_format import ChatFormat
 from opd.device_setup import resolve_precision
 from opd.distill_loss import token_kl
-from opd.distill_step import DistillSettings, distill_update, freeze, router_aux_coef, teacher_target_logits
+from opd.distill_step import (
+    DistillSettings,
+    distill_update,
+    forward_targets,
+    freeze,
+    router_aux_coef,
+    teacher_target_logits,
+)
 from opd.episodes import pack_episodes
 from opd.minimind import MiniMindArch
 from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import ScriptedSampler
+from opd.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length
 from tests.opd_support import TINY_TEACHER, agent_record, call_text, encode, tiny_model
 
 CPU = resolve_precision("cpu", "float32")
@@ -63,6 +71,7 @@ def episodes(tokenizer):
                            RolloutLimits(2, 64, 4096))
     result = rollout.run(records)
     assert [len(e.turns) for e in result] == [2, 2] and all(e.stop_reason == "answer" for e in result)
+    assert shared_prefix_length(result) >= MIN_SHARED_PREFIX  # the batched forwards below share the prompt prefix
     return result
 
 
@@ -88,6 +97,23 @@ def test_gradient_reaches_only_target_positions(tokenizer, episodes):
     assert torch.equal(has_grad, expected)
     assert not has_grad[packed.attention_mask == 0].any() and not has_grad[:, -1].any()
     assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+
+
+def test_shared_prefix_forward_gives_the_full_forward_logits_and_gradients(tokenizer, episodes):
+    packed = pack_episodes(episodes, tokenizer.pad_token_id)
+    prefix = shared_prefix_length(episodes)
+    assert 0 < prefix < min(e.prompt_length for e in episodes)
+    results = []
+    for shared in (0, prefix):
+        student = tiny_model(seed=1).train()
+        logits, _ = forward_targets(student, packed, shared)
+        logits.float().log_softmax(-1)[:, :50].sum().backward()
+        results.append((logits.detach(), [p.grad.clone() for p in student.parameters()]))
+    (full, full_grads), (split, split_grads) = results
+    assert full.shape == split.shape == (packed.target_count, 6400)
+    torch.testing.assert_close(split, full, atol=1e-4, rtol=1e-4)
+    for a, b in zip(split_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
 
 
 def test_update_changes_only_the_student_and_matches_hand_loss(tokenizer, episodes):

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from opd.chat_format import ChatFormat, PromptTooLongError
-from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, pack_episodes
+from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, pack_episodes
 from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import SamplingSettings, ScriptedSampler, TokenSampler
+from opd.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length
 from tests.opd_support import agent_record, call_text, encode, observation_text, tiny_model
 
 LIMITS = RolloutLimits(max_turns=3, max_gen_len=200, max_total_len=4096)
@@ -79,6 +80,7 @@ def test_scripted_episodes_match_hand_built_ids_and_masks(tokenizer, chat_format
         "data.jsonl:5": [ramble],
     }
     episodes = scripted(student, chat_format, scripts).run(records)
+    assert shared_prefix_length(episodes) >= MIN_SHARED_PREFIX  # the batch prefilled its common prompt prefix once
 
     a = Expected(tokenizer, records[0]).turn(scripts["data.jsonl:1"][0]).observation('{"result": 5}').turn(
         scripts["data.jsonl:1"][1])
@@ -204,6 +206,20 @@ def test_sampled_rollout_end_to_end(tokenizer, chat_format, student):
         targets = packed.input_ids[row, 1:][packed.target_mask[row]]
         expected = logprobs[row][packed.target_mask[row]].gather(1, targets[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(episode.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_shared_prefix_length_stops_before_every_target():
+    record = agent_record("p.jsonl:1", "q")
+
+    def episode(ids, prompt_length):
+        return Episode(record, prompt_length, ids)
+
+    common = list(range(100, 140))
+    assert shared_prefix_length([episode(common + [1, 2], 42), episode(common + [3], 41)]) == 40
+    assert shared_prefix_length([episode(common + [1, 2], 42), episode(common + [1, 2, 5], 42)]) == 41
+    assert shared_prefix_length([episode(common[:35] + [1] * 10, 45), episode(common, 40)]) == 35
+    assert shared_prefix_length([episode(common[:20] + [1] * 20, 40), episode(common, 40)]) == 0
+    assert shared_prefix_length([episode(common, 40)]) == 0
 
 
 def test_sampling_distribution_against_hand_calculation():
