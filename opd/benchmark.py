@@ -7,7 +7,9 @@ KV-cached decode loop (``[batch, 1]`` forwards on one cache, same sampling) of t
 alternated ``--repeats`` times, best of each kept.
 train: optimizer steps/s and assistant tokens/s of full OPD steps (rollout + frozen-teacher forward +
 student update) with fixed episode shapes: the student's turns are scripted (a tool call, a tool call, a
-final answer; each exactly ``gen_len`` tokens) while every forward, observation and update is real.
+final answer; each exactly ``gen_len`` tokens) while every forward, observation and update is real. Records
+share one system prompt and tool list (computed once per batch); at batch sizes above 1 the same is also
+timed with a different system prompt per record (nothing shared). The decode comparison uses the latter.
 Models are random-init MiniMind architectures (weights do not change the cost); the tokenizer is
 $MINIMIND_TOKENIZER, ../shared/minimind3-tokenizer, or the stand-in.
 """
@@ -56,9 +58,10 @@ def bench_tokenizer(path: str | None):
     return load_tokenizer(str(build_standin_tokenizer(tempfile.mkdtemp(prefix="opd-bench-tok-")))), "stand-in"
 
 
-def bench_records(count: int) -> list[AgentRecord]:
-    """Agent prompts declaring all six mock tools (a realistic system prompt)."""
-    return [AgentRecord(messages=[{"role": "system", "content": "You are a helpful assistant."},
+def bench_records(count: int, *, shared_system_prompt: bool) -> list[AgentRecord]:
+    """Agent prompts declaring all six mock tools; one system prompt for all, or a different one per record."""
+    return [AgentRecord(messages=[{"role": "system", "content": "You are a helpful assistant." if shared_system_prompt
+                                   else f"Assistant {i}: you are a helpful assistant."},
                                   {"role": "user", "content": f"Weather in city {i}, and what is {i} * 17?"}],
                         tools=tool_schemas(), source=f"bench:{i}") for i in range(count)]
 
@@ -145,18 +148,20 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    console = Console()
+    console = Console(width=120)
     tokenizer, tokenizer_name = bench_tokenizer(args.tokenizer)
     chat_format = ChatFormat(tokenizer)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    records = bench_records(max(batch_sizes) * args.steps)
+    records = {shared: bench_records(max(batch_sizes) * args.steps, shared_system_prompt=shared)
+               for shared in (True, False)}
+    distinct = records[False]
     script = scripted_turns(tokenizer, args.turns, args.gen_len)
     new_tokens = args.turns * args.gen_len
     results = {"threads": torch.get_num_threads(), "tokenizer": tokenizer_name, "turns": args.turns,
-               "gen_len": args.gen_len, "prompt_tokens": len(chat_format.prompt_ids(records[0])), "runs": []}
+               "gen_len": args.gen_len, "prompt_tokens": len(chat_format.prompt_ids(distinct[0])), "runs": []}
     table = Table(title=f"opd benchmark (CPU, {results['threads']} threads, fp32)")
-    for column in ("pair", "batch", "plain decode tok/s", "rollout tok/s", "ratio", "steps/s",
-                   "assistant tok/s", "rollout share"):
+    for column in ("pair", "batch", "plain tok/s", "rollout tok/s", "ratio", "steps/s", "tok/s", "rollout share",
+                   "tok/s distinct"):
         table.add_column(column, justify="right")
     for size in args.sizes.split(","):
         student_arch, teacher_arch = PAIRS[size]
@@ -164,21 +169,26 @@ def main(argv: list[str] | None = None) -> dict:
         student, teacher = build_model(student_arch), freeze(build_model(teacher_arch))
         for batch in batch_sizes:
             with console.status(f"{size} batch {batch}: decode"):
-                plain_decode(student, chat_format.prompt_ids(records[0]), batch, 4, seed=0)  # warm-up
-                rollout_decode(student, chat_format, records[:batch], 4, seed=0)
+                plain_decode(student, chat_format.prompt_ids(distinct[0]), batch, 4, seed=0)  # warm-up
+                rollout_decode(student, chat_format, distinct[:batch], 4, seed=0)
                 plain = rolled = 0.0
                 for repeat in range(args.repeats):  # alternate, keep the best of each (robust to other load)
-                    plain = max(plain, plain_decode(student, chat_format.prompt_ids(records[0]), batch, new_tokens,
+                    plain = max(plain, plain_decode(student, chat_format.prompt_ids(distinct[0]), batch, new_tokens,
                                                     seed=repeat))
-                    rolled = max(rolled, rollout_decode(student, chat_format, records[:batch], new_tokens, seed=repeat))
-            with console.status(f"{size} batch {batch}: {args.steps} training steps"):
-                train = train_throughput(student, teacher, chat_format, records, script, batch, args.steps)
+                    rolled = max(rolled, rollout_decode(student, chat_format, distinct[:batch], new_tokens, seed=repeat))
             run = {"pair": size, "batch_size": batch, "plain_decode_tokens_per_s": plain,
-                   "rollout_decode_tokens_per_s": rolled, "rollout_vs_plain": rolled / plain, **train}
+                   "rollout_decode_tokens_per_s": rolled, "rollout_vs_plain": rolled / plain}
+            for shared in (True, False) if batch > 1 else (True,):  # one row has no prefix to share
+                label = "shared system prompt" if shared else "distinct system prompts"
+                with console.status(f"{size} batch {batch}: {args.steps} training steps, {label}"):
+                    run["train_shared_prompt" if shared else "train_distinct_prompts"] = train_throughput(
+                        student, teacher, chat_format, records[shared], script, batch, args.steps)
             results["runs"].append(run)
+            train, other = run["train_shared_prompt"], run.get("train_distinct_prompts")
             table.add_row(size, str(batch), f"{plain:.1f}", f"{rolled:.1f}", f"{rolled / plain:.2f}",
                           f"{train['steps_per_s']:.4f}", f"{train['assistant_tokens_per_s']:.1f}",
-                          f"{train['rollout_share']:.2f}")
+                          f"{train['rollout_share']:.2f}",
+                          f"{other['assistant_tokens_per_s']:.1f}" if other else "(same)")
             console.print(run)
     console.print(table)
     write_json(Path(args.out), results)

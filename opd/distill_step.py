@@ -117,7 +117,8 @@ def distill_update(micro_batches: list[list[Episode]], *, student: torch.nn.Modu
         del output, student_logits, teacher_logits, loss
     scaler.unscale_(optimizer)
     max_norm = settings.grad_clip if settings.grad_clip else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, error_if_nonfinite=True)
+    # with a grad scaler an overflow is expected now and then: the scaler skips that step instead
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, error_if_nonfinite=not precision.uses_grad_scaler)
     scaler.step(optimizer)
     scaler.update()
     scheduler.step()
