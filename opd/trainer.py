@@ -102,11 +102,21 @@ def rng_state(sampler: TokenSampler) -> dict:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
-def restore_rng(state: dict, sampler: TokenSampler) -> None:
-    sampler.set_state(state["sampler"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
+def restore(path: str, signature: dict, *, student, optimizer, scheduler, scaler,
+            sampler: TokenSampler) -> tuple[int, DataCursor]:
+    """Load a resume file into the run's objects after checking its signature; returns (step, next cursor)."""
+    state = load_resume(path)
+    check_signature(state["signature"], signature, path)
+    student.load_state_dict(state["model"], strict=True)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    rng = state["rng"]
+    sampler.set_state(rng["sampler"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"]:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return state["step"], DataCursor(**state["cursor"])
 
 
 def step_metrics(step: int, epoch: int, stats, episodes: list[Episode], lr: float, rollout_s: float,
@@ -160,14 +170,8 @@ def run(cfg: DictConfig) -> dict:
                               sampling=sampling, schedule_steps=schedule_steps, precision=precision)
     step, cursor = 0, DataCursor()
     if cfg.resume:
-        state = load_resume(cfg.resume)
-        check_signature(state["signature"], signature, cfg.resume)
-        student.load_state_dict(state["model"], strict=True)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        step, cursor = state["step"], DataCursor(**state["cursor"])
-        restore_rng(state["rng"], sampler)
+        step, cursor = restore(cfg.resume, signature, student=student, optimizer=optimizer, scheduler=scheduler,
+                               scaler=scaler, sampler=sampler)
     settings = DistillSettings(cfg.distill_temperature, cfg.kl_direction, cfg.grad_clip)
     run_dir, start_step, saved_step = _run_dir(cfg.out_dir), step, step
     paths: tuple[Path, Path] | tuple[None, None] = (None, None)
