@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from opd.chat_format import ChatFormat, PromptTooLongError
-from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, pack_episodes
+from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, STOP_REASONS, Episode, pack_episodes
 from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import SamplingSettings, ScriptedSampler, TokenSampler
 from opd.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length
@@ -200,7 +200,7 @@ def test_sampled_rollout_end_to_end(tokenizer, chat_format, student):
     for row, episode in enumerate(first):
         assert episode.ids[:episode.prompt_length] == prompt_ids(tokenizer, episode.record)
         assert 1 <= episode.assistant_tokens == sum(episode.target_mask()) <= 2 * 16
-        assert episode.stop_reason in (ANSWER, MAX_GEN_LEN, MAX_TURNS, MAX_TOTAL_LEN)
+        assert episode.stop_reason in STOP_REASONS
         generated = [i for turn in episode.turns for i in range(turn.start, turn.end)]
         assert generated == [i for i, flag in enumerate(episode.target_mask()) if flag]
         targets = packed.input_ids[row, 1:][packed.target_mask[row]]
