@@ -42,3 +42,7 @@ demo: tiny ## regenerate the bundled sample end to end on the embedded CPU serve
 .PHONY: bench-serve
 bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (tiny and 768x8 random models)
 	$(PY) -m launch.benchmark
+
+.PHONY: bench-opd
+bench-opd: setup ## OPD rollout vs plain decode, and training steps/s, on CPU (tiny and 768x8 pairs)
+	$(PY) -m opd.benchmark --out out/bench/opd_benchmark.json

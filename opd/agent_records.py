@@ -1,0 +1,113 @@
+"""Agent prompt records: JSONL rows of a conversation plus the tools it may call.
+
+Each line holds ``conversations`` or ``messages`` (``role``/``content`` dicts). Tools come from the system
+message's ``tools`` field or a top-level ``tools`` field (a list, or a JSON string of one). A trailing
+assistant answer is dropped, so the prompt ends with a user or tool turn; ``gt`` (expected answer strings)
+is optional. Any malformed row raises ``RecordError`` naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROLES = ("system", "user", "assistant", "tool")
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "name", "tool_call_id")
+
+
+class RecordError(ValueError):
+    """A data row that cannot be used as an agent prompt."""
+
+
+@dataclass(frozen=True)
+class AgentRecord:
+    """One prompt: messages for the chat template, declared tools, optional ground truth, and where it came from."""
+
+    messages: list[dict]
+    tools: list[dict] | None
+    source: str
+    gt: list[str] = field(default_factory=list)
+
+    @property
+    def declared_tools(self) -> frozenset[str]:
+        """Names of the tools this record may call."""
+        return frozenset(_tool_name(tool) for tool in self.tools or [])
+
+
+def _tool_name(tool: dict) -> str:
+    function = tool.get("function", tool)
+    return function.get("name") if isinstance(function, dict) else None
+
+
+def _parse_tools(value, where: str) -> list[dict]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise RecordError(f"{where}: not valid JSON ({error.msg})") from None
+    if not isinstance(value, list):
+        raise RecordError(f"{where}: expected a list of tool schemas, got {type(value).__name__}")
+    for index, tool in enumerate(value):
+        if not isinstance(tool, dict) or not isinstance(_tool_name(tool), str) or not _tool_name(tool):
+            raise RecordError(f"{where}[{index}]: a tool needs a string 'name' (or 'function.name')")
+    return value
+
+
+def _parse_message(message, where: str) -> dict:
+    if not isinstance(message, dict):
+        raise RecordError(f"{where}: expected an object, got {type(message).__name__}")
+    role = message.get("role")
+    if role not in ROLES:
+        raise RecordError(f"{where}.role: {role!r} is not one of {', '.join(ROLES)}")
+    content = message.get("content")
+    if not isinstance(content, str) and not (role == "assistant" and content is None and message.get("tool_calls")):
+        raise RecordError(f"{where}.content: expected a string, got {type(content).__name__}")
+    return {key: message[key] for key in _MESSAGE_KEYS if key in message}
+
+
+def parse_record(row, source: str) -> AgentRecord:
+    """Validate one decoded JSON row; ``source`` ("file:line") prefixes every error."""
+    if not isinstance(row, dict):
+        raise RecordError(f"{source}: expected a JSON object, got {type(row).__name__}")
+    key = "conversations" if "conversations" in row else "messages"
+    raw_messages = row.get(key)
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise RecordError(f"{source}: needs a non-empty 'conversations' or 'messages' list")
+    messages = [_parse_message(m, f"{source}: {key}[{i}]") for i, m in enumerate(raw_messages)]
+    tools = _parse_tools(row["tools"], f"{source}: tools") if row.get("tools") else None
+    for index, message in enumerate(raw_messages):
+        if message["role"] == "system" and message.get("tools"):
+            tools = _parse_tools(message["tools"], f"{source}: {key}[{index}].tools")
+    if messages[-1]["role"] == "assistant":
+        messages = messages[:-1]
+    if not messages or messages[-1]["role"] not in ("user", "tool"):
+        raise RecordError(f"{source}: {key} must end with a user or tool turn (a final assistant answer is dropped)")
+    gt = row.get("gt", [])
+    gt = [gt] if isinstance(gt, str) else gt
+    if not isinstance(gt, list) or not all(isinstance(item, str | int | float) for item in gt):
+        raise RecordError(f"{source}: gt must be a string or a list of strings")
+    return AgentRecord(messages=messages, tools=tools, source=source, gt=[str(item) for item in gt])
+
+
+def load_agent_records(path: str | Path) -> tuple[list[AgentRecord], str]:
+    """All records of a JSONL file, plus the file's sha256 (its identity for resume checks)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"agent data file not found: {path}")
+    raw = path.read_bytes()
+    records = []
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except UnicodeDecodeError as error:
+            raise RecordError(f"{path}:{number}: not UTF-8 ({error.reason} at byte {error.start})") from None
+        except json.JSONDecodeError as error:
+            raise RecordError(f"{path}:{number}: invalid JSON ({error.msg} at column {error.colno})") from None
+        records.append(parse_record(row, f"{path}:{number}"))
+    if not records:
+        raise RecordError(f"{path}: no records")
+    return records, hashlib.sha256(raw).hexdigest()

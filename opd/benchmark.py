@@ -1,0 +1,200 @@
+"""CPU throughput of the OPD rollout and trainer (``make bench-opd``).
+
+    python -m opd.benchmark [--sizes tiny,768] [--batch-sizes 1,8] [--steps 2] [--out out/bench/opd.json]
+
+decode: rollout tokens/s (one turn of ``turns * gen_len`` sampled tokens, temperature 1) against a plain
+KV-cached decode loop (``[batch, 1]`` forwards on one cache, same sampling) of the same model and batch size,
+alternated ``--repeats`` times, best of each kept.
+train: optimizer steps/s and assistant tokens/s of full OPD steps (rollout + frozen-teacher forward +
+student update) with fixed episode shapes: the student's turns are scripted (a tool call, a tool call, a
+final answer; each exactly ``gen_len`` tokens) while every forward, observation and update is real. Records
+share one system prompt and tool list (computed once per batch); at batch sizes above 1 the same is also
+timed with a different system prompt per record (nothing shared). The decode comparison uses the latter.
+Models are random-init MiniMind architectures (weights do not change the cost); the tokenizer is
+$MINIMIND_TOKENIZER, ../shared/minimind3-tokenizer, or the stand-in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from transformers import DynamicCache
+
+from opd.agent_records import AgentRecord
+from opd.chat_format import ChatFormat
+from opd.device_setup import resolve_precision
+from opd.distill_step import DistillSettings, distill_update, freeze
+from opd.minimind import MiniMindArch, build_model
+from opd.rollout import AgentRollout, RolloutLimits
+from opd.sampling import SamplingSettings, ScriptedSampler, TokenSampler
+from opd.shared_prefix import cache_argument
+from opd.tiny_checkpoints import tiny_arch
+from opd.tokenizer import build_standin_tokenizer, load_tokenizer
+from opd.train_log import write_json
+from tools.mock_tools import tool_schemas
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MINIMIND_768 = MiniMindArch(hidden_size=768, num_hidden_layers=8)
+PAIRS = {  # size -> (student, teacher)
+    "tiny": (tiny_arch("student"), tiny_arch("teacher")),
+    "768": (MINIMIND_768, MINIMIND_768),
+}
+FILLER = " Let me work through this carefully before answering."
+
+
+def bench_tokenizer(path: str | None):
+    """The tokenizer to time with, and a note saying which one it is."""
+    candidates = [path, os.environ.get("MINIMIND_TOKENIZER"), str(REPO_ROOT.parent / "shared" / "minimind3-tokenizer")]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            return load_tokenizer(candidate), candidate
+    return load_tokenizer(str(build_standin_tokenizer(tempfile.mkdtemp(prefix="opd-bench-tok-")))), "stand-in"
+
+
+def bench_records(count: int, *, shared_system_prompt: bool) -> list[AgentRecord]:
+    """Agent prompts declaring all six mock tools; one system prompt for all, or a different one per record."""
+    return [AgentRecord(messages=[{"role": "system", "content": "You are a helpful assistant." if shared_system_prompt
+                                   else f"Assistant {i}: you are a helpful assistant."},
+                                  {"role": "user", "content": f"Weather in city {i}, and what is {i} * 17?"}],
+                        tools=tool_schemas(), source=f"bench:{i}") for i in range(count)]
+
+
+def scripted_turns(tokenizer, turns: int, gen_len: int) -> list[list[int]]:
+    """``turns`` turns of exactly ``gen_len`` ids: tool calls (weather, then math) and a final answer, each with EOS."""
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    filler = encode(FILLER * (gen_len // 4 + 1))
+    calls = [encode('<tool_call>\n{"name": "get_current_weather", "arguments": {"location": "Paris"}}\n</tool_call>'),
+             encode('<tool_call>\n{"name": "calculate_math", "arguments": {"expression": "12 * 17"}}\n</tool_call>')]
+    script = []
+    for turn in range(turns):
+        tail = calls[turn % 2] if turn < turns - 1 else []
+        if len(tail) + 1 > gen_len:
+            raise ValueError(f"gen_len {gen_len} is too short for a scripted tool call ({len(tail) + 1} tokens)")
+        script.append(filler[:gen_len - 1 - len(tail)] + tail + [tokenizer.eos_token_id])
+    return script
+
+
+@torch.inference_mode()
+def plain_decode(model, prompt: list[int], batch: int, new_tokens: int, seed: int) -> float:
+    """Tokens/s of the simplest KV-cached sampling loop: prefill, then ``[batch, 1]`` forwards on one cache."""
+    generator = torch.Generator().manual_seed(seed)
+    cache, key = DynamicCache(config=model.config), cache_argument(model)
+    started = time.perf_counter()
+    ids = torch.tensor([prompt] * batch)
+    logits = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{key: cache}).logits[:, -1]
+    for _ in range(new_tokens):
+        tokens = torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator)
+        logits = model(input_ids=tokens, use_cache=True, logits_to_keep=1, **{key: cache}).logits[:, -1]
+    return batch * new_tokens / (time.perf_counter() - started)
+
+
+def rollout_decode(model, chat_format: ChatFormat, records: list[AgentRecord], new_tokens: int, seed: int) -> float:
+    """Tokens/s of the OPD rollout generating one turn of up to ``new_tokens`` sampled tokens per record."""
+    sampler = TokenSampler(SamplingSettings(), "cpu", seed)
+    rollout = AgentRollout(model, chat_format, sampler, RolloutLimits(1, new_tokens, 1 << 15))
+    started = time.perf_counter()
+    episodes = rollout.run(records)
+    return sum(e.assistant_tokens for e in episodes) / (time.perf_counter() - started)
+
+
+def train_throughput(student, teacher, chat_format: ChatFormat, records: list[AgentRecord],
+                     script: list[list[int]], batch: int, steps: int) -> dict:
+    """Full OPD steps on scripted-shape episodes: steps/s, assistant tokens/s, and where the time went."""
+    sampler = ScriptedSampler({record.source: script for record in records})
+    limits = RolloutLimits(len(script), max(len(turn) for turn in script), 1 << 15)
+    rollout = AgentRollout(student, chat_format, sampler, limits)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-6)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    precision = resolve_precision("cpu", "float32")
+    rollout_s = update_s = 0.0
+    tokens = turns = 0
+    for step in range(steps):
+        began = time.perf_counter()
+        episodes = rollout.run(records[step * batch:(step + 1) * batch])
+        rolled = time.perf_counter()
+        distill_update([episodes], student=student, teacher=teacher, optimizer=optimizer, scheduler=scheduler,
+                       scaler=precision.grad_scaler(), settings=DistillSettings(), precision=precision,
+                       pad_token_id=chat_format.pad_token_id)
+        rollout_s += rolled - began
+        update_s += time.perf_counter() - rolled
+        tokens += sum(e.assistant_tokens for e in episodes)
+        turns += sum(len(e.turns) for e in episodes)
+    total = rollout_s + update_s
+    return {"steps_per_s": steps / total, "assistant_tokens_per_s": tokens / total,
+            "rollout_tokens_per_s": tokens / rollout_s, "rollout_share": rollout_s / total,
+            "mean_turns": turns / (steps * batch), "seconds": total}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="tiny,768", help=f"comma list of {', '.join(PAIRS)}")
+    parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps timed per size and batch size")
+    parser.add_argument("--repeats", type=int, default=2, help="decode runs of each kind (best one reported)")
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--gen-len", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--tokenizer", default=None)
+    parser.add_argument("--out", default="out/bench/opd_benchmark.json")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    console = Console(width=120)
+    tokenizer, tokenizer_name = bench_tokenizer(args.tokenizer)
+    chat_format = ChatFormat(tokenizer)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    records = {shared: bench_records(max(batch_sizes) * args.steps, shared_system_prompt=shared)
+               for shared in (True, False)}
+    distinct = records[False]
+    script = scripted_turns(tokenizer, args.turns, args.gen_len)
+    new_tokens = args.turns * args.gen_len
+    results = {"threads": torch.get_num_threads(), "tokenizer": tokenizer_name, "turns": args.turns,
+               "gen_len": args.gen_len, "prompt_tokens": len(chat_format.prompt_ids(distinct[0])), "runs": []}
+    table = Table(title=f"opd benchmark (CPU, {results['threads']} threads, fp32)")
+    for column in ("pair", "batch", "plain tok/s", "rollout tok/s", "ratio", "steps/s", "tok/s", "rollout share",
+                   "tok/s distinct"):
+        table.add_column(column, justify="right")
+    for size in args.sizes.split(","):
+        student_arch, teacher_arch = PAIRS[size]
+        torch.manual_seed(0)
+        student, teacher = build_model(student_arch), freeze(build_model(teacher_arch))
+        for batch in batch_sizes:
+            with console.status(f"{size} batch {batch}: decode"):
+                plain_decode(student, chat_format.prompt_ids(distinct[0]), batch, 4, seed=0)  # warm-up
+                rollout_decode(student, chat_format, distinct[:batch], 4, seed=0)
+                plain = rolled = 0.0
+                for repeat in range(args.repeats):  # alternate, keep the best of each (robust to other load)
+                    plain = max(plain, plain_decode(student, chat_format.prompt_ids(distinct[0]), batch, new_tokens,
+                                                    seed=repeat))
+                    rolled = max(rolled, rollout_decode(student, chat_format, distinct[:batch], new_tokens, seed=repeat))
+            run = {"pair": size, "batch_size": batch, "plain_decode_tokens_per_s": plain,
+                   "rollout_decode_tokens_per_s": rolled, "rollout_vs_plain": rolled / plain}
+            for shared in (True, False) if batch > 1 else (True,):  # one row has no prefix to share
+                label = "shared system prompt" if shared else "distinct system prompts"
+                with console.status(f"{size} batch {batch}: {args.steps} training steps, {label}"):
+                    run["train_shared_prompt" if shared else "train_distinct_prompts"] = train_throughput(
+                        student, teacher, chat_format, records[shared], script, batch, args.steps)
+            results["runs"].append(run)
+            train, other = run["train_shared_prompt"], run.get("train_distinct_prompts")
+            table.add_row(size, str(batch), f"{plain:.1f}", f"{rolled:.1f}", f"{rolled / plain:.2f}",
+                          f"{train['steps_per_s']:.4f}", f"{train['assistant_tokens_per_s']:.1f}",
+                          f"{train['rollout_share']:.2f}",
+                          f"{other['assistant_tokens_per_s']:.1f}" if other else "(same)")
+            console.print(run)
+    console.print(table)
+    write_json(Path(args.out), results)
+    console.print(f"written {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Token ids for an episode's context, rendered by the tokenizer's own chat template.
+
+The prompt is the template applied to the record with a generation prompt. What goes between a sampled
+turn's EOS and the next turn is derived from the template, never hard-coded: render a conversation whose
+assistant turn holds a marker string, followed by the tool messages and a generation prompt; the text after
+the marker starts with the template's end of turn (the EOS token, already sampled by the model) and the
+rest is the observation context.
+"""
+
+from __future__ import annotations
+
+from opd.agent_records import AgentRecord
+
+_MARKER = "OPD-ASSISTANT-CONTENT-MARKER-7f3a"
+
+
+class PromptTooLongError(ValueError):
+    """A record whose prompt leaves no room to generate within ``max_total_len``."""
+
+
+class ChatFormat:
+    """Prompt and observation token ids of one tokenizer's chat template (``open_thinking`` passed through)."""
+
+    def __init__(self, tokenizer, *, open_thinking: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.open_thinking = open_thinking
+        self.eos_token_id = tokenizer.eos_token_id
+        self.pad_token_id = tokenizer.pad_token_id
+        self.observation_ids(None, ["{}"])  # fail at construction if the template cannot be split
+
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, open_thinking=self.open_thinking)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, record: AgentRecord, max_total_len: int | None = None) -> list[int]:
+        """The templated prompt with its generation prompt; raises when it leaves no room to generate."""
+        ids = self._encode(self._render(record.messages, record.tools))
+        if max_total_len is not None and len(ids) >= max_total_len:
+            raise PromptTooLongError(
+                f"{record.source}: prompt is {len(ids)} tokens, leaving no room to generate within "
+                f"max_total_len={max_total_len}; raise max_total_len or shorten/drop this record")
+        return ids
+
+    def observation_ids(self, record: AgentRecord | None, contents: list[str]) -> list[int]:
+        """Context after a turn's EOS: the tool messages (one per content, in order) and the next generation prompt."""
+        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARKER}]
+        messages += [{"role": "tool", "content": content} for content in contents]
+        text = self._render(messages, record.tools if record else None)
+        _, found, after = text.partition(_MARKER)
+        eos = self.tokenizer.eos_token
+        if not found or not after.startswith(eos):
+            raise ValueError(
+                f"the chat template does not end an assistant turn with the EOS token {eos!r} right after its "
+                f"content (rendered: {after[:60]!r}); observation tokens cannot be derived from it")
+        return self._encode(after[len(eos):])
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of generated ids for tool-call parsing (special tokens dropped, tool markup kept)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,106 @@
+"""Finished agent episodes (token ids, which tokens are distillation targets, what each turn did) and batch packing.
+
+Targets are exactly the tokens the student generated: every token of every assistant turn, each turn's EOS
+included. The prompt, the template's role markers and the tool observations between turns are context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from opd.agent_records import AgentRecord
+from tools.tool_environment import OK, CallOutcome
+
+# Why an episode stopped. Only ANSWER (a turn without tool calls) is a complete episode.
+ANSWER = "answer"
+MAX_GEN_LEN = "max_gen_len"  # a turn reached max_gen_len without EOS
+MAX_TOTAL_LEN = "max_total_len"  # the context is full, or the observation would not fit
+MAX_TURNS = "max_turns"  # the last allowed turn still asked for tools
+STOP_REASONS = (ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS)
+
+
+@dataclass
+class Turn:
+    """One assistant turn: its generated span ``ids[start:end]`` and the outcome of each tool call in it."""
+
+    start: int
+    end: int
+    calls: list[CallOutcome] = field(default_factory=list)
+    observation_end: int | None = None  # end of the observation context appended after this turn, if any
+
+
+@dataclass
+class Episode:
+    """A multi-turn rollout of one record: prompt ids, then generated turns and observations, in order."""
+
+    record: AgentRecord
+    prompt_length: int
+    ids: list[int]
+    turns: list[Turn] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # the sampling model's log-probability of each generated id
+    stop_reason: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.stop_reason != ANSWER
+
+    @property
+    def assistant_tokens(self) -> int:
+        return sum(turn.end - turn.start for turn in self.turns)
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(len(turn.calls) for turn in self.turns)
+
+    @property
+    def tool_errors(self) -> int:
+        return sum(1 for turn in self.turns for call in turn.calls if call.status != OK)
+
+    def target_mask(self) -> list[bool]:
+        """One flag per id: True for generated (distillation target) tokens."""
+        mask = [False] * len(self.ids)
+        for turn in self.turns:
+            mask[turn.start:turn.end] = [True] * (turn.end - turn.start)
+        return mask
+
+    def turn_ids(self, index: int) -> list[int]:
+        turn = self.turns[index]
+        return self.ids[turn.start:turn.end]
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Right-padded ``[batch, length]`` ids and attention mask, and the target mask aligned with next-token logits.
+
+    ``target_mask[b, t]`` says whether ``input_ids[b, t + 1]`` is a target, i.e. whether the logits at
+    position ``t`` are trained (shape ``[batch, length - 1]``).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    target_mask: torch.Tensor
+
+    @property
+    def target_count(self) -> int:
+        return int(self.target_mask.sum())
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        return PackedBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.target_mask)))
+
+
+def pack_episodes(episodes: list[Episode], pad_token_id: int) -> PackedBatch:
+    """Pack episodes into one right-padded batch (CPU tensors); padding is never a target."""
+    if not episodes:
+        raise ValueError("cannot pack an empty list of episodes")
+    length = max(len(episode.ids) for episode in episodes)
+    input_ids = torch.full((len(episodes), length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(episodes), length), dtype=torch.long)
+    targets = torch.zeros((len(episodes), length), dtype=torch.bool)
+    for row, episode in enumerate(episodes):
+        size = len(episode.ids)
+        input_ids[row, :size] = torch.tensor(episode.ids, dtype=torch.long)
+        attention_mask[row, :size] = 1
+        targets[row, :size] = torch.tensor(episode.target_mask(), dtype=torch.bool)
+    return PackedBatch(input_ids, attention_mask, targets[:, 1:])
