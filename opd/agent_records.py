@@ -55,7 +55,8 @@ def _parse_tools(value, where: str) -> list[dict]:
     return value
 
 
-def _parse_message(message, where: str) -> dict:
+def parse_message(message, where: str) -> dict:
+    """Validate one chat message (role, string content or assistant tool calls); keeps the keys templates use."""
     if not isinstance(message, dict):
         raise RecordError(f"{where}: expected an object, got {type(message).__name__}")
     role = message.get("role")
@@ -75,7 +76,7 @@ def parse_record(row, source: str) -> AgentRecord:
     raw_messages = row.get(key)
     if not isinstance(raw_messages, list) or not raw_messages:
         raise RecordError(f"{source}: needs a non-empty 'conversations' or 'messages' list")
-    messages = [_parse_message(m, f"{source}: {key}[{i}]") for i, m in enumerate(raw_messages)]
+    messages = [parse_message(m, f"{source}: {key}[{i}]") for i, m in enumerate(raw_messages)]
     tools = _parse_tools(row["tools"], f"{source}: tools") if row.get("tools") else None
     for index, message in enumerate(raw_messages):
         if message["role"] == "system" and message.get("tools"):
@@ -91,23 +92,28 @@ def parse_record(row, source: str) -> AgentRecord:
     return AgentRecord(messages=messages, tools=tools, source=source, gt=[str(item) for item in gt])
 
 
-def load_agent_records(path: str | Path) -> tuple[list[AgentRecord], str]:
-    """All records of a JSONL file, plus the file's sha256 (its identity for resume checks)."""
+def read_rows(path: str | Path) -> tuple[list[tuple[object, str]], str]:
+    """Every decoded JSON line of a JSONL file with its ``file:line`` source, plus the file's sha256."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"agent data file not found: {path}")
     raw = path.read_bytes()
-    records = []
+    rows = []
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            rows.append((json.loads(line), f"{path}:{number}"))
         except UnicodeDecodeError as error:
             raise RecordError(f"{path}:{number}: not UTF-8 ({error.reason} at byte {error.start})") from None
         except json.JSONDecodeError as error:
             raise RecordError(f"{path}:{number}: invalid JSON ({error.msg} at column {error.colno})") from None
-        records.append(parse_record(row, f"{path}:{number}"))
-    if not records:
+    if not rows:
         raise RecordError(f"{path}: no records")
-    return records, hashlib.sha256(raw).hexdigest()
+    return rows, hashlib.sha256(raw).hexdigest()
+
+
+def load_agent_records(path: str | Path) -> tuple[list[AgentRecord], str]:
+    """All records of a JSONL file, plus the file's sha256 (its identity for resume checks)."""
+    rows, sha256 = read_rows(path)
+    return [parse_record(row, source) for row, source in rows], sha256

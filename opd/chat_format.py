@@ -28,16 +28,19 @@ class ChatFormat:
         self.pad_token_id = tokenizer.pad_token_id
         self.observation_ids(None, ["{}"])  # fail at construction if the template cannot be split
 
-    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True, open_thinking=self.open_thinking)
+    def render(self, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool = True) -> str:
+        """The template's text for ``messages`` (with the assistant generation prompt unless told otherwise)."""
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=generation_prompt,
+                                                  open_thinking=self.open_thinking)
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """Token ids of template text (special-token strings become their ids; no BOS/EOS added)."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prompt_ids(self, record: AgentRecord, max_total_len: int | None = None) -> list[int]:
         """The templated prompt with its generation prompt; raises when it leaves no room to generate."""
-        ids = self._encode(self._render(record.messages, record.tools))
+        ids = self.encode(self.render(record.messages, record.tools))
         if max_total_len is not None and len(ids) >= max_total_len:
             raise PromptTooLongError(
                 f"{record.source}: prompt is {len(ids)} tokens, leaving no room to generate within "
@@ -48,14 +51,14 @@ class ChatFormat:
         """Context after a turn's EOS: the tool messages (one per content, in order) and the next generation prompt."""
         messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARKER}]
         messages += [{"role": "tool", "content": content} for content in contents]
-        text = self._render(messages, record.tools if record else None)
+        text = self.render(messages, record.tools if record else None)
         _, found, after = text.partition(_MARKER)
         eos = self.tokenizer.eos_token
         if not found or not after.startswith(eos):
             raise ValueError(
                 f"the chat template does not end an assistant turn with the EOS token {eos!r} right after its "
                 f"content (rendered: {after[:60]!r}); observation tokens cannot be derived from it")
-        return self._encode(after[len(eos):])
+        return self.encode(after[len(eos):])
 
     def decode(self, ids: list[int]) -> str:
         """Text of generated ids for tool-call parsing (special tokens dropped, tool markup kept)."""

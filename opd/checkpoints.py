@@ -9,6 +9,7 @@ settings a continuation must share (teacher, data, architecture, optimizer, samp
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,10 +26,10 @@ class ResumeRefusedError(ValueError):
     """The resume file was written by a run with different settings."""
 
 
-def checkpoint_stem(model: torch.nn.Module) -> str:
-    """``agent_opd_{hidden}`` plus ``_moe`` for a MoE student (MiniMind's naming)."""
+def checkpoint_stem(model: torch.nn.Module, prefix: str = "agent_opd") -> str:
+    """``{prefix}_{hidden}`` plus ``_moe`` for a MoE model (MiniMind's naming, e.g. ``agent_opd_768``)."""
     config = model.config
-    return f"agent_opd_{config.hidden_size}{'_moe' if getattr(config, 'num_experts', None) else ''}"
+    return f"{prefix}_{config.hidden_size}{'_moe' if getattr(config, 'num_experts', None) else ''}"
 
 
 def architecture_of(model: torch.nn.Module) -> dict:
@@ -51,17 +52,23 @@ def file_fingerprint(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def vocabulary_fingerprint(tokenizer) -> str:
+    """sha256 of a tokenizer's sorted vocabulary (token -> id)."""
+    return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
+
+
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
 
 
-def save_checkpoint(out_dir: str | Path, student: torch.nn.Module, state: Mapping) -> tuple[Path, Path]:
+def save_checkpoint(out_dir: str | Path, student: torch.nn.Module, state: Mapping,
+                    prefix: str = "agent_opd") -> tuple[Path, Path]:
     """Write the inference weights and the resume file (``state`` without ``model``/``format``); returns both paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = checkpoint_stem(student)
+    stem = checkpoint_stem(student, prefix)
     weights = save_native(student, out / f"{stem}.pth")
     resume = out / f"{stem}_resume.pth"
     model_state = {k: v.detach().to("cpu", copy=True) for k, v in student.state_dict().items()}

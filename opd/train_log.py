@@ -20,12 +20,13 @@ from rich.table import Table
 class TrainLog:
     """Context manager around the step loop; ``metrics_path`` receives one JSON object per step."""
 
-    def __init__(self, metrics_path: Path, *, total_steps: int, start_step: int, console: Console | None = None):
+    def __init__(self, metrics_path: Path, *, total_steps: int, start_step: int, console: Console | None = None,
+                 label: str = "opd"):
         self.metrics_path = Path(metrics_path)
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         self.console = console or Console()
         self.progress = Progress(
-            TextColumn("[bold]opd"), BarColumn(), MofNCompleteColumn(),
+            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}  {task.fields[tokens_per_s]} tok/s  turns {task.fields[turns]}  "
                        "trunc {task.fields[truncated]}"),
             TimeElapsedColumn(), TimeRemainingColumn(), console=self.console)
@@ -54,9 +55,9 @@ class TrainLog:
             f"trunc {metrics['truncated_fraction']:.2f}  {metrics['tokens_per_s']:.1f} tok/s  lr {metrics['lr']:.3g}")
 
 
-def print_summary(summary: dict, console: Console | None = None) -> None:
+def print_summary(summary: dict, console: Console | None = None, title: str = "opd summary") -> None:
     """The end-of-run summary as a two-column table."""
-    table = Table(title="opd summary", show_header=False)
+    table = Table(title=title, show_header=False)
     for key, value in summary.items():
         table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
     (console or Console()).print(table)

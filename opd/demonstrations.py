@@ -1,0 +1,94 @@
+"""Fixed token sequences from a dataset's own conversations: the assistant turns are the targets.
+
+A demonstration is an agent JSONL row whose conversation goes on past the prompt: the prompt is every
+message before the first assistant turn, then come assistant turns and the tool (or user) messages between
+them, ending with an assistant turn. Its token sequence is built exactly as a rollout builds one: the
+templated prompt (with its generation prompt), then for each assistant turn the ids of what the chat
+template renders for that turn followed by the EOS id, then the context the template puts between that
+EOS and the next generation prompt (observations, role markers), each piece encoded on its own. Targets
+are exactly the assistant turns' tokens including each turn's EOS; everything else is context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from opd.agent_records import AgentRecord, RecordError, parse_message, parse_record, read_rows
+from opd.chat_format import ChatFormat
+from opd.episodes import ANSWER, MAX_TURNS, Episode, Turn
+from tools.tool_calls import split_tool_calls
+from tools.tool_environment import check_call
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """A prompt record plus the whole conversation (prompt messages, then the demonstrated turns)."""
+
+    record: AgentRecord
+    messages: list[dict]
+
+
+def parse_demonstration(row, source: str) -> Demonstration:
+    """Validate one row as a demonstration; errors name ``source`` and the offending field."""
+    key = "conversations" if isinstance(row, dict) and "conversations" in row else "messages"
+    raw = row.get(key) if isinstance(row, dict) else None
+    if not isinstance(raw, list) or not raw:
+        raise RecordError(f"{source}: needs a non-empty 'conversations' or 'messages' list")
+    messages = [parse_message(message, f"{source}: {key}[{i}]") for i, message in enumerate(raw)]
+    first = next((i for i, message in enumerate(messages) if message["role"] == "assistant"), None)
+    if first is None:
+        raise RecordError(f"{source}: {key} has no assistant turn to learn from")
+    if first == 0:
+        raise RecordError(f"{source}: {key}[0]: starts with an assistant turn; a demonstration needs a prompt first")
+    if messages[-1]["role"] != "assistant":
+        raise RecordError(f"{source}: {key}[{len(messages) - 1}]: a demonstration must end with an assistant turn")
+    record = parse_record({**row, key: raw[:first]}, source)
+    return Demonstration(record, messages)
+
+
+def load_demonstrations(path: str | Path) -> tuple[list[Demonstration], str]:
+    """All demonstrations of a JSONL file, plus the file's sha256."""
+    rows, sha256 = read_rows(path)
+    return [parse_demonstration(row, source) for row, source in rows], sha256
+
+
+def _continuation(before: str, after: str, source: str, where: str) -> str:
+    if not after.startswith(before):
+        raise RecordError(
+            f"{source}: {where}: the chat template renders this conversation's earlier part differently once "
+            "the turn is added (e.g. reasoning in an assistant turn while open_thinking=false), so the turn's "
+            "tokens cannot be separated from its context")
+    return after[len(before):]
+
+
+def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
+                          max_total_len: int | None = None) -> Episode:
+    """The demonstration as a finished episode: exact ids, one turn per assistant message, its calls checked."""
+    record, messages = demonstration.record, demonstration.messages
+    eos, eos_id = chat_format.tokenizer.eos_token, chat_format.eos_token_id
+    ids = chat_format.prompt_ids(record, max_total_len)
+    episode = Episode(record, len(ids), list(ids))
+    assistant_at = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+    for number, index in enumerate(assistant_at):
+        where = f"message {index}"
+        before = chat_format.render(messages[:index], record.tools)
+        rendered = _continuation(before, chat_format.render(messages[:index + 1], record.tools,
+                                                            generation_prompt=False), record.source, where)
+        text, found, _ = rendered.partition(eos)
+        if not found:
+            raise RecordError(f"{record.source}: {where}: the template did not end the assistant turn with {eos!r}")
+        start = len(episode.ids)
+        episode.ids += chat_format.encode(text) + [eos_id]
+        _, calls = split_tool_calls(chat_format.decode(episode.ids[start:]))
+        turn = Turn(start, len(episode.ids), [check_call(call, record.declared_tools) for call in calls])
+        episode.turns.append(turn)
+        if number + 1 < len(assistant_at):
+            following = chat_format.render(messages[:assistant_at[number + 1]], record.tools)
+            episode.ids += chat_format.encode(_continuation(before + text + eos, following, record.source, where))
+            turn.observation_end = len(episode.ids)
+    if max_total_len is not None and len(episode.ids) > max_total_len:
+        raise RecordError(f"{record.source}: the demonstration is {len(episode.ids)} tokens, over "
+                          f"max_total_len={max_total_len} (fixed sequences are never truncated)")
+    episode.stop_reason = MAX_TURNS if episode.turns[-1].calls else ANSWER
+    return episode

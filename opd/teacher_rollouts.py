@@ -1,0 +1,159 @@
+"""Teacher rollouts generated once, with the trainer's own rollout engine, and cached for the fixed-data baseline.
+
+The cache is one JSONL file per producer: its name carries a hash of everything that determines the
+episodes (teacher weights, data file, tokenizer vocabulary, sampling, seed, rollout limits, template flag,
+device type and dtype), so a different producer never reads another's episodes. Line 1 is a header with
+that key; every other line is one finished episode (ids, turn spans, each call's status, stop reason),
+written a batch at a time with whole-line appends flushed to disk. Later runs and resumed runs reuse the
+episodes already there and generate only the missing ones; a torn last line from a crash is cut off.
+
+Each record is sampled from its own generator seeded by (seed, record index), so its episode does not
+depend on which records shared its batch or on how many were generated before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from opd.agent_records import AgentRecord
+from opd.chat_format import ChatFormat
+from opd.episodes import STOP_REASONS, Episode, Turn
+from opd.rollout import AgentRollout, RolloutLimits
+from opd.sampling import SamplingSettings, TokenSampler
+from tools.tool_environment import CallOutcome
+
+CACHE_FORMAT = "opd-teacher-rollouts/1"
+
+
+def record_seed(seed: int, index: int) -> int:
+    """A 63-bit seed for record ``index`` of a run seeded with ``seed``."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:8], "big") >> 1
+
+
+class RecordSeededSampler(TokenSampler):
+    """``TokenSampler`` filtering, but each row draws from the generator of its own record (greedy: argmax)."""
+
+    def __init__(self, settings: SamplingSettings, device: torch.device | str, seeds: dict[str, int]) -> None:
+        super().__init__(settings, device, 0)
+        self.generators = {source: torch.Generator(device=device).manual_seed(seed) for source, seed in seeds.items()}
+
+    def __call__(self, logits: torch.Tensor, episodes: list[Episode]) -> torch.Tensor:
+        if self.settings.temperature == 0:
+            return logits.argmax(dim=-1)
+        probabilities = self.probabilities(logits)
+        return torch.cat([torch.multinomial(probabilities[row:row + 1], 1, generator=self.generators[e.record.source])[0]
+                          for row, e in enumerate(episodes)])
+
+
+def episode_to_json(index: int, episode: Episode) -> dict:
+    """One cache line: the record index and everything needed to rebuild the episode."""
+    return {"index": index, "source": episode.record.source, "prompt_length": episode.prompt_length,
+            "ids": episode.ids, "stop_reason": episode.stop_reason,
+            "turns": [{"start": t.start, "end": t.end, "observation_end": t.observation_end,
+                       "calls": [[c.name, c.status, c.detail] for c in t.calls]} for t in episode.turns]}
+
+
+def episode_from_json(line: dict, record: AgentRecord) -> Episode:
+    """Rebuild a cached episode for ``record`` (tool results themselves are not kept, only their status)."""
+    turns = [Turn(t["start"], t["end"], [CallOutcome(name, status, detail) for name, status, detail in t["calls"]],
+                  t["observation_end"]) for t in line["turns"]]
+    if line["stop_reason"] not in STOP_REASONS or not turns or turns[-1].end != len(line["ids"]):
+        raise ValueError("inconsistent episode")
+    return Episode(record, line["prompt_length"], line["ids"], turns, stop_reason=line["stop_reason"])
+
+
+class TeacherRolloutCache:
+    """The cache file of one producer ``key`` for the records of one data file."""
+
+    def __init__(self, cache_dir: str | Path, data_path: str | Path, key: dict) -> None:
+        self.key = key
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        self.path = Path(cache_dir) / f"{Path(data_path).stem}_{digest}.jsonl"
+
+    def load(self, records: list[AgentRecord]) -> dict[int, Episode]:
+        """Episodes already cached, by record index; cuts a torn last line; refuses a file of another producer."""
+        if not self.path.is_file():
+            return {}
+        raw = self.path.read_bytes()
+        lines = raw.split(b"\n")
+        if raw and not raw.endswith(b"\n"):  # a crash mid-write: drop the partial line
+            self._truncate(len(raw) - len(lines[-1]))
+        lines = [line for line in lines[:-1] if line.strip()]
+        if not lines:  # nothing complete was ever written
+            self.path.unlink()
+            return {}
+        try:
+            header = json.loads(lines[0]) if lines else None
+        except json.JSONDecodeError:
+            header = None
+        if not header or header.get("format") != CACHE_FORMAT or header.get("key") != self.key:
+            raise ValueError(f"{self.path}: not a teacher-rollout cache for these settings (header "
+                             f"{lines[0][:200]!r}); delete it or pick another offline.cache_dir")
+        episodes = {}
+        for number, line in enumerate(lines[1:], start=2):
+            try:
+                row = json.loads(line)
+                episodes[row["index"]] = episode_from_json(row, records[row["index"]])
+            except (ValueError, KeyError, IndexError, TypeError) as error:
+                raise ValueError(f"{self.path}:{number}: unreadable cached episode ({error}); delete the cache "
+                                 "file to regenerate it") from None
+        return episodes
+
+    def _truncate(self, size: int) -> None:
+        with self.path.open("r+b") as stream:
+            stream.truncate(size)
+
+    def append(self, items: list[tuple[int, Episode]]) -> None:
+        """Append finished episodes as whole lines in one write, flushed to disk (header first if new)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        text = json.dumps({"format": CACHE_FORMAT, "key": self.key}) + "\n" if new else ""
+        text += "".join(json.dumps(episode_to_json(index, episode)) + "\n" for index, episode in items)
+        with self.path.open("a", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+
+
+def teacher_episodes(cache: TeacherRolloutCache, records: list[AgentRecord], needed: list[int], *,
+                     teacher: torch.nn.Module, chat_format: ChatFormat, sampling: SamplingSettings, seed: int,
+                     limits: RolloutLimits, batch_size: int, device: torch.device,
+                     autocast: Callable[[], AbstractContextManager] = nullcontext) -> dict[int, Episode]:
+    """Episodes of the ``needed`` record indices: cached ones reused, the rest rolled out by the teacher and cached."""
+    episodes = cache.load(records)
+    missing = sorted(set(needed) - episodes.keys())
+    if not missing:
+        return episodes
+    base_seed = sampling.seed if sampling.seed is not None else seed
+    progress = Progress(TextColumn("[bold]teacher rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with progress:
+        task = progress.add_task("rollouts", total=len(missing))
+        for start in range(0, len(missing), batch_size):
+            chunk = missing[start:start + batch_size]
+            sampler = RecordSeededSampler(sampling, device, {records[i].source: record_seed(base_seed, i) for i in chunk})
+            rolled = AgentRollout(teacher, chat_format, sampler, limits, autocast=autocast).run(
+                [records[i] for i in chunk])
+            cache.append(list(zip(chunk, rolled, strict=True)))
+            episodes.update(zip(chunk, rolled, strict=True))
+            progress.advance(task, len(chunk))
+    return episodes
+
+
+def rollout_cache_key(signature: dict, sampling: SamplingSettings, limits: RolloutLimits, device: torch.device) -> dict:
+    """What determines the teacher's episodes, taken from the run signature plus the device type."""
+    shared = ("data.sha256", "teacher.checkpoint_sha256", "tokenizer.vocab_sha256", "dtype", "seed", "open_thinking")
+    key = {name: signature[name] for name in shared}
+    key.update({name: value for name, value in signature.items() if name.startswith("teacher.")})
+    key.update({f"sampling.{k}": v for k, v in asdict(sampling).items()})
+    key.update({f"limits.{k}": v for k, v in asdict(limits).items()})
+    key["device_type"] = device.type
+    return key
