@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 TOKENIZER ?= $(or $(MINIMIND_TOKENIZER),$(firstword $(wildcard ../shared/minimind3-tokenizer)),out/tiny/standin-tokenizer)
 PYTEST_ARGS ?=
 BENCH_REGEN_ARGS ?=
+RECIPE_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-all demo tiny bench bench-regen lint clean
@@ -46,3 +47,7 @@ bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (
 .PHONY: bench-opd
 bench-opd: setup ## OPD rollout vs plain decode, and training steps/s, on CPU (tiny and 768x8 pairs)
 	$(PY) -m opd.benchmark --out out/bench/opd_benchmark.json
+
+.PHONY: recipe
+recipe: tiny ## CPU recipe: synthetic task, SFT teacher + weaker student, OPD vs fixed-data baseline, evaluation (out/recipe)
+	$(PY) -m pip install -q -e '.[chart]' && $(PY) opd/recipe.py tokenizer=$(TOKENIZER) $(RECIPE_ARGS)

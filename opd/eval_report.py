@@ -30,7 +30,10 @@ def print_table(results: list[dict], console: Console | None = None, title: str 
         table.add_column(header, justify="right")
     for result in results:
         table.add_row(result["name"], *(_cell(result[key], fmt) for key, _, fmt in COLUMNS))
-    (console or Console()).print(table)
+    console = console or Console()
+    if not console.is_terminal:  # a log file gets every column unabridged
+        console.width = max(console.width, 140)
+    console.print(table)
 
 
 def require_matplotlib() -> None:

@@ -3,16 +3,16 @@
     python -m opd.synthetic_task --out out/recipe/data --train 3000 --heldout 200 --seed 0
 
 Five kinds of problem: arithmetic (``calculate_math``), unit conversion (``unit_converter``), exchange
-rates (``get_exchange_rate``), weather (``get_current_weather``) and converting an amount of money, which
-takes two steps (the rate, then ``calculate_math`` on the amount times that rate). Every record declares
+rates (``get_exchange_rate``), weather in a made-up town (``get_current_weather``) and converting an amount
+of money, which takes two steps (the rate, then ``calculate_math`` on the amount times that rate). Every record declares
 the same four tools, so a batch shares its system prompt. A demonstration is the gold episode: the
 assistant's tool call(s), each tool's observation (exactly the observation text the rollout's mock-tool
 environment returns) and a final answer; ``gt`` holds the strings that answer must contain, taken from
 the tool results.
 
 Splits are disjoint by problem, not just by wording: each problem has a key (the expression; the value
-and units; the currency pair; the city; amount and pair) and a key belongs to the held-out split when a
-hash of it falls below ``heldout_share``. So a held-out city's weather or a held-out currency pair's rate
+and units; the currency pair; the town; amount and pair) and a key belongs to the held-out split when a
+hash of it falls below ``heldout_share``. So a held-out town's weather or a held-out currency pair's rate
 is never seen in training. Held-out problems are distinct; the train split may repeat one (a repeat is
 one more example of a problem, never a leak).
 
@@ -41,18 +41,12 @@ TASK_TOOLS = ("calculate_math", "unit_converter", "get_exchange_rate", "get_curr
 SYSTEM_PROMPT = "You are a helpful assistant. Use the tools to find the answer, then state it."
 SPLITS = ("train", "heldout")
 
-CITIES = (
-    "Amsterdam", "Athens", "Auckland", "Bangkok", "Barcelona", "Beijing", "Berlin", "Bogota", "Boston",
-    "Brussels", "Budapest", "Buenos Aires", "Cairo", "Cape Town", "Chicago", "Copenhagen", "Dallas", "Delhi",
-    "Denver", "Dubai", "Dublin", "Edinburgh", "Florence", "Frankfurt", "Geneva", "Hamburg", "Hanoi",
-    "Havana", "Helsinki", "Hong Kong", "Honolulu", "Houston", "Istanbul", "Jakarta", "Johannesburg",
-    "Kyoto", "Lagos", "Lima", "Lisbon", "London", "Los Angeles", "Lyon", "Madrid", "Manila", "Marseille",
-    "Melbourne", "Mexico City", "Miami", "Milan", "Montreal", "Moscow", "Mumbai", "Munich", "Nairobi",
-    "Naples", "New York", "Osaka", "Oslo", "Ottawa", "Paris", "Perth", "Prague", "Quito", "Reykjavik",
-    "Riga", "Rio de Janeiro", "Rome", "Santiago", "Sao Paulo", "Seattle", "Seoul", "Shanghai", "Shenzhen",
-    "Singapore", "Stockholm", "Sydney", "Taipei", "Tallinn", "Tokyo", "Toronto", "Valencia", "Vancouver",
-    "Venice", "Vienna", "Warsaw", "Wellington", "Zurich",
-)
+# weather is asked for generated town names (thousands of them), so a held-out place is one the model has
+# never seen and must copy from the question rather than recall
+TOWN_STARTS = ("Al", "Bel", "Cor", "Dun", "El", "Fal", "Gar", "Hol", "Ist", "Jor", "Kel", "Lin", "Mor", "Nor", "Ost",
+               "Pel", "Quin", "Ros", "Sel", "Tor", "Ul", "Ven", "Wes", "Yar", "Zen")
+TOWN_MIDDLES = ("a", "e", "i", "o", "an", "en", "in", "ar", "or", "el")
+TOWN_ENDS = ("burg", "ford", "ville", "stad", "ton", "haven", "field", "port", "dale", "mouth", "wick", "holm")
 CURRENCIES = ("USD", "CNY", "EUR", "GBP", "JPY", "AUD", "CAD", "CHF", "HKD", "SGD", "KRW", "INR")
 # unit pairs whose factors are exact, so results stay short (the converter rounds to 6 decimals)
 UNIT_PAIRS = (("km", "meters"), ("meters", "km"), ("meters", "cm"), ("cm", "meters"), ("kg", "grams"),
@@ -113,8 +107,13 @@ def _draw_rate(rng: random.Random) -> tuple[tuple, dict]:
     return ("rate", source, target), {"source": source, "target": target}
 
 
+def town_name(rng: random.Random) -> str:
+    """A made-up town name such as ``Kelanburg``."""
+    return rng.choice(TOWN_STARTS) + rng.choice(TOWN_MIDDLES) + rng.choice(TOWN_ENDS)
+
+
 def _draw_weather(rng: random.Random) -> tuple[tuple, dict]:
-    city = rng.choice(CITIES)
+    city = town_name(rng)
     return ("weather", city), {"city": city}
 
 
