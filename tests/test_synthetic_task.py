@@ -98,6 +98,6 @@ def test_generation_is_seeded(tmp_path):
 
 def test_impossible_requests_fail_clearly():
     with pytest.raises(ValueError, match="could not draw enough distinct problems"):
-        generate_problems({"train": 1, "heldout": 100}, seed=0, kinds=("weather",), max_draws=5000)
+        generate_problems({"train": 1, "heldout": 200}, seed=0, kinds=("rate",), max_draws=5000)
     with pytest.raises(ValueError, match="kinds must be"):
         generate_problems({"train": 1}, seed=0, kinds=("poetry",))
