@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
 from opd.agent_records import AgentRecord
 from opd.minimind import MiniMindArch, build_model
@@ -53,3 +55,12 @@ def write_agent_data(path, count: int) -> str:
         "gt": [str(7 * i)]} for i in range(count)]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return str(path)
+
+
+def compose_config(config_name: str, overrides: list[str]):
+    """A config from ``configs/`` composed as the CLI would (fresh Hydra state each time)."""
+    from tests.conftest import CONFIG_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides)

@@ -6,8 +6,6 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from opd.chat_format import ChatFormat
 from opd.checkpoints import ResumeRefusedError, load_resume
@@ -16,7 +14,7 @@ from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.synthetic_task import write_task
 from opd.tiny_checkpoints import write_tiny_checkpoints
 from opd.trainer import run
-from tests.conftest import CONFIG_DIR
+from tests.opd_support import compose_config
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +31,7 @@ def workspace(tmp_path_factory, tokenizer_path):
 
 
 def config(workspace, out: str, *overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="opd", overrides=[*workspace["base"], f"out_dir={workspace['root'] / out}",
-                                                     *overrides])
+    return compose_config("opd", [*workspace["base"], f"out_dir={workspace['root'] / out}", *overrides])
 
 
 def metrics(workspace, out: str) -> list[dict]:

@@ -8,15 +8,14 @@ import sys
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from opd.checkpoints import load_resume
 from opd.minimind import load_native
 from opd.sft_trainer import run
 from opd.synthetic_task import write_task
 from opd.tiny_checkpoints import tiny_arch
-from tests.conftest import CONFIG_DIR, REPO_ROOT
+from tests.conftest import REPO_ROOT
+from tests.opd_support import compose_config
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +28,7 @@ def workspace(tmp_path_factory, tokenizer_path):
 
 
 def config(workspace, out: str, *overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="sft", overrides=[*workspace["base"], f"out_dir={workspace['root'] / out}",
-                                                     *overrides])
+    return compose_config("sft", [*workspace["base"], f"out_dir={workspace['root'] / out}", *overrides])
 
 
 def losses(workspace, out: str) -> list[float]:
