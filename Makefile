@@ -10,10 +10,10 @@ BENCH_REGEN_ARGS ?=
 RECIPE_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all demo tiny bench bench-regen lint clean
+.PHONY: help setup test test-all demo tiny lint bench bench-regen bench-serve bench-opd
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## create .venv: CPU torch from the local wheel when pip can, then this package with [dev]
 
@@ -28,23 +28,23 @@ test: setup ## fast test suite (excludes slow and gpu markers)
 test-all: setup ## every test except gpu, slow end-to-end ones included
 	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
 
+demo: tiny ## regenerate the bundled sample end to end on the embedded CPU server (tiny random model), show a row
+	rm -rf out/demo && $(PY) regen/main.py dataset=sample server=local tokenizer=$(TOKENIZER) max_tokens=48 output=out/demo/sample.jsonl && $(PY) -m launch.demo_report out/demo/sample.jsonl --tokenizer $(TOKENIZER)
+
 tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMind format) to out/tiny
 	$(PY) -m opd.tiny_checkpoints --out out/tiny --standin-tokenizer out/tiny/standin-tokenizer
-
-bench-regen: setup ## regen client vs speculators 0.9.0 (BENCH_REGEN_ARGS="--sizes 2000" for a quick run)
-	$(PY) -m regen.benchmark $(BENCH_REGEN_ARGS)
 
 lint: setup ## ruff over the code
 	$(PY) -m ruff check regen opd tools launch tests
 
-demo: tiny ## regenerate the bundled sample end to end on the embedded CPU server (tiny random model), show a row
-	rm -rf out/demo && $(PY) regen/main.py dataset=sample server=local tokenizer=$(TOKENIZER) max_tokens=48 output=out/demo/sample.jsonl && $(PY) -m launch.demo_report out/demo/sample.jsonl --tokenizer $(TOKENIZER)
+bench: bench-regen bench-serve bench-opd ## every benchmark below, one after another
 
-.PHONY: bench-serve
+bench-regen: setup ## regen client vs speculators 0.9.0 (BENCH_REGEN_ARGS="--sizes 2000" for a quick run)
+	$(PY) -m regen.benchmark $(BENCH_REGEN_ARGS)
+
 bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (tiny and 768x8 random models)
 	$(PY) -m launch.benchmark
 
-.PHONY: bench-opd
 bench-opd: setup ## OPD rollout vs plain decode, and training steps/s, on CPU (tiny and 768x8 pairs)
 	$(PY) -m opd.benchmark --out out/bench/opd_benchmark.json
 

@@ -126,10 +126,8 @@ def check_same_tokenizer(first, second, first_name: str = "teacher", second_name
             )
 
 
-def _byte_symbols() -> list[str]:
-    """The 256 printable characters ByteLevel pre-tokenization uses for raw bytes, in byte order."""
-    from tokenizers.pre_tokenizers import ByteLevel
-
+def byte_level_symbols() -> list[str]:
+    """The printable character byte-level BPE (GPT-2, Qwen, MiniMind) uses for each byte 0..255, in byte order."""
     kept = {*range(33, 127), *range(161, 173), *range(174, 256)}
     symbols, shifted = [], 0
     for byte in range(256):
@@ -138,8 +136,6 @@ def _byte_symbols() -> list[str]:
         else:
             symbols.append(chr(256 + shifted))
             shifted += 1
-    if set(symbols) != set(ByteLevel.alphabet()):
-        raise RuntimeError("byte alphabet differs from tokenizers.ByteLevel's")
     return symbols
 
 
@@ -151,7 +147,7 @@ def build_standin_tokenizer(out_dir: str | Path) -> Path:
     vocab: dict[str, int] = {}
     for content, _special in MINIMIND_ADDED_TOKENS:
         vocab[content] = len(vocab)
-    symbols = _byte_symbols()
+    symbols = byte_level_symbols()
     for symbol in symbols:
         vocab[symbol] = len(vocab)
     # Fill the remaining ids with deterministic two-symbol merges over printable ASCII, so every id

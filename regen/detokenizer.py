@@ -17,6 +17,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders
 
+from opd.tokenizer import byte_level_symbols
+
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -24,23 +26,11 @@ class TokenizerMismatch(ValueError):
     """The replies carry ids the configured tokenizer does not have: the whole run is misconfigured."""
 
 
-def _gpt2_byte_map() -> dict[str, int]:
-    """Byte-level BPE's printable stand-in character for each byte, inverted (character -> byte)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    byte_of = {chr(byte): byte for byte in printable}
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            byte_of[chr(256 + extra)] = byte
-            extra += 1
-    return byte_of
-
-
 def _byte_table_decoder(tokenizer: Tokenizer, vocab_size: int) -> Callable[[list[int]], str] | None:
     """A table-lookup decoder equal to ``tokenizer.decode(ids, skip_special_tokens=False)``, or ``None``."""
     if not isinstance(tokenizer.decoder, decoders.ByteLevel):
         return None
-    byte_of = _gpt2_byte_map()
+    byte_of = {symbol: byte for byte, symbol in enumerate(byte_level_symbols())}
     added = {index: token.content.encode("utf-8") for index, token in tokenizer.get_added_tokens_decoder().items()}
     table: list[bytes] = []
     for index in range(vocab_size):

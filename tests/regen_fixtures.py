@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm_standin import ServerThread
+from tests.scripted_vllm_server import ServerThread
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 
 from launch.server_process import probe_models, stop_process_group
 from tests.conftest import REPO_ROOT
-from tests.standin_vllm import free_port, install_standin_vllm
+from tests.vllm_cli_standin import free_port, install_standin_vllm
 
 SCRIPT = REPO_ROOT / "launch" / "vllm.sh"
 

@@ -14,7 +14,7 @@ from collections import Counter
 from regen.job import run
 from tests.conftest import REPO_ROOT
 from tests.regen_helpers import read_jsonl, regen_config, write_jsonl
-from tests.vllm_standin import EOS, ok
+from tests.scripted_vllm_server import EOS, ok
 
 pytest_plugins = ("tests.regen_fixtures",)  # the `serve` fixture
 

@@ -10,7 +10,7 @@ from regen.detokenizer import TokenizerMismatch
 from regen.job import run
 from regen.standin_server import Reply
 from tests.regen_helpers import read_jsonl, regen_config, write_jsonl
-from tests.vllm_standin import EOS, Script, ok, tool_call
+from tests.scripted_vllm_server import EOS, Script, ok, tool_call
 
 pytest_plugins = ("tests.regen_fixtures",)  # the `serve` fixture
 

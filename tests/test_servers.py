@@ -22,7 +22,7 @@ from launch.server_process import ServerStartError, probe_models, start_detached
 from opd.minimind import MiniMindArch, build_model, save_native
 from regen.servers import SharedServerCallback, local_command, provide_endpoints, vllm_command
 from tests.conftest import CONFIG_DIR, REPO_ROOT
-from tests.standin_vllm import free_port, install_standin_vllm
+from tests.vllm_cli_standin import free_port, install_standin_vllm
 
 
 def regen_config(*overrides: str):
@@ -134,7 +134,7 @@ def test_never_ready_is_bounded(standin):
 
 def test_reuses_a_healthy_server_with_the_model_and_leaves_it_running(standin, tmp_path):
     cfg = standin()
-    command = [sys.executable, str(REPO_ROOT / "tests" / "standin_vllm.py"), "serve", "org/model", "--port",
+    command = [sys.executable, str(REPO_ROOT / "tests" / "vllm_cli_standin.py"), "serve", "org/model", "--port",
                str(cfg.port)]
     already = start_detached(command, tmp_path / "already.log")
     try:

@@ -79,3 +79,13 @@ def test_missing_tokenizer_folder_is_named(tmp_path):
         load_tokenizer(str(tmp_path / "none"), role="student.tokenizer")
     with pytest.raises(ValueError, match="teacher.tokenizer is not set"):
         load_tokenizer(None, role="teacher.tokenizer")
+
+
+def test_byte_level_symbols_are_the_tokenizers_alphabet():
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from opd.tokenizer import byte_level_symbols
+
+    symbols = byte_level_symbols()
+    assert len(symbols) == 256 and set(symbols) == set(ByteLevel.alphabet())
+    assert symbols[ord("A")] == "A" and symbols[ord(" ")] == "Ġ" and symbols[ord("\n")] == "Ċ"
