@@ -10,7 +10,7 @@ BENCH_REGEN_ARGS ?=
 RECIPE_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all demo tiny lint bench bench-regen bench-serve bench-opd
+.PHONY: help setup test test-all demo tiny lint bench bench-regen bench-serve bench-opd recipe
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -48,6 +48,5 @@ bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (
 bench-opd: setup ## OPD rollout vs plain decode, and training steps/s, on CPU (tiny and 768x8 pairs)
 	$(PY) -m opd.benchmark --out out/bench/opd_benchmark.json
 
-.PHONY: recipe
 recipe: tiny ## CPU recipe: synthetic task, SFT teacher + weaker student, OPD vs fixed-data baseline, evaluation (out/recipe)
 	$(PY) -m pip install -q -e '.[chart]' && $(PY) opd/recipe.py tokenizer=$(TOKENIZER) $(RECIPE_ARGS)

@@ -17,11 +17,13 @@ from tests.conftest import CONFIG_DIR, REPO_ROOT
 GROUPS = {
     "regen": ("dataset", "server", "sampling"),
     "opd": ("teacher", "student", "sampling"),
+    "evaluate": ("sampling",),
 }
 # Mandatory (???) values a user must give, per entrypoint and group option.
 REQUIRED = {
     "regen": ["dataset=sample"],
     "opd": ["data=agent.jsonl"],
+    "evaluate": ["data=heldout.jsonl"],
 }
 
 
