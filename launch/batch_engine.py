@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from launch.padded_batch import PaddedBatch, cache_argument_name, prefill_inputs
+from launch.padded_batch import PaddedBatch, prefill_inputs
 from launch.sampling import SamplingParams, TokenSampler
+from opd.minimind import cache_keyword
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class BatchEngine:
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.pad_token_id = pad_token_id
-        self._cache_argument = cache_argument_name(model)
+        self._cache_keyword = cache_keyword(model)
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._batch = PaddedBatch()
@@ -150,7 +151,7 @@ class BatchEngine:
         return taken
 
     def _forward(self, inputs: dict, cache) -> torch.Tensor:
-        output = self.model(**inputs, **{self._cache_argument: cache}, use_cache=True, logits_to_keep=1)
+        output = self.model(**inputs, **{self._cache_keyword: cache}, use_cache=True, logits_to_keep=1)
         self._stats.forward_passes += 1
         return output.logits[:, -1, :]
 

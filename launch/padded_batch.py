@@ -8,22 +8,9 @@ padding) and leave by row selection, after which columns that are padding in eve
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-
-
-def cache_argument_name(model) -> str:
-    """The forward() keyword that takes the KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``."""
-    for cls in type(model).__mro__:
-        if "forward" in vars(cls):
-            parameters = inspect.signature(vars(cls)["forward"]).parameters
-            for name in ("cache", "past_key_values"):
-                if name in parameters:
-                    return name
-    raise TypeError(f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`")
 
 
 def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -31,10 +31,9 @@ from opd.agent_records import AgentRecord
 from opd.chat_format import ChatFormat
 from opd.device_setup import resolve_precision
 from opd.distill_step import DistillSettings, distill_update, freeze
-from opd.minimind import MiniMindArch, build_model
+from opd.minimind import MiniMindArch, build_model, cache_keyword
 from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import SamplingSettings, ScriptedSampler, TokenSampler
-from opd.shared_prefix import cache_argument
 from opd.tiny_checkpoints import tiny_arch
 from opd.tokenizer import build_standin_tokenizer, load_tokenizer
 from opd.train_log import write_json
@@ -87,7 +86,7 @@ def scripted_turns(tokenizer, turns: int, gen_len: int) -> list[list[int]]:
 def plain_decode(model, prompt: list[int], batch: int, new_tokens: int, seed: int) -> float:
     """Tokens/s of the simplest KV-cached sampling loop: prefill, then ``[batch, 1]`` forwards on one cache."""
     generator = torch.Generator().manual_seed(seed)
-    cache, key = DynamicCache(config=model.config), cache_argument(model)
+    cache, key = DynamicCache(config=model.config), cache_keyword(model)
     started = time.perf_counter()
     ids = torch.tensor([prompt] * batch)
     logits = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{key: cache}).logits[:, -1]

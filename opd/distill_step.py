@@ -20,7 +20,8 @@ import torch
 from opd.device_setup import Precision
 from opd.distill_loss import token_kl
 from opd.episodes import Episode, PackedBatch, pack_episodes
-from opd.shared_prefix import cache_argument, prefill_shared_prefix, shared_prefix_length
+from opd.minimind import cache_keyword
+from opd.shared_prefix import prefill_shared_prefix, shared_prefix_length
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def forward_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 0,
         suffix_positions = torch.arange(prefix, length, device=batch.input_ids.device).expand(rows, -1)
         output = model(input_ids=batch.input_ids[:, prefix:], attention_mask=batch.attention_mask,
                        position_ids=suffix_positions, use_cache=True, logits_to_keep=positions - prefix,
-                       **{cache_argument(model): cache}, **extra)
+                       **{cache_keyword(model): cache}, **extra)
     return output.logits[batch.target_mask[:, positions]], output
 
 

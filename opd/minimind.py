@@ -9,6 +9,7 @@ experts fused (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``), so keys
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -303,3 +304,12 @@ def load_model(block: Mapping, *, role: str = "model"):
         tokenizer = load_tokenizer(tokenizer_source or checkpoint, role=f"{role}.tokenizer")
         check_tokenizer_fits(tokenizer, model, role=role, exact=False)
     return model, tokenizer
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward() keyword that takes a KV cache: ``cache`` (recent transformers) or ``past_key_values``."""
+    parameters = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    raise TypeError(f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`")

@@ -23,7 +23,8 @@ from transformers import DynamicCache
 from opd.agent_records import AgentRecord
 from opd.chat_format import ChatFormat
 from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn
-from opd.shared_prefix import cache_argument, prefill_shared_prefix, shared_prefix_length
+from opd.minimind import cache_keyword
+from opd.shared_prefix import prefill_shared_prefix, shared_prefix_length
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import check_call, execute_call
 
@@ -65,7 +66,7 @@ class AgentRollout:
         self.sampler = sampler
         self.limits = limits
         self.autocast = autocast
-        self._cache_argument = cache_argument(model)
+        self._cache_keyword = cache_keyword(model)
 
     def run(self, records: list[AgentRecord]) -> list[Episode]:
         """Roll out every record; raises ``PromptTooLongError`` (naming the record) before any compute."""
@@ -108,7 +109,7 @@ class AgentRollout:
             logits = self.model(
                 input_ids=torch.tensor(block_ids, device=device), attention_mask=attention,
                 position_ids=torch.tensor(positions, device=device), use_cache=True, logits_to_keep=1,
-                **{self._cache_argument: cache},
+                **{self._cache_keyword: cache},
             ).logits[:, -1]
             fed_rows = [index for index, feed in enumerate(feeds) if feed]
             row_logits = logits[fed_rows]

@@ -9,19 +9,13 @@ reaches a target position, so its logits are not needed.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers import DynamicCache
 
 from opd.episodes import Episode
+from opd.minimind import cache_keyword
 
 MIN_SHARED_PREFIX = 32  # shorter shared prefixes are not worth a second forward call
-
-
-def cache_argument(model: torch.nn.Module) -> str:
-    """The forward keyword for a KV cache: ``cache`` in recent transformers, ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def shared_prefix_length(episodes: list[Episode]) -> int:
@@ -41,6 +35,6 @@ def prefill_shared_prefix(model: torch.nn.Module, prefix_ids: list[int], rows: i
     cache = DynamicCache(config=model.config)
     device = next(model.parameters()).device
     model(input_ids=torch.tensor([prefix_ids], device=device), use_cache=True, logits_to_keep=1,
-          **{cache_argument(model): cache})
+          **{cache_keyword(model): cache})
     cache.batch_repeat_interleave(rows)
     return cache
