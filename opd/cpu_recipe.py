@@ -10,8 +10,9 @@
    every setting equal but ``mode`` (``opd/train.py``), for the same number of optimizer steps.
 5. ``evaluate``: the four checkpoints on the held-out split (``opd/evaluate.py``): table, JSON, chart.
 
-A stage is skipped when ``{out_dir}/stages/{name}.json`` records the same command and its outputs exist
-(``rerun=true`` runs everything again). ``recipe_summary.json`` holds every stage's command and wall time
+A stage is skipped when ``{out_dir}/stages/{name}.json`` records the same command, its outputs exist and
+no earlier stage ran in this invocation (a stage that runs makes every later one run too, since they read
+its outputs); ``rerun=true`` runs everything again. ``recipe_summary.json`` holds every stage's command and wall time
 and the evaluation table.
 """
 
@@ -124,15 +125,15 @@ def run(cfg: DictConfig) -> dict:
     if not cfg.tokenizer:
         raise ValueError("tokenizer is not set: pass tokenizer=PATH or export MINIMIND_TOKENIZER")
     out, console = Path(cfg.out_dir), Console()
-    times, reused = {}, []
+    times, reused, upstream_ran = {}, [], bool(cfg.rerun)
     for stage in recipe_stages(cfg):
         marker = out / "stages" / f"{stage.name}.json"
         done = json.loads(marker.read_text()) if marker.is_file() else None
-        if not cfg.rerun and done and done["command"] == stage.command and all(p.exists() for p in stage.outputs):
+        if not upstream_ran and done and done["command"] == stage.command and all(p.exists() for p in stage.outputs):
             console.print(f"[bold]{stage.name}[/]: done earlier ({done['wall_s']:.0f} s), skipped")
             times[stage.name], reused = done["wall_s"], [*reused, stage.name]
             continue
-        times[stage.name] = run_stage(stage, marker, cfg.threads, console)
+        times[stage.name], upstream_ran = run_stage(stage, marker, cfg.threads, console), True
     evaluation = json.loads((out / "eval" / "evaluation.json").read_text())
     table = Table(title="recipe stages")
     table.add_column("stage")

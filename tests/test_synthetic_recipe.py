@@ -28,3 +28,8 @@ def test_recipe_runs_every_stage_then_skips_them(tmp_path, tokenizer_path):
     again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "recipe_summary.json").read_text())["reused_stages"] == list(summary["stage_wall_s"])
+    changed = subprocess.run([*command, "student.sft_steps=3"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=600)
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    # the student reran, so everything reading its weights reran too
+    assert json.loads((tmp_path / "recipe_summary.json").read_text())["reused_stages"] == ["data", "teacher"]
