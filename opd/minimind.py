@@ -307,9 +307,17 @@ def load_model(block: Mapping, *, role: str = "model"):
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
-    """The forward() keyword that takes a KV cache: ``cache`` (recent transformers) or ``past_key_values``."""
-    parameters = inspect.signature(model.forward).parameters
-    for name in ("cache", "past_key_values"):
-        if name in parameters:
-            return name
+    """The forward() keyword that takes a KV cache: ``cache`` (recent transformers) or ``past_key_values``.
+
+    The first class in the MRO that names one of them decides, so a subclass whose forward only passes
+    ``*args, **kwargs`` through still resolves to its base model's keyword.
+    """
+    for cls in type(model).__mro__:
+        forward = vars(cls).get("forward")
+        if forward is None:
+            continue
+        parameters = inspect.signature(forward).parameters
+        for name in ("cache", "past_key_values"):
+            if name in parameters:
+                return name
     raise TypeError(f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`")

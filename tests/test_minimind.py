@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from opd.minimind import (
     CheckpointMismatchError,
     MiniMindArch,
     build_model,
+    cache_keyword,
     load_model,
     load_native,
     read_native_state_dict,
@@ -173,3 +175,18 @@ def test_teacher_and_student_tokenizers_must_agree(tmp_path, standin_tokenizer_p
     other.add_tokens(["<extra_token>"])
     with pytest.raises(ValueError, match="teacher and student tokenizers differ"):
         check_same_tokenizer(first, other)
+
+
+def test_cache_keyword_follows_the_base_model_through_pass_through_subclasses():
+    model = build_model(DENSE)
+    keyword = cache_keyword(model)
+    assert keyword in ("cache", "past_key_values")
+    assert keyword in inspect.signature(type(model).forward).parameters
+
+    class PassThrough(type(model)):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    assert cache_keyword(PassThrough(model.config)) == keyword
+    with pytest.raises(TypeError, match="takes neither `cache` nor `past_key_values`"):
+        cache_keyword(torch.nn.Linear(2, 2))
