@@ -15,6 +15,7 @@ from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import SamplingSettings, ScriptedSampler
 from opd.synthetic_task import write_task
 from opd.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
+from opd.tokenizer import load_tokenizer
 from tests.opd_support import agent_record, call_text, encode, tiny_model
 
 
@@ -120,11 +121,12 @@ def test_heldout_records_need_gt(heldout, tokenizer_path):
     check_heldout(RECORDS[:1], blocks, settings(0.0, 0))
 
 
-def test_models_must_share_one_tokenizer(heldout, tokenizer_path, standin_tokenizer_path):
-    if tokenizer_path == standin_tokenizer_path:
-        pytest.skip("needs the real MiniMind-3 tokenizer beside the stand-in")
+def test_models_must_share_one_tokenizer(heldout, tokenizer_path, tmp_path):
     _, checkpoints, _ = heldout
+    other = load_tokenizer(str(tokenizer_path))
+    other.add_tokens(["<extra_token>"])
+    other.save_pretrained(tmp_path / "other-tokenizer")
     blocks = {"student": block(checkpoints["student"], tokenizer_path),
-              "other": block(checkpoints["student"], standin_tokenizer_path)}
+              "other": block(checkpoints["student"], tmp_path / "other-tokenizer")}
     with pytest.raises(ValueError, match="student and other tokenizers differ"):
         check_heldout(RECORDS[:1], blocks, settings(0.0, 0))
