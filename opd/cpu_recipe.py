@@ -126,7 +126,8 @@ def run(cfg: DictConfig) -> dict:
         raise ValueError("tokenizer is not set: pass tokenizer=PATH or export MINIMIND_TOKENIZER")
     out, console = Path(cfg.out_dir), Console()
     times, reused, upstream_ran = {}, [], bool(cfg.rerun)
-    for stage in recipe_stages(cfg):
+    stages = recipe_stages(cfg)
+    for stage in stages:
         marker = out / "stages" / f"{stage.name}.json"
         done = json.loads(marker.read_text()) if marker.is_file() else None
         if not upstream_ran and done and done["command"] == stage.command and all(p.exists() for p in stage.outputs):
@@ -144,7 +145,7 @@ def run(cfg: DictConfig) -> dict:
     console.print(table)
     print_table(evaluation["checkpoints"], console, title="held-out evaluation")
     summary = {"stage_wall_s": times, "total_wall_s": sum(times.values()), "reused_stages": reused,
-               "commands": {stage.name: stage.command for stage in recipe_stages(cfg)},
+               "commands": {stage.name: stage.command for stage in stages},
                "evaluation": evaluation["checkpoints"], "chart": evaluation["chart"]}
     write_json(out / "recipe_summary.json", summary)
     return summary

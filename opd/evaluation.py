@@ -125,7 +125,7 @@ def evaluate_checkpoint(name: str, block: dict, data: str, settings: EvalSetting
     chat_format = ChatFormat(tokenizer, open_thinking=settings.open_thinking)
     rollout = AgentRollout(model, chat_format, TokenSampler(settings.sampling, precision.device, settings.seed),
                            settings.limits, autocast=precision.autocast)
-    episodes, correct = [], 0
+    episodes, scores = [], []
     progress = Progress(TextColumn(f"[bold]eval {name}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("accuracy {task.fields[accuracy]}"), TimeElapsedColumn())
     with progress:
@@ -133,10 +133,10 @@ def evaluate_checkpoint(name: str, block: dict, data: str, settings: EvalSetting
         for start in range(0, len(records), settings.batch_size):
             batch = rollout.run(records[start:start + settings.batch_size])
             episodes += batch
-            correct += sum(score_episode(episode, chat_format).correct for episode in batch)
-            progress.update(task, advance=len(batch), accuracy=f"{correct / len(episodes):.3f}")
+            scores += [score_episode(episode, chat_format) for episode in batch]
+            accuracy = sum(score.correct for score in scores) / len(scores)
+            progress.update(task, advance=len(batch), accuracy=f"{accuracy:.3f}")
     wall = time.perf_counter() - loaded
-    scores = [score_episode(episode, chat_format) for episode in episodes]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = "".join(json.dumps(_episode_row(s, e, chat_format), ensure_ascii=False) + "\n"
