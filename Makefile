@@ -32,7 +32,7 @@ demo: tiny ## regenerate the bundled sample end to end on the embedded CPU serve
 	rm -rf out/demo && $(PY) regen/main.py dataset=sample server=local tokenizer=$(TOKENIZER) max_tokens=48 output=out/demo/sample.jsonl && $(PY) -m launch.demo_report out/demo/sample.jsonl --tokenizer $(TOKENIZER)
 
 tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMind format) to out/tiny
-	$(PY) -m opd.tiny_checkpoints --out out/tiny --standin-tokenizer out/tiny/standin-tokenizer
+	$(PY) -m opd.minimind.tiny_checkpoints --out out/tiny --standin-tokenizer out/tiny/standin-tokenizer
 
 lint: setup ## ruff over the code
 	$(PY) -m ruff check regen opd tools launch tests

@@ -18,7 +18,7 @@ import torch
 
 from launch.padded_batch import PaddedBatch, prefill_inputs
 from launch.sampling import SamplingParams, TokenSampler
-from opd.minimind import cache_keyword
+from opd.minimind.model import cache_keyword
 
 
 @dataclass(frozen=True)

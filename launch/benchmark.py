@@ -46,7 +46,7 @@ def write_checkpoint(name: str, out_dir: Path) -> tuple[Path, dict]:
     import torch
     from omegaconf import OmegaConf
 
-    from opd.minimind import MiniMindArch, build_model, save_native
+    from opd.minimind.model import MiniMindArch, build_model, save_native
 
     preset, seed = MODELS[name]
     block = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "configs" / "teacher" / f"{preset}.yaml"))
@@ -58,7 +58,7 @@ def write_checkpoint(name: str, out_dir: Path) -> tuple[Path, dict]:
 
 def resolve_tokenizer(given: str | None, out_dir: Path) -> str:
     """``--tokenizer``, else $MINIMIND_TOKENIZER or ../shared's MiniMind-3 tokenizer, else a stand-in."""
-    from opd.tokenizer import build_standin_tokenizer
+    from opd.minimind.tokenizer import build_standin_tokenizer
 
     for candidate in (given, os.environ.get("MINIMIND_TOKENIZER"), str(REPO_ROOT.parent / "shared" / "minimind3-tokenizer")):
         if candidate and Path(candidate).exists():

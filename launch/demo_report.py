@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("output", type=Path, help="the regen output JSONL")
     parser.add_argument("--tokenizer", required=True, help="the tokenizer the rows were written with")
     args = parser.parse_args(argv)
-    from opd.tokenizer import load_tokenizer
+    from opd.minimind.tokenizer import load_tokenizer
 
     console = Console()
     summary_path = args.output.with_name(f"{args.output.stem}.summary.json")

@@ -28,15 +28,15 @@ from rich.table import Table
 from transformers import DynamicCache
 
 from opd.agent_records import AgentRecord
+from opd.atomic_write import atomic_write_json
 from opd.chat_format import ChatFormat
-from opd.device_setup import resolve_precision
 from opd.distill_step import DistillSettings, distill_update, freeze
-from opd.minimind import MiniMindArch, build_model, cache_keyword
+from opd.minimind.model import MiniMindArch, build_model, cache_keyword
+from opd.minimind.precision import resolve_precision
+from opd.minimind.tiny_checkpoints import tiny_arch
+from opd.minimind.tokenizer import build_standin_tokenizer, load_tokenizer
 from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import SamplingSettings, ScriptedSampler, TokenSampler
-from opd.tiny_checkpoints import tiny_arch
-from opd.tokenizer import build_standin_tokenizer, load_tokenizer
-from opd.train_log import write_json
 from tools.mock_tools import tool_schemas
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
                           f"{other['assistant_tokens_per_s']:.1f}" if other else "(same)")
             console.print(run)
     console.print(table)
-    write_json(Path(args.out), results)
+    atomic_write_json(Path(args.out), results)
     console.print(f"written {args.out}")
     return results
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from opd.minimind import save_native
+from opd.atomic_write import atomic_write
+from opd.minimind.model import save_native
 
 RESUME_FORMAT = "opd-resume/1"
 RESUME_KEYS = ("format", "model", "optimizer", "scheduler", "scaler", "step", "cursor", "rng", "signature")
@@ -57,12 +57,6 @@ def vocabulary_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(out_dir: str | Path, student: torch.nn.Module, state: Mapping,
                     prefix: str = "agent_opd") -> tuple[Path, Path]:
     """Write the inference weights and the resume file (``state`` without ``model``/``format``); returns both paths."""
@@ -72,7 +66,8 @@ def save_checkpoint(out_dir: str | Path, student: torch.nn.Module, state: Mappin
     weights = save_native(student, out / f"{stem}.pth")
     resume = out / f"{stem}_resume.pth"
     model_state = {k: v.detach().to("cpu", copy=True) for k, v in student.state_dict().items()}
-    _atomic_save({"format": RESUME_FORMAT, "model": model_state, **state}, resume)
+    resume_state = {"format": RESUME_FORMAT, "model": model_state, **state}
+    atomic_write(resume, lambda stream: torch.save(resume_state, stream))
     return weights, resume
 
 

@@ -31,8 +31,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from opd.atomic_write import atomic_write_json
 from opd.eval_report import print_table
-from opd.train_log import write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
@@ -116,7 +116,7 @@ def run_stage(stage: Stage, marker: Path, threads: int, console: Console) -> flo
     missing = [str(path) for path in stage.outputs if not path.exists()]
     if missing:
         raise RuntimeError(f"recipe stage {stage.name!r} finished without writing {missing}")
-    write_json(marker, {"command": stage.command, "wall_s": wall})
+    atomic_write_json(marker, {"command": stage.command, "wall_s": wall})
     return wall
 
 
@@ -147,5 +147,5 @@ def run(cfg: DictConfig) -> dict:
     summary = {"stage_wall_s": times, "total_wall_s": sum(times.values()), "reused_stages": reused,
                "commands": {stage.name: stage.command for stage in stages},
                "evaluation": evaluation["checkpoints"], "chart": evaluation["chart"]}
-    write_json(out / "recipe_summary.json", summary)
+    atomic_write_json(out / "recipe_summary.json", summary)
     return summary

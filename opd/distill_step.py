@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from opd.device_setup import Precision
 from opd.distill_loss import token_kl
 from opd.episodes import Episode, PackedBatch, pack_episodes
-from opd.minimind import cache_keyword
+from opd.minimind.model import cache_keyword
+from opd.minimind.precision import Precision
 from opd.shared_prefix import prefill_shared_prefix, shared_prefix_length
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from opd.atomic_write import atomic_write
+
 # (report key, column title, format)
 COLUMNS = (
     ("accuracy", "accuracy", "{:.3f}"), ("tool_success_rate", "tool ok", "{:.3f}"),
@@ -72,8 +74,6 @@ def write_chart(results: list[dict], path: str | Path, title: str = "held-out ev
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    figure.savefig(tmp, dpi=120)
+    atomic_write(path, lambda stream: figure.savefig(stream, format="png", dpi=120))
     plt.close(figure)
-    tmp.replace(path)
     return path

@@ -30,16 +30,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from opd.agent_records import AgentRecord, RecordError, load_agent_records
+from opd.atomic_write import atomic_write_json, atomic_write_text
 from opd.chat_format import ChatFormat
 from opd.checkpoints import vocabulary_fingerprint
-from opd.device_setup import resolve_precision
 from opd.episode_metrics import aggregate, score_episode
 from opd.eval_report import print_table, require_matplotlib, write_chart
-from opd.minimind import load_model
+from opd.minimind.model import load_model
+from opd.minimind.precision import resolve_precision
+from opd.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import SamplingSettings, TokenSampler
-from opd.tokenizer import check_same_tokenizer, load_tokenizer
-from opd.train_log import write_json
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 MIB = 1 << 20
@@ -141,9 +141,7 @@ def evaluate_checkpoint(name: str, block: dict, data: str, settings: EvalSetting
     out.mkdir(parents=True, exist_ok=True)
     rows = "".join(json.dumps(_episode_row(s, e, chat_format), ensure_ascii=False) + "\n"
                    for s, e in zip(scores, episodes, strict=True))
-    tmp = out / f"episodes_{name}.jsonl.tmp"
-    tmp.write_text(rows, encoding="utf-8")
-    tmp.replace(out / f"episodes_{name}.jsonl")
+    atomic_write_text(out / f"episodes_{name}.jsonl", rows)
     if cuda:
         peak, kind = torch.cuda.max_memory_allocated(precision.device) / MIB, "cuda_max_allocated"
     elif isolated:
@@ -207,7 +205,7 @@ def run(cfg: DictConfig) -> dict:
               "checkpoints": results, "json": str(out / "evaluation.json"),
               "chart": str(out / "evaluation.png") if cfg.chart else None}
     print_table(results)
-    write_json(out / "evaluation.json", report)
+    atomic_write_json(out / "evaluation.json", report)
     if cfg.chart:
         write_chart(results, out / "evaluation.png")
     Console().print(f"wrote {report['json']}" + (f" and {report['chart']}" if cfg.chart else ""))

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from opd.agent_records import AgentRecord
 from opd.chat_format import ChatFormat
 from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn
-from opd.minimind import cache_keyword
+from opd.minimind.model import cache_keyword
 from opd.shared_prefix import prefill_shared_prefix, shared_prefix_length
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import check_call, execute_call

@@ -18,11 +18,11 @@ from omegaconf import DictConfig
 from opd.chat_format import ChatFormat
 from opd.checkpoints import architecture_of, file_fingerprint, vocabulary_fingerprint
 from opd.demonstrations import demonstration_episode, load_demonstrations
-from opd.device_setup import Precision, resolve_precision
 from opd.distill_step import accumulate_update
 from opd.episodes import Episode, PackedBatch
-from opd.minimind import MiniMindArch, build_model, check_tokenizer_fits, load_model
-from opd.tokenizer import load_tokenizer
+from opd.minimind.model import MiniMindArch, build_model, check_tokenizer_fits, load_model
+from opd.minimind.precision import Precision, resolve_precision
+from opd.minimind.tokenizer import load_tokenizer
 from opd.update_loop import OPTIMIZATION_KEYS, plan_steps, run_updates, validate_optimization
 
 SIGNATURE_KEYS = ("from_scratch", "max_total_len", "open_thinking", *OPTIMIZATION_KEYS)

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from opd.episodes import Episode
-from opd.minimind import cache_keyword
+from opd.minimind.model import cache_keyword
 
 MIN_SHARED_PREFIX = 32  # shorter shared prefixes are not worth a second forward call
 

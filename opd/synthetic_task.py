@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from opd.train_log import write_json
+from opd.atomic_write import atomic_write_json, atomic_write_text
 from tools.mock_tools import tool_schemas
 from tools.tool_calls import ToolCall
 from tools.tool_environment import OK, execute_call
@@ -225,12 +225,6 @@ def generate_problems(counts: dict[str, int], *, seed: int, heldout_share: float
                      "heldout_share")
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_task(out_dir: str | Path, *, train: int, heldout: int, seed: int = 0, heldout_share: float = 0.2,
                kinds: tuple[str, ...] = KINDS) -> dict:
     """Generate both splits and write the three JSONL files and ``task_summary.json``; returns the summary."""
@@ -241,7 +235,8 @@ def write_task(out_dir: str | Path, *, train: int, heldout: int, seed: int = 0, 
     files = {"train_demonstrations": ("train", True), "train_prompts": ("train", False),
              "heldout_prompts": ("heldout", False)}
     for name, (split, demonstrations) in files.items():
-        _write_jsonl(out / f"{name}.jsonl", [make_record(p, with_demonstration=demonstrations) for p in problems[split]])
+        rows = [make_record(p, with_demonstration=demonstrations) for p in problems[split]]
+        atomic_write_text(out / f"{name}.jsonl", "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     summary = {
         "seed": seed, "heldout_share": heldout_share, "tools": list(TASK_TOOLS),
         "files": {name: str(out / f"{name}.jsonl") for name in files},
@@ -249,7 +244,7 @@ def write_task(out_dir: str | Path, *, train: int, heldout: int, seed: int = 0, 
         "train_distinct_problems": len({p.key for p in problems["train"]}),
         "heldout_distinct_problems": len({p.key for p in problems["heldout"]}),
     }
-    write_json(out / "task_summary.json", summary)
+    atomic_write_json(out / "task_summary.json", summary)
     return summary
 
 

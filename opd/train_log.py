@@ -62,11 +62,3 @@ def print_summary(summary: dict, console: Console | None = None, title: str = "o
         table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
     (console or Console()).print(table)
 
-
-def write_json(path: Path, payload: dict) -> None:
-    """Write ``payload`` as indented JSON atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)

@@ -22,14 +22,14 @@ from opd.chat_format import ChatFormat
 from opd.checkpoints import architecture_of, file_fingerprint, vocabulary_fingerprint
 from opd.data_order import DataCursor
 from opd.demonstrations import demonstration_episode, load_demonstrations
-from opd.device_setup import Precision, resolve_precision
 from opd.distill_loss import KL_DIRECTIONS
 from opd.distill_step import DistillSettings, distill_update, freeze
-from opd.minimind import load_model
+from opd.minimind.model import load_model
+from opd.minimind.precision import Precision, resolve_precision
+from opd.minimind.tokenizer import check_same_tokenizer
 from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import SamplingSettings, TokenSampler
 from opd.teacher_rollouts import TeacherRolloutCache, rollout_cache_key, teacher_episodes
-from opd.tokenizer import check_same_tokenizer
 from opd.update_loop import OPTIMIZATION_KEYS, plan_steps, run_updates, validate_optimization
 
 MODES = ("on_policy", "offline")

@@ -21,12 +21,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from transformers import get_scheduler
 
+from opd.atomic_write import atomic_write_json
 from opd.checkpoints import check_signature, checkpoint_stem, load_resume, save_checkpoint
 from opd.data_order import DataCursor, EpochBatches
-from opd.device_setup import Precision
 from opd.episodes import Episode
+from opd.minimind.precision import Precision
 from opd.sampling import TokenSampler
-from opd.train_log import TrainLog, print_summary, write_json
+from opd.train_log import TrainLog, print_summary
 
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 # optimization settings copied verbatim into a resume signature (a continuation must share them)
@@ -183,6 +184,6 @@ def run_updates(cfg: DictConfig, *, model: torch.nn.Module, plan: StepPlan, sign
         "resume_file": str(paths[1]) if paths[1] else None, "metrics": str(run_dir / "metrics.jsonl"),
     }
     print_summary(summary, title=f"{label} summary")
-    write_json(run_dir / "summary.json", summary)
-    write_json(Path(cfg.out_dir) / f"{checkpoint_stem(model, checkpoint_prefix)}_summary.json", summary)
+    atomic_write_json(run_dir / "summary.json", summary)
+    atomic_write_json(Path(cfg.out_dir) / f"{checkpoint_stem(model, checkpoint_prefix)}_summary.json", summary)
     return summary

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders
 
-from opd.tokenizer import byte_level_symbols
+from opd.minimind.tokenizer import byte_level_symbols
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 from pathlib import Path
@@ -13,6 +12,7 @@ import aiohttp
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from opd.atomic_write import atomic_write_json
 from regen.chat_client import ChatClient, RetryPolicy
 from regen.detokenizer import load_detokenizer
 from regen.endpoint_pool import EndpointPool
@@ -23,7 +23,6 @@ from regen.output_files import (
     compact_errors,
     repair_and_scan,
     sanitize_name,
-    write_atomic,
 )
 from regen.pipeline import Pipeline
 from regen.progress_view import ProgressView
@@ -206,7 +205,7 @@ async def _run_async(cfg: DictConfig, urls: list[str], console: Console) -> dict
                 "tokenizer": detokenizer.source,
                 "tokenizer_warning": pipeline.tokenizer_warning,
             }
-            write_atomic(paths.summary, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+            atomic_write_json(paths.summary, summary)
             _print_summary(console, summary, paths)
     return summary
 

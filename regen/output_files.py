@@ -13,9 +13,7 @@ import bisect
 import hashlib
 import heapq
 import json
-import os
 import re
-import tempfile
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from opd.atomic_write import atomic_write
 
 # Rows start {"id": ..., "primary_id": ...} (compact or with spaces); num_generations sits in the metadata.
 _HEAD = re.compile(rb'^\{"id": ?"(?:[^"\\]|\\.)*", ?"primary_id": ?("(?:[^"\\]|\\.)*")')
@@ -149,21 +149,6 @@ def repair_and_scan(path: Path) -> ResumeState:
     return state
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` via a temp file and rename (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def compact_errors(path: Path, succeeded, *, drop_input_errors: bool = False) -> set[str]:
     """Rewrite the error file: drop ids in ``succeeded`` and a torn last line, keep the newest row per id.
 
@@ -185,7 +170,7 @@ def compact_errors(path: Path, succeeded, *, drop_input_errors: bool = False) ->
             newest.pop(key, None)  # re-insert so the order follows the newest row
             if key not in succeeded and not (drop_input_errors and stage == "input"):
                 newest[key] = line
-    write_atomic(path, b"".join(newest.values()).decode("utf-8"))
+    atomic_write(path, lambda stream: stream.write(b"".join(newest.values())))
     return set(newest)
 
 

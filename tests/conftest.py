@@ -28,7 +28,7 @@ def real_tokenizer_path() -> Path | None:
 @pytest.fixture(scope="session")
 def standin_tokenizer_path(tmp_path_factory) -> Path:
     """The MiniMind-shaped stand-in tokenizer, written once per session."""
-    from opd.tokenizer import build_standin_tokenizer
+    from opd.minimind.tokenizer import build_standin_tokenizer
 
     return build_standin_tokenizer(tmp_path_factory.mktemp("standin-tokenizer"))
 
@@ -41,6 +41,6 @@ def tokenizer_path(standin_tokenizer_path) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(tokenizer_path):
-    from opd.tokenizer import load_tokenizer
+    from opd.minimind.tokenizer import load_tokenizer
 
     return load_tokenizer(str(tokenizer_path))

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from opd.agent_records import AgentRecord
-from opd.minimind import MiniMindArch, build_model
+from opd.minimind.model import MiniMindArch, build_model
 from tools.mock_tools import tool_schemas
 
 TINY_STUDENT = MiniMindArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opd.device_setup import resolve_precision
+from opd.minimind.precision import resolve_precision
 
 
 def test_auto_on_a_machine_without_cuda_is_cpu_float32_without_autocast(monkeypatch):

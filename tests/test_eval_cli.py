@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 
+from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from opd.synthetic_task import write_task
-from opd.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from tests.conftest import REPO_ROOT
 
 

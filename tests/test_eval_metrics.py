@@ -11,11 +11,11 @@ from opd.agent_records import AgentRecord, RecordError
 from opd.chat_format import ChatFormat
 from opd.episode_metrics import EpisodeScore, aggregate, answer_text, score_episode
 from opd.evaluation import EvalSettings, check_heldout, evaluate_checkpoint
+from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
+from opd.minimind.tokenizer import load_tokenizer
 from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import SamplingSettings, ScriptedSampler
 from opd.synthetic_task import write_task
-from opd.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
-from opd.tokenizer import load_tokenizer
 from tests.opd_support import agent_record, call_text, encode, tiny_model
 
 

@@ -10,7 +10,7 @@ import torch
 
 from launch.batch_engine import BatchEngine
 from launch.sampling import SamplingParams
-from opd.minimind import MiniMindArch, build_model
+from opd.minimind.model import MiniMindArch, build_model
 
 EOS = 2
 PROMPT_LENGTHS = (3, 17, 9, 30, 5, 12, 1, 22)

@@ -16,7 +16,7 @@ from transformers import Qwen3ForCausalLM
 
 from launch.batch_engine import BatchEngine
 from launch.chat_server import ChatService, create_app
-from opd.minimind import MiniMindArch
+from opd.minimind.model import MiniMindArch
 
 EOS = 2
 MODEL_NAME = "tiny-test"

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from opd.minimind import (
+from opd.minimind.model import (
     CheckpointMismatchError,
     MiniMindArch,
     build_model,
@@ -19,7 +19,7 @@ from opd.minimind import (
     read_native_state_dict,
     save_native,
 )
-from opd.tokenizer import build_standin_tokenizer, check_same_tokenizer, load_tokenizer
+from opd.minimind.tokenizer import build_standin_tokenizer, check_same_tokenizer, load_tokenizer
 
 DENSE = MiniMindArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 MOE = dataclasses.replace(DENSE, use_moe=True)

@@ -11,8 +11,8 @@ from opd.chat_format import ChatFormat
 from opd.checkpoints import ResumeRefusedError, load_resume
 from opd.data_order import EpochBatches
 from opd.demonstrations import demonstration_episode, load_demonstrations
+from opd.minimind.tiny_checkpoints import write_tiny_checkpoints
 from opd.synthetic_task import write_task
-from opd.tiny_checkpoints import write_tiny_checkpoints
 from opd.trainer import run
 from tests.opd_support import compose_config
 

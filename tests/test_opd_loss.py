@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from opd.chat_format import ChatFormat
-from opd.device_setup import resolve_precision
 from opd.distill_loss import token_kl
 from opd.distill_step import (
     DistillSettings,
@@ -20,7 +19,8 @@ from opd.distill_step import (
     teacher_target_logits,
 )
 from opd.episodes import pack_episodes
-from opd.minimind import MiniMindArch
+from opd.minimind.model import MiniMindArch
+from opd.minimind.precision import resolve_precision
 from opd.rollout import AgentRollout, RolloutLimits
 from opd.sampling import ScriptedSampler
 from opd.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length

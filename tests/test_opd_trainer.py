@@ -13,8 +13,8 @@ from hydra.core.global_hydra import GlobalHydra
 
 from opd.agent_records import RecordError
 from opd.checkpoints import ResumeRefusedError, load_resume
-from opd.minimind import load_native
-from opd.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
+from opd.minimind.model import load_native
+from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from opd.trainer import run
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 from tests.opd_support import write_agent_data

@@ -19,7 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from launch.server_process import ServerStartError, probe_models, start_detached, stop_process_group
-from opd.minimind import MiniMindArch, build_model, save_native
+from opd.minimind.model import MiniMindArch, build_model, save_native
 from regen.servers import SharedServerCallback, local_command, provide_endpoints, vllm_command
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 from tests.vllm_cli_standin import free_port, install_standin_vllm

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from opd.checkpoints import load_resume
-from opd.minimind import load_native
+from opd.minimind.model import load_native
+from opd.minimind.tiny_checkpoints import tiny_arch
 from opd.sft_trainer import run
 from opd.synthetic_task import write_task
-from opd.tiny_checkpoints import tiny_arch
 from tests.conftest import REPO_ROOT
 from tests.opd_support import compose_config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from opd.tokenizer import MINIMIND_ADDED_TOKENS, load_tokenizer
+from opd.minimind.tokenizer import MINIMIND_ADDED_TOKENS, load_tokenizer
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "w",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -84,7 +84,7 @@ def test_missing_tokenizer_folder_is_named(tmp_path):
 def test_byte_level_symbols_are_the_tokenizers_alphabet():
     from tokenizers.pre_tokenizers import ByteLevel
 
-    from opd.tokenizer import byte_level_symbols
+    from opd.minimind.tokenizer import byte_level_symbols
 
     symbols = byte_level_symbols()
     assert len(symbols) == 256 and set(symbols) == set(ByteLevel.alphabet())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from opd.atomic_write import atomic_write
 
 _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
@@ -246,10 +247,7 @@ def save_native(model: PreTrainedModel, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     native = {k: v.detach().to("cpu", torch.float16).contiguous()
               for k, v in to_native_state_dict(model.state_dict()).items()}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(native, tmp)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda stream: torch.save(native, stream))
 
 
 def is_native_checkpoint(checkpoint: str) -> bool:
@@ -261,7 +259,7 @@ def load_hf(name_or_path: str, *, role: str = "model") -> PreTrainedModel:
     """Load an HF model folder or hub id (fp32) with transformers' own loader."""
     from transformers import AutoModelForCausalLM
 
-    from opd.tokenizer import looks_like_local_path
+    from opd.minimind.tokenizer import looks_like_local_path
 
     text = str(name_or_path)
     local = Path(text).expanduser()
@@ -289,7 +287,7 @@ def load_model(block: Mapping, *, role: str = "model"):
     ``block.checkpoint`` is a native ``.pth`` (needs the architecture flags and ``block.tokenizer``) or an
     HF folder / hub id (its own tokenizer unless ``block.tokenizer`` is set).
     """
-    from opd.tokenizer import load_tokenizer
+    from opd.minimind.tokenizer import load_tokenizer
 
     checkpoint = block.get("checkpoint")
     if not checkpoint:

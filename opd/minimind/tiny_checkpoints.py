@@ -1,6 +1,6 @@
 """Write random-init tiny teacher/student checkpoints in native MiniMind format (for tests and the demo).
 
-    python -m opd.tiny_checkpoints --out out/tiny [--standin-tokenizer out/tiny/standin-tokenizer]
+    python -m opd.minimind.tiny_checkpoints --out out/tiny [--standin-tokenizer out/tiny/standin-tokenizer]
 
 The architectures come from configs/teacher/tiny.yaml and configs/student/tiny.yaml, so the files always
 match the ``tiny`` presets. Seeds are fixed: the same command writes the same weights.
@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from opd.minimind import MiniMindArch, build_model, save_native
-from opd.tokenizer import build_standin_tokenizer
+from opd.minimind.model import MiniMindArch, build_model, save_native
+from opd.minimind.tokenizer import build_standin_tokenizer
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 def tiny_arch(role: str) -> MiniMindArch:

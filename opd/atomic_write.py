@@ -1,0 +1,75 @@
+"""Replacing a file so that a reader (or a crash) only ever sees the old or the new complete version.
+
+The new bytes go to a uniquely named temp file beside the target (so concurrent writers never share one),
+are flushed and fsynced, and the temp file is renamed over the target; the folder is fsynced after the
+rename. A failure removes the temp file; a full disk is reported as ``no space left on device: PATH``.
+The new file gets the target's permissions when it exists, else the ones the umask gives a new file.
+
+``stage`` and ``commit`` split the two halves, so several files can be written first and renamed together
+(a checkpoint's weights and its resume file).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+def _new_file_mode(path: Path) -> int:
+    if path.exists():
+        return path.stat().st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def stage(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Write a temp file beside ``path`` with ``write(stream)``, fsynced; returns the temp file's path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            write(stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temp, _new_file_mode(path))
+    except BaseException as error:
+        Path(temp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, f"no space left on device: {path}") from None
+        raise
+    return Path(temp)
+
+
+def commit(temp: Path, path: str | Path) -> Path:
+    """Rename a staged temp file over ``path`` and fsync the folder; returns ``path``."""
+    path = Path(path)
+    os.replace(temp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    return path
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Replace ``path`` with what ``write(stream)`` writes, atomically; returns ``path``."""
+    return commit(stage(path, write), path)
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Replace ``path`` with UTF-8 ``text``, atomically."""
+    data = text.encode("utf-8")
+    return atomic_write(path, lambda stream: stream.write(data))
+
+
+def atomic_write_json(path: str | Path, payload) -> Path:
+    """Replace ``path`` with ``payload`` as indented JSON (non-ASCII kept), atomically."""
+    return atomic_write_text(path, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")

@@ -1,0 +1,4 @@
+"""The MiniMind model layer: MiniMind-3 checkpoints as transformers models, its tokenizer, device and precision.
+
+Used by training, evaluation, the embedded server (``launch/``) and regen; nothing here knows about training.
+"""
