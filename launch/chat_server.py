@@ -156,13 +156,13 @@ def load_service(args: argparse.Namespace) -> ChatService:
     """Load the model and tokenizer named by the CLI arguments and wrap them in a started engine."""
     import torch
 
-    from opd.minimind.model import MiniMindArch, load_model
+    from opd.minimind.model import MiniMindArch, ModelSpec, load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
     block = {"checkpoint": args.checkpoint, "tokenizer": args.tokenizer,
              **{f.name: getattr(args, f.name) for f in fields(MiniMindArch)}}
-    model, tokenizer = load_model(block, role="server")
+    model, tokenizer = load_model(ModelSpec(**block), role="server")
     layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
         raise ValueError(f"the embedded server batches full-attention models only; this one has {layer_types}")

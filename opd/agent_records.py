@@ -13,11 +13,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opd.user_errors import UserError
+
 ROLES = ("system", "user", "assistant", "tool")
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "name", "tool_call_id")
 
 
-class RecordError(ValueError):
+class RecordError(UserError):
     """A data row that cannot be used as an agent prompt."""
 
 

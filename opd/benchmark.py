@@ -30,13 +30,16 @@ from transformers import DynamicCache
 from opd.agent_records import AgentRecord
 from opd.atomic_write import atomic_write_json
 from opd.chat_format import ChatFormat
-from opd.distill_step import DistillSettings, distill_update, freeze
+from opd.config import LossConfig, OptimConfig, RolloutConfig, SamplingConfig
+from opd.episodes import pack_episodes
 from opd.minimind.model import MiniMindArch, build_model, cache_keyword
 from opd.minimind.precision import resolve_precision
 from opd.minimind.tiny_checkpoints import tiny_arch
 from opd.minimind.tokenizer import build_standin_tokenizer, load_tokenizer
-from opd.rollout import AgentRollout, RolloutLimits
-from opd.sampling import SamplingSettings, ScriptedSampler, TokenSampler
+from opd.optimization import Optimization
+from opd.rollout import AgentRollout
+from opd.sampling import ScriptedSampler, TokenSampler
+from opd.train import distill_loss_step
 from tools.mock_tools import tool_schemas
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -98,8 +101,8 @@ def plain_decode(model, prompt: list[int], batch: int, new_tokens: int, seed: in
 
 def rollout_decode(model, chat_format: ChatFormat, records: list[AgentRecord], new_tokens: int, seed: int) -> float:
     """Tokens/s of the OPD rollout generating one turn of up to ``new_tokens`` sampled tokens per record."""
-    sampler = TokenSampler(SamplingSettings(), "cpu", seed)
-    rollout = AgentRollout(model, chat_format, sampler, RolloutLimits(1, new_tokens, 1 << 15))
+    sampler = TokenSampler(SamplingConfig(), "cpu", seed)
+    rollout = AgentRollout(model, chat_format, sampler, RolloutConfig(1, new_tokens, 1 << 15, open_thinking=False))
     started = time.perf_counter()
     episodes = rollout.run(records)
     return sum(e.assistant_tokens for e in episodes) / (time.perf_counter() - started)
@@ -109,20 +112,21 @@ def train_throughput(student, teacher, chat_format: ChatFormat, records: list[Ag
                      script: list[list[int]], batch: int, steps: int) -> dict:
     """Full OPD steps on scripted-shape episodes: steps/s, assistant tokens/s, and where the time went."""
     sampler = ScriptedSampler({record.source: script for record in records})
-    limits = RolloutLimits(len(script), max(len(turn) for turn in script), 1 << 15)
+    limits = RolloutConfig(len(script), max(len(turn) for turn in script), 1 << 15, open_thinking=False)
     rollout = AgentRollout(student, chat_format, sampler, limits)
-    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-6)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     precision = resolve_precision("cpu", "float32")
+    optimization = Optimization(student, OptimConfig(1e-6, 0.0, "constant", 0, None, 1.0), steps, precision)
+    loss = LossConfig("forward_kl", 1.0)
     rollout_s = update_s = 0.0
     tokens = turns = 0
     for step in range(steps):
         began = time.perf_counter()
         episodes = rollout.run(records[step * batch:(step + 1) * batch])
         rolled = time.perf_counter()
-        distill_update([episodes], student=student, teacher=teacher, optimizer=optimizer, scheduler=scheduler,
-                       scaler=precision.grad_scaler(), settings=DistillSettings(), precision=precision,
-                       pad_token_id=chat_format.pad_token_id)
+        packed = pack_episodes(episodes, chat_format.pad_token_id)
+        kl_sum, _ = distill_loss_step(student, teacher, episodes, packed, loss, precision)
+        optimization.backward(kl_sum / packed.target_count)
+        optimization.step()
         rollout_s += rolled - began
         update_s += time.perf_counter() - rolled
         tokens += sum(e.assistant_tokens for e in episodes)
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     for size in args.sizes.split(","):
         student_arch, teacher_arch = PAIRS[size]
         torch.manual_seed(0)
-        student, teacher = build_model(student_arch), freeze(build_model(teacher_arch))
+        student, teacher = build_model(student_arch), build_model(teacher_arch).eval().requires_grad_(False)
         for batch in batch_sizes:
             with console.status(f"{size} batch {batch}: decode"):
                 plain_decode(student, chat_format.prompt_ids(distinct[0]), batch, 4, seed=0)  # warm-up

@@ -10,11 +10,12 @@ rest is the observation context.
 from __future__ import annotations
 
 from opd.agent_records import AgentRecord
+from opd.user_errors import UserError
 
 _MARKER = "OPD-ASSISTANT-CONTENT-MARKER-7f3a"
 
 
-class PromptTooLongError(ValueError):
+class PromptTooLongError(UserError):
     """A record whose prompt leaves no room to generate within ``max_total_len``."""
 
 

@@ -1,35 +1,65 @@
-"""OPD checkpoints: MiniMind inference weights plus a full resume file, both written atomically.
+"""Training checkpoints: MiniMind inference weights plus a full resume file, written so a run is never lost.
 
-In ``out_dir``: ``agent_opd_{hidden}{_moe}.pth`` (native MiniMind fp16 state dict, ``save_native``) and
-``agent_opd_{hidden}{_moe}_resume.pth`` holding the fp32 student weights, optimizer / scheduler / grad-scaler
-state, the step, the next data cursor, every RNG state the run consumes, and the run signature: the
-settings a continuation must share (teacher, data, architecture, optimizer, sampling, rollout, loss).
+In ``out_dir``: ``{prefix}_{hidden}{_moe}.pth`` (native MiniMind fp16 state dict, ``save_native``'s format)
+and ``{prefix}_{hidden}{_moe}_resume.pth`` holding the fp32 weights, optimizer / scheduler / grad-scaler
+state, the step, the next data cursor, every RNG state the run consumes, the run signature (the settings
+a continuation must share), the sha256 of the weights file written with it, and a sha256 over all its
+own tensors.
+
+Both files are staged (written to temp files and fsynced) before either is renamed into place, the
+resume file last, so a crash leaves the previous pair or a new weights file next to the previous resume
+file — which ``restore`` detects. A new run refuses an ``out_dir`` that already holds checkpoints of the
+same name unless it resumes exactly those or ``overwrite=true``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Mapping
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 
 import torch
 
-from opd.atomic_write import atomic_write
-from opd.minimind.model import save_native
+from opd.atomic_write import commit, stage
+from opd.data_order import DataCursor
+from opd.minimind.model import native_state_dict
+from opd.user_errors import UserError
 
-RESUME_FORMAT = "opd-resume/1"
-RESUME_KEYS = ("format", "model", "optimizer", "scheduler", "scaler", "step", "cursor", "rng", "signature")
+RESUME_FORMAT = "opd-resume/2"
+RESUME_KEYS = ("format", "model", "optimization", "step", "cursor", "rng", "signature", "weights_sha256",
+               "tensors_sha256")
 
 
-class ResumeRefusedError(ValueError):
-    """The resume file was written by a run with different settings."""
+class ResumeRefusedError(UserError):
+    """The resume file cannot continue this run (other settings, damaged, or not matching its weights)."""
 
 
-def checkpoint_stem(model: torch.nn.Module, prefix: str = "agent_opd") -> str:
+def checkpoint_stem(model: torch.nn.Module, prefix: str) -> str:
     """``{prefix}_{hidden}`` plus ``_moe`` for a MoE model (MiniMind's naming, e.g. ``agent_opd_768``)."""
     config = model.config
     return f"{prefix}_{config.hidden_size}{'_moe' if getattr(config, 'num_experts', None) else ''}"
+
+
+def checkpoint_paths(out_dir: str | Path, stem: str) -> tuple[Path, Path]:
+    """The inference weights and resume file of ``stem`` in ``out_dir``."""
+    out = Path(out_dir)
+    return out / f"{stem}.pth", out / f"{stem}_resume.pth"
+
+
+def check_out_dir(out_dir: str | Path, stem: str, *, resume: str | None, overwrite: bool) -> None:
+    """Refuse to write over another run's checkpoints (see the module doc), naming the files."""
+    weights, resume_file = checkpoint_paths(out_dir, stem)
+    existing = [path for path in (weights, resume_file) if path.exists()]
+    if not existing or overwrite:
+        return
+    if resume and resume_file.exists() and resume_file.resolve() == Path(resume).expanduser().resolve():
+        return
+    what = "another run's checkpoints" if resume else "checkpoints"
+    raise UserError(f"{out_dir} already holds {what}: {', '.join(map(str, existing))}; continue that run with "
+                    f"resume={resume_file}, write elsewhere with out_dir=..., or replace them with overwrite=true")
 
 
 def architecture_of(model: torch.nn.Module) -> dict:
@@ -57,36 +87,21 @@ def vocabulary_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
 
 
-def save_checkpoint(out_dir: str | Path, student: torch.nn.Module, state: Mapping,
-                    prefix: str = "agent_opd") -> tuple[Path, Path]:
-    """Write the inference weights and the resume file (``state`` without ``model``/``format``); returns both paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = checkpoint_stem(student, prefix)
-    weights = save_native(student, out / f"{stem}.pth")
-    resume = out / f"{stem}_resume.pth"
-    model_state = {k: v.detach().to("cpu", copy=True) for k, v in student.state_dict().items()}
-    resume_state = {"format": RESUME_FORMAT, "model": model_state, **state}
-    atomic_write(resume, lambda stream: torch.save(resume_state, stream))
-    return weights, resume
+def run_signature(settings: Mapping, *, models: Mapping[str, torch.nn.Module], fingerprints: Mapping[str, str]) -> dict:
+    """Everything a continuation must share with the run that wrote the resume file, as flat dotted keys.
 
-
-def load_resume(path: str | Path) -> dict:
-    """Read a resume file written by ``save_checkpoint``; refuses anything else with a clear message."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"resume file not found: {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises several types for corrupt / non-torch files
-        raise ValueError(f"resume file {path} is not a readable torch file: {error}") from error
-    if not isinstance(state, dict) or state.get("format") != RESUME_FORMAT:
-        raise ValueError(f"{path} is not an OPD resume file (expected format {RESUME_FORMAT!r}; "
-                         "inference weights *.pth cannot resume a run, use the *_resume.pth next to them)")
-    missing = [key for key in RESUME_KEYS if key not in state]
-    if missing:
-        raise ValueError(f"resume file {path} lacks {missing}")
-    return state
+    ``settings`` maps names to values or settings dataclasses (flattened field by field), ``models`` adds each
+    model's architecture, ``fingerprints`` the identities of files (data, teacher weights, tokenizer).
+    """
+    signature = dict(fingerprints)
+    for name, value in settings.items():
+        if is_dataclass(value):
+            signature.update({f"{name}.{field.name}": getattr(value, field.name) for field in fields(value)})
+        else:
+            signature[name] = value
+    for role, model in models.items():
+        signature.update({f"{role}.{key}": value for key, value in architecture_of(model).items()})
+    return signature
 
 
 def check_signature(saved: Mapping, current: Mapping, source: str | Path) -> None:
@@ -98,3 +113,96 @@ def check_signature(saved: Mapping, current: Mapping, source: str | Path) -> Non
         raise ResumeRefusedError(
             f"refusing to resume from {source}: the run's settings differ\n  " + "\n  ".join(differences)
             + "\nresume with the original settings, or start a new run without resume=")
+
+
+def _tensors_sha256(value, digest=None) -> str:
+    """sha256 over every tensor (dtype, shape, bytes) of a nested dict/list, in a fixed order."""
+    digest = digest or hashlib.sha256()
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            digest.update(str(key).encode())
+            _tensors_sha256(value[key], digest)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _tensors_sha256(item, digest)
+    return digest.hexdigest()
+
+
+def rng_state(sampler) -> dict:
+    """Every RNG the loop consumes: rollout sampling (if any), plus torch's global CPU/CUDA generators."""
+    return {"sampler": sampler.get_state() if sampler is not None else None, "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, optimization, step: int,
+                    cursor: DataCursor, sampler, signature: dict) -> tuple[Path, Path]:
+    """Write the inference weights and the resume file of ``step`` (see the module doc); returns both paths."""
+    weights_path, resume_path = checkpoint_paths(out_dir, stem)
+    weights = io.BytesIO()
+    torch.save(native_state_dict(model), weights)
+    state = {"format": RESUME_FORMAT,
+             "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+             "optimization": optimization.state_dict(), "step": step, "cursor": asdict(cursor),
+             "rng": rng_state(sampler), "signature": signature,
+             "weights_sha256": hashlib.sha256(weights.getbuffer()).hexdigest()}
+    state["tensors_sha256"] = _tensors_sha256(state)
+    staged_weights = stage(weights_path, lambda stream: stream.write(weights.getbuffer()))
+    try:
+        staged_resume = stage(resume_path, lambda stream: torch.save(state, stream))
+    except BaseException:
+        staged_weights.unlink(missing_ok=True)
+        raise
+    commit(staged_weights, weights_path)
+    commit(staged_resume, resume_path)
+    return weights_path, resume_path
+
+
+def load_resume(path: str | Path) -> dict:
+    """Read and verify a resume file written by ``save_checkpoint``; refuses anything else with a clear message."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"resume file not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for corrupt / non-torch files
+        raise ResumeRefusedError(f"resume file {path} is not a readable torch file ({error}); it is damaged: "
+                                 "resume from an earlier copy or start a new run") from None
+    if not isinstance(state, dict) or state.get("format") != RESUME_FORMAT:
+        raise ResumeRefusedError(f"{path} is not an OPD resume file of format {RESUME_FORMAT!r} (inference weights "
+                                 "*.pth cannot resume a run: use the *_resume.pth next to them)")
+    missing = [key for key in RESUME_KEYS if key not in state]
+    if missing:
+        raise ResumeRefusedError(f"resume file {path} lacks {missing}")
+    content = {key: value for key, value in state.items() if key != "tensors_sha256"}
+    if _tensors_sha256(content) != state["tensors_sha256"]:
+        raise ResumeRefusedError(f"resume file {path} is corrupted: its tensors do not match the checksum written "
+                                 "with them; resume from an earlier copy or start a new run")
+    return state
+
+
+def restore(path: str | Path, signature: dict, *, model: torch.nn.Module, optimization,
+            sampler) -> tuple[int, DataCursor]:
+    """Load a verified resume file into the run's objects after checking its signature and the weights file
+    beside it; returns (step, next cursor)."""
+    state = load_resume(path)
+    path = Path(path).expanduser()
+    weights_path = path.with_name(path.name.removesuffix("_resume.pth") + ".pth")
+    check_signature(state["signature"], signature, path)
+    if weights_path.is_file() and file_fingerprint(weights_path) != state["weights_sha256"]:
+        raise ResumeRefusedError(
+            f"{weights_path} is not the weights file written with {path} (another step or another run, e.g. a "
+            "crash between writing the two); the resume file alone continues the run: move that weights file "
+            "away and resume again")
+    model.load_state_dict(state["model"], strict=True)
+    optimization.load_state_dict(state["optimization"])
+    rng = state["rng"]
+    if sampler is not None:
+        sampler.set_state(rng["sampler"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"]:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return state["step"], DataCursor(**state["cursor"])

@@ -1,13 +1,15 @@
-"""Which records each optimizer update uses: a seeded shuffle per epoch, micro-batches, accumulation windows.
+"""Which records each optimizer step uses: a seeded shuffle per epoch, micro-batches, accumulation windows.
 
 Epoch ``e`` visits the records in ``randperm(n)`` seeded with ``seed + e``, cut into micro-batches of
 ``batch_size`` (the last one may be short) and windows of ``accumulation_steps`` micro-batches (the last
-window of an epoch may be partial). A ``DataCursor`` (epoch, next micro-batch) is all a resume needs.
+window of an epoch may be partial); one window is one optimizer step. ``max_steps`` caps the run's steps
+(resumed ones included). A ``DataCursor`` (epoch, next micro-batch) is all a resume needs.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,38 +23,48 @@ class DataCursor:
     batch: int = 0
 
 
-class EpochBatches:
-    """Deterministic record order and update windows over ``epochs`` passes of ``num_records`` records."""
+@dataclass(frozen=True)
+class Window:
+    """One optimizer step's data: its step number (1-based), the record indices of each micro-batch, and the
+    cursor after it."""
 
-    def __init__(self, num_records: int, *, batch_size: int, accumulation_steps: int, epochs: int, seed: int) -> None:
+    step: int
+    epoch: int
+    batches: list[list[int]]
+    next_cursor: DataCursor
+
+
+class DataOrder:
+    """Deterministic record order and step windows over ``epochs`` passes of ``num_records`` records."""
+
+    def __init__(self, num_records: int, *, batch_size: int, accumulation_steps: int, epochs: int, seed: int,
+                 max_steps: int | None) -> None:
         self.num_records = num_records
         self.batch_size = batch_size
         self.accumulation_steps = accumulation_steps
         self.epochs = epochs
         self.seed = seed
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return math.ceil(self.num_records / self.batch_size)
-
-    @property
-    def windows_per_epoch(self) -> int:
-        return math.ceil(self.batches_per_epoch / self.accumulation_steps)
-
-    @property
-    def total_windows(self) -> int:
-        return self.epochs * self.windows_per_epoch
+        self.batches_per_epoch = math.ceil(num_records / batch_size)
+        windows = epochs * math.ceil(self.batches_per_epoch / accumulation_steps)
+        self.total_steps = min(max_steps, windows) if max_steps else windows
 
     def order(self, epoch: int) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed + epoch)
         return torch.randperm(self.num_records, generator=generator).tolist()
 
-    def window(self, cursor: DataCursor) -> tuple[list[list[int]], DataCursor] | None:
-        """Record indices of each micro-batch of the update at ``cursor`` and the cursor after it; None when done."""
-        if cursor.epoch >= self.epochs:
-            return None
-        order = self.order(cursor.epoch)
-        end = min(cursor.batch + self.accumulation_steps, self.batches_per_epoch)
-        batches = [order[b * self.batch_size:(b + 1) * self.batch_size] for b in range(cursor.batch, end)]
-        following = DataCursor(cursor.epoch, end) if end < self.batches_per_epoch else DataCursor(cursor.epoch + 1, 0)
-        return batches, following
+    def windows(self, cursor: DataCursor = DataCursor(), step: int = 0) -> Iterator[Window]:
+        """The windows from ``cursor`` (where step ``step`` left off) until the run's last step."""
+        order_epoch, order = None, []
+        while step < self.total_steps and cursor.epoch < self.epochs:
+            if order_epoch != cursor.epoch:
+                order_epoch, order = cursor.epoch, self.order(cursor.epoch)
+            end = min(cursor.batch + self.accumulation_steps, self.batches_per_epoch)
+            batches = [order[b * self.batch_size:(b + 1) * self.batch_size] for b in range(cursor.batch, end)]
+            following = DataCursor(cursor.epoch, end) if end < self.batches_per_epoch else DataCursor(cursor.epoch + 1)
+            step += 1
+            yield Window(step, cursor.epoch, batches, following)
+            cursor = following
+
+    def record_indices(self) -> list[int]:
+        """Every record index the run's steps use, in order of use."""
+        return [index for window in self.windows() for batch in window.batches for index in batch]

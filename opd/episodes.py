@@ -104,3 +104,22 @@ def pack_episodes(episodes: list[Episode], pad_token_id: int) -> PackedBatch:
         attention_mask[row, :size] = 1
         targets[row, :size] = torch.tensor(episode.target_mask(), dtype=torch.bool)
     return PackedBatch(input_ids, attention_mask, targets[:, 1:])
+
+
+MIN_SHARED_PREFIX = 32  # shorter shared prefixes are not worth a second forward call
+
+
+def shared_prefix_length(episodes: list[Episode]) -> int:
+    """Leading ids every episode shares (system prompt, tool list), capped one short of the shortest prompt so
+    the prefix never reaches a target; 0 when there is one episode or the prefix is not worth sharing.
+
+    Rollout and loss forwards compute such a prefix once (``opd.minimind.model.prefill_shared_prefix``).
+    """
+    if len(episodes) < 2:
+        return 0
+    first = episodes[0].ids
+    limit = min(episode.prompt_length for episode in episodes) - 1
+    length = 0
+    while length < limit and all(episode.ids[length] == first[length] for episode in episodes):
+        length += 1
+    return length if length >= MIN_SHARED_PREFIX else 0

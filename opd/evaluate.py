@@ -1,19 +1,185 @@
-"""Held-out evaluation of several MiniMind checkpoints on agent prompts with identical decoding and tool limits.
+"""Held-out evaluation of several MiniMind checkpoints with identical decoding, tool limits and seed.
 
-    python opd/evaluate.py data=heldout.jsonl \
+    python opd/evaluate.py data=heldout.jsonl tokenizer=PATH \
         'models={student: {checkpoint: out/full_sft_768.pth, hidden_size: 768, num_hidden_layers: 8}}' \
-        +teacher@models.teacher=agent_768
+        +model@models.teacher=agent_768
+
+Every checkpoint rolls out the same held-out records in the same batches through the trainer's own
+batched rollout and MiniMind's tool world (``opd.rollout``), with one ``sampling`` setting (greedy by
+default), one ``rollout`` block of limits and a sampler seeded with the same ``seed``. Episodes are scored
+by ``opd.scoring``; each checkpoint's episodes go to ``episodes_{name}.jsonl`` for inspection.
+
+Time and memory per checkpoint: ``load_s`` (reading the weights) and ``wall_s`` (all rollouts) are wall
+clock. Peak memory on CUDA is ``torch.cuda.max_memory_allocated`` since the checkpoint's start. On CPU each
+checkpoint runs in its own fresh process (``isolate=true``) and the figure is that process's peak resident
+set size (``getrusage`` ``ru_maxrss``), which also holds the interpreter and libraries: ``baseline_rss_mb``
+(the process's RSS before the model is loaded) is reported beside it. With ``isolate=false`` on CPU the
+peak is not measured (a process-lifetime maximum would mix checkpoints). Settings: ``configs/evaluate.yaml``
+(schema ``opd.config.EvalConfig``).
 """
 
+from __future__ import annotations
+
+import json
+import multiprocessing
+import resource
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
 import hydra
+import torch
 from omegaconf import DictConfig
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from opd.agent_records import AgentRecord, RecordError, load_agent_records
+from opd.atomic_write import atomic_write_json, atomic_write_text
+from opd.chat_format import ChatFormat
+from opd.checkpoints import vocabulary_fingerprint
+from opd.config import EvalConfig, parse_config
+from opd.minimind.model import ModelSpec, load_model
+from opd.minimind.tokenizer import check_same_tokenizer, load_tokenizer
+from opd.reporting import print_table, require_matplotlib, write_chart
+from opd.rollout import AgentRollout
+from opd.sampling import TokenSampler
+from opd.scoring import aggregate, score_episode
+from opd.user_errors import UserError, exit_on_user_error
+
+MIB = 1 << 20
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    from opd.evaluation import run
+    with exit_on_user_error():
+        evaluate(parse_config(EvalConfig, cfg))
 
-    run(cfg)
+
+def evaluate(cfg: EvalConfig) -> dict:
+    """Evaluate every model of ``cfg.models`` on ``cfg.data``; prints the table, writes JSON (and the chart)."""
+    if cfg.chart:
+        require_matplotlib()
+    records, data_sha256 = load_agent_records(cfg.data)
+    check_heldout(records, cfg)
+    out = Path(cfg.out_dir)
+    results = []
+    for name, spec in cfg.models.items():
+        evaluate_one = evaluate_isolated if cfg.isolate else evaluate_checkpoint
+        results.append(evaluate_one(name, spec, cfg))
+    report = {"data": str(cfg.data), "data_sha256": data_sha256, "records": len(records),
+              "settings": {"sampling": asdict(cfg.sampling), "rollout": asdict(cfg.rollout), "seed": cfg.seed,
+                           "batch_size": cfg.batch_size, "device": str(cfg.precision.device), "isolate": cfg.isolate},
+              "checkpoints": results, "json": str(out / "evaluation.json"),
+              "chart": str(out / "evaluation.png") if cfg.chart else None}
+    print_table(results)
+    atomic_write_json(out / "evaluation.json", report)
+    if cfg.chart:
+        write_chart(results, out / "evaluation.png")
+    Console().print(f"wrote {report['json']}" + (f" and {report['chart']}" if cfg.chart else ""))
+    return report
+
+
+def check_heldout(records: list[AgentRecord], cfg: EvalConfig) -> None:
+    """Every record has ``gt`` and fits the limits; every model uses the same tokenizer (fails before any rollout)."""
+    for record in records:
+        if not record.gt:
+            raise RecordError(f"{record.source}: gt is required for evaluation (the strings a correct answer contains)")
+    tokenizers = {name: load_tokenizer(spec.tokenizer or spec.checkpoint, role=f"models.{name}.tokenizer")
+                  for name, spec in cfg.models.items()}
+    first = next(iter(tokenizers))
+    for name, tokenizer in tokenizers.items():
+        check_same_tokenizer(tokenizers[first], tokenizer, first, name)
+    chat_format = ChatFormat(tokenizers[first], open_thinking=cfg.rollout.open_thinking)
+    for record in records:
+        chat_format.prompt_ids(record, cfg.rollout.max_total_len)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as stream:
+        return int(stream.read().split()[1]) * resource.getpagesize() / MIB
+
+
+def _episode_row(score, episode, chat_format: ChatFormat) -> dict:
+    return {**asdict(score), "gt": episode.record.gt,
+            "turn_texts": [chat_format.tokenizer.decode(episode.turn_ids(i)) for i in range(len(episode.turns))]}
+
+
+def evaluate_checkpoint(name: str, spec: ModelSpec, cfg: EvalConfig, *, isolated: bool = False) -> dict:
+    """Roll out every held-out record with one checkpoint and score it; writes ``episodes_{name}.jsonl``."""
+    precision = cfg.precision
+    baseline_rss = _rss_mb()
+    cuda = precision.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(precision.device)
+    started = time.perf_counter()
+    model, tokenizer = load_model(spec, role=f"models.{name}")
+    model.to(precision.device).eval()
+    loaded = time.perf_counter()
+    records, _ = load_agent_records(cfg.data)
+    torch.manual_seed(cfg.seed)
+    chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
+    rollout = AgentRollout(model, chat_format, TokenSampler(cfg.sampling, precision.device, cfg.seed), cfg.rollout,
+                           autocast=precision.autocast)
+    episodes, scores = [], []
+    progress = Progress(TextColumn(f"[bold]eval {name}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("accuracy {task.fields[accuracy]}"), TimeElapsedColumn())
+    with progress:
+        task = progress.add_task("records", total=len(records), accuracy="-")
+        for start in range(0, len(records), cfg.batch_size):
+            batch = rollout.run(records[start:start + cfg.batch_size])
+            episodes += batch
+            scores += [score_episode(episode, chat_format) for episode in batch]
+            accuracy = sum(score.correct for score in scores) / len(scores)
+            progress.update(task, advance=len(batch), accuracy=f"{accuracy:.3f}")
+    wall = time.perf_counter() - loaded
+    rows = "".join(json.dumps(_episode_row(s, e, chat_format), ensure_ascii=False) + "\n"
+                   for s, e in zip(scores, episodes, strict=True))
+    atomic_write_text(Path(cfg.out_dir) / f"episodes_{name}.jsonl", rows)
+    if cuda:
+        peak, kind = torch.cuda.max_memory_allocated(precision.device) / MIB, "cuda_max_allocated"
+    elif isolated:
+        peak, kind = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process_peak_rss"
+    else:
+        peak, kind = None, "not measured (cpu, isolate=false)"
+    return {"name": name, "checkpoint": str(spec.checkpoint), **aggregate(scores), "load_s": loaded - started,
+            "wall_s": wall, "assistant_tokens_per_s": sum(s.assistant_tokens for s in scores) / wall,
+            "peak_memory_mb": peak, "peak_memory_kind": kind, "baseline_rss_mb": baseline_rss,
+            "vocab_sha256": vocabulary_fingerprint(tokenizer)}
+
+
+def _child(connection, name: str, spec: ModelSpec, cfg: EvalConfig) -> None:
+    try:
+        connection.send(("ok", evaluate_checkpoint(name, spec, cfg, isolated=True)))
+    except (UserError, FileNotFoundError) as error:
+        connection.send(("user_error", str(error)))
+    except BaseException:  # report anything, including KeyboardInterrupt, to the parent
+        connection.send(("error", traceback.format_exc()))
+    finally:
+        connection.close()
+
+
+def evaluate_isolated(name: str, spec: ModelSpec, cfg: EvalConfig) -> dict:
+    """``evaluate_checkpoint`` in a fresh spawned process (its peak RSS is this checkpoint's alone)."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(sender, name, spec, cfg), daemon=True)
+    process.start()
+    sender.close()
+    try:
+        status, payload = receiver.recv()
+    except EOFError:
+        process.join()
+        raise RuntimeError(f"evaluating {name} ({spec.checkpoint}): the worker process died "
+                           f"(exit code {process.exitcode}; out of memory?)") from None
+    finally:
+        receiver.close()
+    process.join()
+    if status == "user_error":
+        raise UserError(payload)
+    if status != "ok":
+        raise RuntimeError(f"evaluating {name} ({spec.checkpoint}) failed in its worker process:\n{payload}")
+    return payload
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ a row's real tokens, so every row computes exactly what a forward on its own unp
 
 A row whose tools ran waits (feeding nothing) while others decode; waiting observations are prefilled
 together once no row is decoding or at least half of the live rows wait. Finished rows leave the cache.
-A prompt prefix every row shares (system prompt, tool list) is prefilled once (``opd.shared_prefix``).
+A prompt prefix every row shares (system prompt, tool list) is prefilled once (``prefill_shared_prefix``).
 """
 
 from __future__ import annotations
@@ -22,27 +22,13 @@ from transformers import DynamicCache
 
 from opd.agent_records import AgentRecord
 from opd.chat_format import ChatFormat
-from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn
-from opd.minimind.model import cache_keyword
-from opd.shared_prefix import prefill_shared_prefix, shared_prefix_length
+from opd.config import RolloutConfig
+from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn, shared_prefix_length
+from opd.minimind.model import cache_keyword, prefill_shared_prefix
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import check_call, execute_call
 
 Sampler = Callable[[torch.Tensor, list[Episode]], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class RolloutLimits:
-    """Per-episode limits: assistant turns, generated tokens per turn, and total context tokens."""
-
-    max_turns: int
-    max_gen_len: int
-    max_total_len: int
-
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "max_gen_len", "max_total_len"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -59,7 +45,7 @@ class _Row:
 class AgentRollout:
     """Runs the student on a batch of agent records and returns one ``Episode`` per record, in order."""
 
-    def __init__(self, model: torch.nn.Module, chat_format: ChatFormat, sampler: Sampler, limits: RolloutLimits,
+    def __init__(self, model: torch.nn.Module, chat_format: ChatFormat, sampler: Sampler, limits: RolloutConfig,
                  *, autocast: Callable[[], AbstractContextManager] = nullcontext) -> None:
         self.model = model
         self.chat_format = chat_format

@@ -1,65 +1,38 @@
 """Choosing the next token of each rollout row: seeded temperature / top-k / top-p / min-p sampling, or a script.
 
-The ``sampling`` config group carries more keys than a local rollout implements (it is shared with the
-vLLM job). Null means "not set": temperature 1, top_p 1, top_k 0 (off) and min_p 0 then apply, i.e. the
-model's own distribution. A non-null penalty key is refused by name rather than silently ignored.
+``TokenSampler`` samples the batch from one seeded ``torch.Generator`` (the training rollout), or each row
+from its own record's generator (``TokenSampler.per_record``: cached teacher rollouts, whose episodes must
+not depend on which records shared a batch). The embedded server has its own per-request sampler
+(``launch/sampling.py``): it follows vLLM's request semantics row by row (penalties, per-request seeds),
+which a training rollout does not need. ``ScriptedSampler`` emits fixed turns for tests and the benchmark.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
+from opd.config import SamplingConfig
 from opd.episodes import Episode
-
-UNIMPLEMENTED_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """Rollout sampling parameters; temperature 0 means greedy (argmax)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-
-    @classmethod
-    def from_config(cls, block: Mapping) -> SamplingSettings:
-        """Read a ``sampling`` group block; refuses keys the rollout does not implement and invalid values."""
-        refused = [key for key in UNIMPLEMENTED_KEYS if block.get(key) is not None]
-        if refused:
-            raise ValueError(
-                f"sampling.{', sampling.'.join(refused)} not implemented by the OPD rollout; set "
-                f"{'them' if len(refused) > 1 else 'it'} to null (implemented: temperature, top_p, top_k, min_p, seed)")
-        defaults = cls()
-        settings = cls(**{key: defaults.__dict__[key] if block.get(key) is None else block[key]
-                          for key in ("temperature", "top_p", "top_k", "min_p", "seed")})
-        settings.validate()
-        return settings
-
-    def validate(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"sampling.temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            raise ValueError(f"sampling.top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"sampling.min_p must be in [0, 1], got {self.min_p}")
 
 
 class TokenSampler:
-    """Samples one token per row from filtered softmax probabilities with its own seeded ``torch.Generator``."""
+    """Samples one token per row from filtered softmax probabilities (temperature 0: argmax)."""
 
-    def __init__(self, settings: SamplingSettings, device: torch.device | str, seed: int) -> None:
+    def __init__(self, settings: SamplingConfig, device: torch.device | str, seed: int) -> None:
         self.settings = settings
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(settings.seed if settings.seed is not None else seed)
+        self.record_generators: dict[str, torch.Generator] | None = None
+
+    @classmethod
+    def per_record(cls, settings: SamplingConfig, device: torch.device | str, seeds: Mapping[str, int]) -> TokenSampler:
+        """A sampler whose row for record ``source`` draws from a generator seeded with ``seeds[source]``."""
+        sampler = cls(settings, device, 0)
+        sampler.record_generators = {source: torch.Generator(device=device).manual_seed(seed)
+                                     for source, seed in seeds.items()}
+        return sampler
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution sampled from, ``[rows, vocab]`` fp32 (unnormalized after top-p / min-p cuts)."""
@@ -81,7 +54,12 @@ class TokenSampler:
     def __call__(self, logits: torch.Tensor, episodes: list[Episode]) -> torch.Tensor:
         if self.settings.temperature == 0:
             return logits.argmax(dim=-1)
-        return torch.multinomial(self.probabilities(logits), 1, generator=self.generator).squeeze(1)
+        probabilities = self.probabilities(logits)
+        if self.record_generators is None:
+            return torch.multinomial(probabilities, 1, generator=self.generator).squeeze(1)
+        return torch.cat([torch.multinomial(probabilities[row:row + 1], 1,
+                                            generator=self.record_generators[episode.record.source])[0]
+                          for row, episode in enumerate(episodes)])
 
     def get_state(self) -> torch.Tensor:
         return self.generator.get_state()

@@ -18,7 +18,6 @@ import json
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -26,9 +25,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from opd.agent_records import AgentRecord
 from opd.chat_format import ChatFormat
+from opd.config import RolloutConfig, SamplingConfig
 from opd.episodes import STOP_REASONS, Episode, Turn
-from opd.rollout import AgentRollout, RolloutLimits
-from opd.sampling import SamplingSettings, TokenSampler
+from opd.rollout import AgentRollout
+from opd.sampling import TokenSampler
 from tools.tool_environment import CallOutcome
 
 CACHE_FORMAT = "opd-teacher-rollouts/1"
@@ -37,21 +37,6 @@ CACHE_FORMAT = "opd-teacher-rollouts/1"
 def record_seed(seed: int, index: int) -> int:
     """A 63-bit seed for record ``index`` of a run seeded with ``seed``."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:8], "big") >> 1
-
-
-class RecordSeededSampler(TokenSampler):
-    """``TokenSampler`` filtering, but each row draws from the generator of its own record (greedy: argmax)."""
-
-    def __init__(self, settings: SamplingSettings, device: torch.device | str, seeds: dict[str, int]) -> None:
-        super().__init__(settings, device, 0)
-        self.generators = {source: torch.Generator(device=device).manual_seed(seed) for source, seed in seeds.items()}
-
-    def __call__(self, logits: torch.Tensor, episodes: list[Episode]) -> torch.Tensor:
-        if self.settings.temperature == 0:
-            return logits.argmax(dim=-1)
-        probabilities = self.probabilities(logits)
-        return torch.cat([torch.multinomial(probabilities[row:row + 1], 1, generator=self.generators[e.record.source])[0]
-                          for row, e in enumerate(episodes)])
 
 
 def episode_to_json(index: int, episode: Episode) -> dict:
@@ -125,8 +110,8 @@ class TeacherRolloutCache:
 
 
 def teacher_episodes(cache: TeacherRolloutCache, records: list[AgentRecord], needed: list[int], *,
-                     teacher: torch.nn.Module, chat_format: ChatFormat, sampling: SamplingSettings, seed: int,
-                     limits: RolloutLimits, batch_size: int, device: torch.device,
+                     teacher: torch.nn.Module, chat_format: ChatFormat, sampling: SamplingConfig, seed: int,
+                     limits: RolloutConfig, batch_size: int, device: torch.device,
                      autocast: Callable[[], AbstractContextManager] = nullcontext) -> dict[int, Episode]:
     """Episodes of the ``needed`` record indices: cached ones reused, the rest rolled out by the teacher and cached."""
     episodes = cache.load(records)
@@ -139,7 +124,7 @@ def teacher_episodes(cache: TeacherRolloutCache, records: list[AgentRecord], nee
         task = progress.add_task("rollouts", total=len(missing))
         for start in range(0, len(missing), batch_size):
             chunk = missing[start:start + batch_size]
-            sampler = RecordSeededSampler(sampling, device, {records[i].source: record_seed(base_seed, i) for i in chunk})
+            sampler = TokenSampler.per_record(sampling, device, {records[i].source: record_seed(base_seed, i) for i in chunk})
             rolled = AgentRollout(teacher, chat_format, sampler, limits, autocast=autocast).run(
                 [records[i] for i in chunk])
             cache.append(list(zip(chunk, rolled, strict=True)))
@@ -148,12 +133,11 @@ def teacher_episodes(cache: TeacherRolloutCache, records: list[AgentRecord], nee
     return episodes
 
 
-def rollout_cache_key(signature: dict, sampling: SamplingSettings, limits: RolloutLimits, device: torch.device) -> dict:
-    """What determines the teacher's episodes, taken from the run signature plus the device type."""
-    shared = ("data.sha256", "teacher.checkpoint_sha256", "tokenizer.vocab_sha256", "dtype", "seed", "open_thinking")
-    key = {name: signature[name] for name in shared}
-    key.update({name: value for name, value in signature.items() if name.startswith("teacher.")})
-    key.update({f"sampling.{k}": v for k, v in asdict(sampling).items()})
-    key.update({f"limits.{k}": v for k, v in asdict(limits).items()})
+def rollout_cache_key(signature: dict, device: torch.device) -> dict:
+    """What determines the teacher's episodes: from the run signature (data, teacher, tokenizer, dtype, seed,
+    sampling, rollout limits) plus the device type."""
+    shared = ("data.sha256", "tokenizer.vocab_sha256", "dtype", "seed")
+    key = {name: value for name, value in signature.items()
+           if name in shared or name.startswith(("teacher.", "sampling.", "rollout."))}
     key["device_type"] = device.type
     return key

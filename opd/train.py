@@ -1,17 +1,195 @@
 """On-policy distillation of a MiniMind student from a frozen MiniMind teacher over tool-use episodes.
 
-    python opd/train.py teacher=agent_768 student=full_sft_768 data=dataset/agent_rl.jsonl
+    python opd/train.py teacher=agent_768 student=full_sft_768 data=agent_rl.jsonl tokenizer=PATH
+    python opd/train.py ... mode=offline      # the fixed-data baseline: same loss, data order and steps
+
+Each optimizer step (``train`` below) takes the next window of records; rolls every micro-batch out with
+the current student (``mode=on_policy``: batched multi-turn episodes in MiniMind's tool world) or takes
+its fixed sequences (``mode=offline``: the records' own demonstrations, or the teacher's rollouts generated
+once and cached); runs the frozen teacher on exactly those token ids; and minimizes the T²-scaled
+full-vocabulary KL between the two on every generated token, averaged over the window's targets (plus a
+MoE student's router loss). Then it clips, steps, logs, and checkpoints every ``save_interval`` steps and
+at the end. Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``); reference: ``opd/README.md``.
 """
 
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
 import hydra
+import torch
 from omegaconf import DictConfig
+
+from opd.agent_records import AgentRecord, load_agent_records
+from opd.chat_format import ChatFormat
+from opd.checkpoints import (
+    check_out_dir,
+    checkpoint_stem,
+    file_fingerprint,
+    restore,
+    run_signature,
+    save_checkpoint,
+    vocabulary_fingerprint,
+)
+from opd.config import LossConfig, OPDConfig, parse_config, register_model_groups
+from opd.data_order import DataCursor, DataOrder
+from opd.demonstrations import demonstration_episode, load_demonstrations
+from opd.episodes import Episode, PackedBatch, pack_episodes, shared_prefix_length
+from opd.loss import logits_at_targets, router_aux_coef, router_loss, token_kl
+from opd.minimind.model import load_model
+from opd.minimind.precision import Precision
+from opd.minimind.tokenizer import check_same_tokenizer
+from opd.optimization import Optimization
+from opd.reporting import TrainLog, episode_figures, run_dir_of, run_summary
+from opd.rollout import AgentRollout
+from opd.sampling import TokenSampler
+from opd.teacher_rollouts import TeacherRolloutCache, rollout_cache_key, teacher_episodes
+from opd.user_errors import UserError, exit_on_user_error
+
+register_model_groups()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="opd")
 def main(cfg: DictConfig) -> None:
-    from opd.trainer import run
+    with exit_on_user_error():
+        train(parse_config(OPDConfig, cfg))
 
-    run(cfg)
+
+def train(cfg: OPDConfig) -> dict:
+    """Distil the teacher into the student as configured (continuing ``cfg.resume``); returns the run summary."""
+    precision, device = cfg.precision, cfg.precision.device
+    torch.manual_seed(cfg.seed)
+    # --- data and models, checked before any compute
+    records, data_sha256, fixed = read_data(cfg)
+    student, teacher, tokenizer = load_student_and_teacher(cfg)
+    chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
+    if fixed is not None:
+        fixed = [demonstration_episode(demonstration, chat_format, cfg.rollout.max_total_len) for demonstration in fixed]
+    for record in records:
+        chat_format.prompt_ids(record, cfg.rollout.max_total_len)
+    order = DataOrder(len(records), batch_size=cfg.batch_size, accumulation_steps=cfg.accumulation_steps,
+                      epochs=cfg.epochs, seed=cfg.seed, max_steps=cfg.max_steps)
+    schedule_steps = cfg.optim.lr_schedule_steps or order.total_steps
+    signature = opd_signature(cfg, teacher, student, tokenizer, data_sha256, schedule_steps)
+    stem = checkpoint_stem(student, "agent_opd")
+    check_out_dir(cfg.out_dir, stem, resume=cfg.resume, overwrite=cfg.overwrite)
+    student.to(device)
+    teacher.to(device).eval().requires_grad_(False)
+    sampler = TokenSampler(cfg.sampling, device, cfg.seed)
+    rollout = AgentRollout(student, chat_format, sampler, cfg.rollout, autocast=precision.autocast)
+    if cfg.mode == "offline" and fixed is None:
+        cache = TeacherRolloutCache(cfg.offline.cache_dir, cfg.data, rollout_cache_key(signature, device))
+        fixed = teacher_episodes(cache, records, order.record_indices(), teacher=teacher, chat_format=chat_format,
+                                 sampling=cfg.sampling, seed=cfg.seed, limits=cfg.rollout, batch_size=cfg.batch_size,
+                                 device=device, autocast=precision.autocast)
+    optimization = Optimization(student, cfg.optim, schedule_steps, precision)
+    step, cursor = 0, DataCursor()
+    if cfg.resume:
+        step, cursor = restore(cfg.resume, signature, model=student, optimization=optimization,
+                               sampler=sampler if cfg.mode == "on_policy" else None)
+    run_dir, start_step, paths, losses, tokens = run_dir_of(cfg.out_dir), step, (None, None), [], 0
+    started = time.perf_counter()
+    with TrainLog(run_dir / "metrics.jsonl", total_steps=order.total_steps, start_step=step, label="opd") as log:
+        for window in order.windows(cursor, step):
+            # --- episodes: the student's own rollouts, or the baseline's fixed sequences
+            began = time.perf_counter()
+            if cfg.mode == "on_policy":
+                micro_batches = [rollout.run([records[i] for i in batch]) for batch in window.batches]
+            else:
+                micro_batches = [[fixed[i] for i in batch] for batch in window.batches]
+            fetched = time.perf_counter()
+            # --- the teacher scores exactly the student's tokens; KL over every target of the window
+            packed = [pack_episodes(episodes, tokenizer.pad_token_id) for episodes in micro_batches]
+            targets = sum(batch.target_count for batch in packed)
+            kl, aux = 0.0, 0.0
+            student.train()
+            for batch_episodes, batch in zip(micro_batches, packed, strict=True):
+                kl_sum, router = distill_loss_step(student, teacher, batch_episodes, batch.to(device), cfg.loss,
+                                                   precision)
+                loss = kl_sum / targets
+                if router is not None:
+                    router = router * (batch.target_count / targets)
+                    loss, aux = loss + router, aux + router.item()
+                optimization.backward(loss)
+                kl += kl_sum.item() / targets
+            # --- optimizer step, log, checkpoint
+            lr, grad_norm = optimization.lr, optimization.step()
+            step, cursor = window.step, window.next_cursor
+            episodes = [episode for batch in micro_batches for episode in batch]
+            figures = episode_figures(episodes)
+            log.step({"step": step, "epoch": window.epoch, "loss": kl + aux, "kl": kl, "aux_loss": aux,
+                      "grad_norm": grad_norm, "target_tokens": targets, **figures,
+                      "tokens_per_s": figures["assistant_tokens"] / (time.perf_counter() - began), "lr": lr,
+                      "rollout_s" if cfg.mode == "on_policy" else "data_s": fetched - began,
+                      "update_s": time.perf_counter() - fetched})
+            losses.append(kl + aux)
+            tokens += figures["assistant_tokens"]
+            if step % cfg.save_interval == 0 or step == order.total_steps:
+                paths = save_checkpoint(cfg.out_dir, stem, student, optimization=optimization, step=step,
+                                        cursor=cursor, sampler=sampler if cfg.mode == "on_policy" else None,
+                                        signature=signature)
+    summary = run_summary(step=step, start_step=start_step, losses=losses, tokens=tokens,
+                          wall=time.perf_counter() - started, precision=precision, paths=paths, run_dir=run_dir)
+    log.summary(summary, [run_dir / "summary.json", Path(cfg.out_dir) / f"{stem}_summary.json"])
+    return summary
+
+
+def read_data(cfg: OPDConfig) -> tuple[list[AgentRecord], str, list | None]:
+    """The records, the data file's sha256, and (``offline.source=dataset``) its demonstrations."""
+    if cfg.mode == "offline" and cfg.offline.source == "dataset":
+        demonstrations, data_sha256 = load_demonstrations(cfg.data)
+        return [demonstration.record for demonstration in demonstrations], data_sha256, demonstrations
+    records, data_sha256 = load_agent_records(cfg.data)
+    return records, data_sha256, None
+
+
+def opd_signature(cfg: OPDConfig, teacher, student, tokenizer, data_sha256: str, schedule_steps: int) -> dict:
+    """What a resumed run must share with the one it continues (``max_steps``, ``epochs``, ``save_interval``,
+    ``out_dir`` and ``device`` may change; the schedule's span is compared resolved)."""
+    signature = run_signature(
+        {"mode": cfg.mode, "seed": cfg.seed, "batch_size": cfg.batch_size, "accumulation_steps": cfg.accumulation_steps,
+         "dtype": cfg.precision.dtype_name, "lr_schedule_steps": schedule_steps, "optim": cfg.optim,
+         "rollout": cfg.rollout, "loss": cfg.loss, "sampling": cfg.sampling,
+         **({"offline.source": cfg.offline.source} if cfg.mode == "offline" else {})},
+        models={"teacher": teacher, "student": student},
+        fingerprints={"data.sha256": data_sha256, "teacher.checkpoint_sha256": file_fingerprint(cfg.teacher.checkpoint),
+                      "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)})
+    signature.pop("optim.lr_schedule_steps")
+    return signature
+
+
+def load_student_and_teacher(cfg: OPDConfig):
+    """Both models and the shared tokenizer; they must agree on the vocabulary and fit ``max_total_len``."""
+    student, tokenizer = load_model(cfg.student, role="student")
+    teacher, teacher_tokenizer = load_model(cfg.teacher, role="teacher")
+    check_same_tokenizer(teacher_tokenizer, tokenizer)
+    sizes = [model.get_output_embeddings().weight.shape[0] for model in (teacher, student)]
+    if sizes[0] != sizes[1]:
+        raise UserError(f"teacher and student vocabulary sizes differ: {sizes[0]} vs {sizes[1]}")
+    for role, model in (("teacher", teacher), ("student", student)):
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit is not None and cfg.rollout.max_total_len > limit:
+            raise UserError(f"rollout.max_total_len={cfg.rollout.max_total_len} exceeds the {role}'s {limit} positions")
+    return student, teacher, tokenizer
+
+
+def distill_loss_step(student: torch.nn.Module, teacher: torch.nn.Module, episodes: list[Episode],
+                      batch: PackedBatch, settings: LossConfig, precision: Precision):
+    """One micro-batch: fp32 logits of the frozen teacher and of the student at exactly the student's target
+    tokens; returns (the T²-scaled KL summed over those targets, the student's weighted router loss or None).
+
+    A prompt prefix every episode shares runs once; a MoE student runs every token (its router loss averages
+    over all of them).
+    """
+    prefix = shared_prefix_length(episodes)
+    moe = router_aux_coef(student) is not None
+    with torch.no_grad(), precision.autocast():
+        teacher_logits, _ = logits_at_targets(teacher, batch, prefix)
+    with precision.autocast():
+        student_logits, output = logits_at_targets(student, batch, 0 if moe else prefix, router_logits=moe)
+    kl_sum = token_kl(student_logits, teacher_logits, settings).sum()
+    return kl_sum, router_loss(student, output, batch.attention_mask) if moe else None
 
 
 if __name__ == "__main__":

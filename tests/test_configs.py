@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -12,26 +13,33 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from opd.config import register_model_groups
+from opd.minimind.model import ModelSpec
 from tests.conftest import CONFIG_DIR, REPO_ROOT
+from tests.opd_helpers import entry_config
 
 GROUPS = {
     "regen": ("dataset", "server", "sampling"),
     "opd": ("teacher", "student", "sampling"),
+    "sft": ("model",),
     "evaluate": ("sampling",),
 }
 # Mandatory (???) values a user must give, per entrypoint and group option.
 REQUIRED = {
     "regen": ["dataset=sample"],
     "opd": ["data=agent.jsonl"],
-    "evaluate": ["data=heldout.jsonl"],
+    "sft": ["data=demonstrations.jsonl"],
+    "evaluate": ["data=heldout.jsonl", "+model@models.teacher=agent_768"],
 }
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    folder = "model" if group in ("teacher", "student") else group  # opd's teacher/student groups are configs/model/
+    return sorted(p.stem for p in (CONFIG_DIR / folder).glob("*.yaml"))
 
 
 def compose_config(config_name: str, overrides: list[str]):
+    register_model_groups()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
@@ -51,13 +59,36 @@ def test_every_group_option_composes(config_name, group, option):
     if group != "server":  # every preset of a group has the same keys, so overrides work on any of them
         assert set(block) == set(reference), f"{group}={option} keys differ from the default preset"
     assert OmegaConf.is_struct(cfg), "unknown keys must fail"
+    if config_name != "regen":  # every preset fills the entry's typed schema
+        entry_config(config_name, overrides)
+
+
+def test_no_config_file_is_a_byte_identical_twin_of_another():
+    contents: dict[bytes, str] = {}
+    for path in sorted(CONFIG_DIR.rglob("*.yaml")):
+        twin = contents.setdefault(path.read_bytes(), str(path.relative_to(CONFIG_DIR)))
+        assert twin == str(path.relative_to(CONFIG_DIR)), f"{path.relative_to(CONFIG_DIR)} repeats {twin}"
+
+
+@pytest.mark.parametrize("preset", options("model"))
+def test_one_model_preset_serves_every_entry(preset):
+    """The same file is opd's teacher, opd's student, sft's model, an evaluate model and the local server's model."""
+    reference = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "model" / f"{preset}.yaml"))
+    seen = [compose_config("opd", ["data=x", f"teacher={preset}"]).teacher,
+            compose_config("opd", ["data=x", f"student={preset}"]).student,
+            compose_config("sft", ["data=x", f"model={preset}"]).model,
+            compose_config("evaluate", ["data=x", f"+model@models.m={preset}"]).models.m,
+            compose_config("regen", ["dataset=sample", "server=local", f"model@server={preset}"]).server]
+    for block in seen:
+        assert {key: block[key] for key in reference if key != "tokenizer"} == {
+            key: value for key, value in reference.items() if key != "tokenizer"}
 
 
 def test_group_key_sets():
-    for group in ("teacher", "student"):
-        for option in options(group):
-            block = OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml")
-            assert {"checkpoint", "hidden_size", "num_hidden_layers", "use_moe", "tokenizer"} <= set(block)
+    for option in options("model"):
+        block = OmegaConf.load(CONFIG_DIR / "model" / f"{option}.yaml")
+        assert {"name", "checkpoint", "hidden_size", "num_hidden_layers", "tokenizer"} <= set(block)
+        assert set(block) <= {field.name for field in dataclasses.fields(ModelSpec)}
     for option in options("sampling"):
         block = OmegaConf.load(CONFIG_DIR / "sampling" / f"{option}.yaml")
         assert set(block) == set(OmegaConf.load(CONFIG_DIR / "sampling" / "server_default.yaml"))
@@ -75,12 +106,12 @@ def test_dataset_aliases_match_their_presets():
 
 
 def test_model_presets_follow_minimind_naming():
-    for group in ("teacher", "student"):
-        for option in options(group):
-            block = OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml")
-            if option != "tiny":
-                suffix = "_moe" if block.use_moe else ""
-                assert block.checkpoint.endswith(f"_{block.hidden_size}{suffix}.pth"), option
+    for option in options("model"):
+        block = OmegaConf.load(CONFIG_DIR / "model" / f"{option}.yaml")
+        assert block.name == option
+        if not option.startswith("tiny"):
+            suffix = "_moe" if block.use_moe else ""
+            assert block.checkpoint == f"out/{option}.pth" and option.endswith(f"_{block.hidden_size}{suffix}")
 
 
 def test_unknown_key_and_missing_required_value_fail():

@@ -8,13 +8,22 @@ import pytest
 import torch
 
 from opd.chat_format import ChatFormat, PromptTooLongError
-from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, STOP_REASONS, Episode, pack_episodes
-from opd.rollout import AgentRollout, RolloutLimits
-from opd.sampling import SamplingSettings, ScriptedSampler, TokenSampler
-from opd.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length
-from tests.opd_support import agent_record, call_text, encode, observation_text, tiny_model
+from opd.config import RolloutConfig, SamplingConfig
+from opd.episodes import (
+    ANSWER,
+    MAX_GEN_LEN,
+    MAX_TOTAL_LEN,
+    MAX_TURNS,
+    MIN_SHARED_PREFIX,
+    STOP_REASONS,
+    pack_episodes,
+    shared_prefix_length,
+)
+from opd.rollout import AgentRollout
+from opd.sampling import ScriptedSampler, TokenSampler
+from tests.opd_helpers import agent_record, call_text, encode, observation_text, tiny_model
 
-LIMITS = RolloutLimits(max_turns=3, max_gen_len=200, max_total_len=4096)
+LIMITS = RolloutConfig(max_turns=3, max_gen_len=200, max_total_len=4096, open_thinking=False)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +149,7 @@ def test_context_limits_keep_targets_and_never_truncate_the_prompt(tokenizer, ch
     scripts = {record.source: [turn, encode(tokenizer, "It is five.") + eos]}
 
     def run(max_total_len):
-        return scripted(student, chat_format, scripts, RolloutLimits(3, 120, max_total_len)).run([record])[0]
+        return scripted(student, chat_format, scripts, RolloutConfig(3, 120, max_total_len, open_thinking=False)).run([record])[0]
 
     full = run(prompt + 10)  # the context fills up mid-turn
     assert full.stop_reason == MAX_TOTAL_LEN and len(full.ids) == prompt + 10
@@ -178,8 +187,8 @@ def test_observation_context_follows_the_template_not_hard_coded_strings(tokeniz
 def test_greedy_batched_rollout_equals_one_episode_at_a_time(chat_format, student):
     records = [agent_record(f"g.jsonl:{i}", question) for i, question in
                enumerate(["Hi", "What is the exchange rate of the euro today, please?", "2+2"])]
-    greedy = TokenSampler(SamplingSettings(temperature=0.0), "cpu", seed=0)
-    rollout = AgentRollout(student, chat_format, greedy, RolloutLimits(2, 12, 4096))
+    greedy = TokenSampler(SamplingConfig(temperature=0.0), "cpu", seed=0)
+    rollout = AgentRollout(student, chat_format, greedy, RolloutConfig(2, 12, 4096, open_thinking=False))
     batched = rollout.run(records)
     assert [episode.ids for episode in batched] == [rollout.run([record])[0].ids for record in records]
 
@@ -188,8 +197,8 @@ def test_sampled_rollout_end_to_end(tokenizer, chat_format, student):
     records = [agent_record(f"s.jsonl:{i}", f"Question {i}?") for i in range(4)]
 
     def sample(seed):
-        sampler = TokenSampler(SamplingSettings(temperature=1.0, top_p=0.95, top_k=50), "cpu", seed=seed)
-        return AgentRollout(student, chat_format, sampler, RolloutLimits(2, 16, 4096)).run(records)
+        sampler = TokenSampler(SamplingConfig(temperature=1.0, top_p=0.95, top_k=50), "cpu", seed=seed)
+        return AgentRollout(student, chat_format, sampler, RolloutConfig(2, 16, 4096, open_thinking=False)).run(records)
 
     first, again, other = sample(7), sample(7), sample(8)
     assert [e.ids for e in first] == [e.ids for e in again]
@@ -206,52 +215,3 @@ def test_sampled_rollout_end_to_end(tokenizer, chat_format, student):
         targets = packed.input_ids[row, 1:][packed.target_mask[row]]
         expected = logprobs[row][packed.target_mask[row]].gather(1, targets[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(episode.logprobs), expected, atol=1e-4, rtol=0)
-
-
-def test_shared_prefix_length_stops_before_every_target():
-    record = agent_record("p.jsonl:1", "q")
-
-    def episode(ids, prompt_length):
-        return Episode(record, prompt_length, ids)
-
-    common = list(range(100, 140))
-    assert shared_prefix_length([episode(common + [1, 2], 42), episode(common + [3], 41)]) == 40
-    assert shared_prefix_length([episode(common + [1, 2], 42), episode(common + [1, 2, 5], 42)]) == 41
-    assert shared_prefix_length([episode(common[:35] + [1] * 10, 45), episode(common, 40)]) == 35
-    assert shared_prefix_length([episode(common[:20] + [1] * 20, 40), episode(common, 40)]) == 0
-    assert shared_prefix_length([episode(common, 40)]) == 0
-
-
-def test_sampling_distribution_against_hand_calculation():
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
-    base = torch.softmax(logits / 2, dim=-1)[0].tolist()  # temperature 2
-
-    def probs(**options):
-        return TokenSampler(SamplingSettings(**options), "cpu", seed=0).probabilities(logits)[0]
-
-    torch.testing.assert_close(probs(temperature=2.0), torch.tensor(base))
-    top2 = torch.tensor([base[0], base[1], 0, 0]) / (base[0] + base[1])
-    torch.testing.assert_close(probs(temperature=2.0, top_k=2), top2)
-    # top_p keeps the smallest prefix whose mass reaches top_p: base[0] < 0.5 <= base[0] + base[1]
-    assert base[0] < 0.5 <= base[0] + base[1]
-    torch.testing.assert_close(probs(temperature=2.0, top_p=0.5), torch.tensor([base[0], base[1], 0, 0]))
-    torch.testing.assert_close(probs(temperature=2.0, min_p=base[2] / base[0] + 1e-6),
-                               torch.tensor([base[0], base[1], 0, 0]))
-    sampler = TokenSampler(SamplingSettings(temperature=2.0, top_k=2), "cpu", seed=0)
-    drawn = torch.cat([sampler(logits.expand(500, 4), []) for _ in range(4)])
-    assert set(drawn.tolist()) == {0, 1} and 0.55 < (drawn == 0).float().mean() < 0.70  # p0 = 0.6225
-    assert TokenSampler(SamplingSettings(temperature=0.0), "cpu", 0)(torch.tensor([[0.1, 3.0, 2.0]]), []).tolist() == [1]
-
-
-def test_sampling_config_nulls_defaults_and_refusals():
-    nulls = dict.fromkeys(("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                           "frequency_penalty", "seed"))
-    assert SamplingSettings.from_config(nulls) == SamplingSettings(1.0, 1.0, 0, 0.0, None)
-    assert SamplingSettings.from_config(nulls | {"temperature": 0.6, "top_k": 20, "seed": 3}) == SamplingSettings(
-        0.6, 1.0, 20, 0.0, 3)
-    with pytest.raises(ValueError, match=r"sampling\.repetition_penalty, sampling\.frequency_penalty not implemented"):
-        SamplingSettings.from_config(nulls | {"repetition_penalty": 1.1, "frequency_penalty": 0.0})
-    for bad, message in (({"top_p": 0.0}, "top_p"), ({"top_k": -1}, "top_k"), ({"temperature": -1.0}, "temperature"),
-                         ({"min_p": 2.0}, "min_p")):
-        with pytest.raises(ValueError, match=message):
-            SamplingSettings.from_config(nulls | bad)

@@ -84,7 +84,7 @@ def test_local_command_serves_the_teacher_preset(tokenizer_path):
     assert (flags["--hidden-size"], flags["--num-hidden-layers"], flags["--port"]) == ("128", "2", "8011")
     assert flags["--served-model-name"] == "out/tiny/tiny_teacher.pth"
     assert flags["--parent-pid"] == str(os.getpid()) and flags["--tool-call-parser"] == "hermes"
-    other = regen_config("server=local", "teacher@server=agent_768_moe").server
+    other = regen_config("server=local", "model@server=agent_768_moe").server
     assert (other.checkpoint, other.hidden_size, other.use_moe) == ("out/agent_768_moe.pth", 768, True)
     assert "--use-moe" in local_command(other)
 

@@ -17,16 +17,24 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    DynamicCache,
+    PreTrainedModel,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from opd.atomic_write import atomic_write
+from opd.user_errors import UserError
 
 _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(UserError):
     """A checkpoint whose keys or shapes do not match the configured architecture."""
 
 
@@ -50,7 +58,7 @@ class MiniMindArch:
         values = {k: block[k] for k in names if k in block and block[k] is not None}
         missing = {"hidden_size", "num_hidden_layers"} - values.keys()
         if missing:
-            raise ValueError(f"model config lacks {sorted(missing)}")
+            raise UserError(f"model config lacks {sorted(missing)} (needed to build a native MiniMind checkpoint)")
         return cls(**values)
 
     @property
@@ -64,7 +72,7 @@ class MiniMindArch:
     def hf_config(self) -> Qwen3Config | Qwen3MoeConfig:
         """The transformers config that reproduces MiniMind-3 for these flags."""
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise UserError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
             )
         common = dict(
@@ -97,6 +105,31 @@ class MiniMindArch:
             mlp_only_layers=[],
             router_aux_loss_coef=5e-4,
         )
+
+
+@dataclass
+class ModelSpec:
+    """A teacher / student / model config block: the checkpoint, its tokenizer and the architecture flags.
+
+    ``checkpoint`` is a native MiniMind ``.pth`` (built from the flags, loaded strictly) or an HF model
+    folder / hub id (the flags are then unused). Flags left out are MiniMind-3's (``MiniMindArch``).
+    """
+
+    checkpoint: str
+    name: str = "model"
+    tokenizer: str | None = None  # null: the checkpoint's own (HF folders) or the entry's top-level tokenizer
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    use_moe: bool = MiniMindArch.use_moe
+    num_attention_heads: int = MiniMindArch.num_attention_heads
+    num_key_value_heads: int = MiniMindArch.num_key_value_heads
+    num_experts: int = MiniMindArch.num_experts
+    num_experts_per_tok: int = MiniMindArch.num_experts_per_tok
+    vocab_size: int = MiniMindArch.vocab_size
+
+    @property
+    def arch(self) -> MiniMindArch:
+        return MiniMindArch.from_config(vars(self))
 
 
 def build_model(arch: MiniMindArch) -> PreTrainedModel:
@@ -223,11 +256,11 @@ def read_native_state_dict(path: str | Path, *, role: str = "model") -> dict[str
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for corrupt / non-torch files
-        raise ValueError(f"{role} checkpoint {path} is not a readable torch state dict: {error}") from error
+        raise UserError(f"{role} checkpoint {path} is not a readable torch state dict: {error}") from error
     if isinstance(state, Mapping) and isinstance(state.get("model"), Mapping):
         state = state["model"]
     if not isinstance(state, Mapping):
-        raise ValueError(f"{role} checkpoint {path} holds a {type(state).__name__}, not a state dict")
+        raise UserError(f"{role} checkpoint {path} holds a {type(state).__name__}, not a state dict")
     return dict(state)
 
 
@@ -241,12 +274,15 @@ def load_native(path: str | Path, arch: MiniMindArch, *, role: str = "model") ->
     return model
 
 
+def native_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """``model``'s weights as a MiniMind inference state dict: MiniMind key names, fp16, on the CPU."""
+    return {k: v.detach().to("cpu", torch.float16).contiguous()
+            for k, v in to_native_state_dict(model.state_dict()).items()}
+
+
 def save_native(model: PreTrainedModel, path: str | Path) -> Path:
     """Write ``model`` as a MiniMind inference checkpoint (fp16 plain state dict), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    native = {k: v.detach().to("cpu", torch.float16).contiguous()
-              for k, v in to_native_state_dict(model.state_dict()).items()}
+    native = native_state_dict(model)
     return atomic_write(path, lambda stream: torch.save(native, stream))
 
 
@@ -275,26 +311,25 @@ def check_tokenizer_fits(tokenizer, model: PreTrainedModel, *, role: str = "mode
     model_vocab = model.get_input_embeddings().weight.shape[0]
     size = len(tokenizer)
     if size > model_vocab or (exact and size != model_vocab):
-        raise ValueError(
+        raise UserError(
             f"{role}: tokenizer has {size} tokens but the model's vocabulary is {model_vocab}; "
             "use the tokenizer the checkpoint was trained with"
         )
 
 
-def load_model(block: Mapping, *, role: str = "model"):
-    """Load a teacher/student config block: its model (fp32, CPU) and its tokenizer, checked against each other.
+def load_model(spec: ModelSpec, *, role: str = "model"):
+    """Load a model block: its model (fp32, CPU) and its tokenizer, checked against each other.
 
-    ``block.checkpoint`` is a native ``.pth`` (needs the architecture flags and ``block.tokenizer``) or an
-    HF folder / hub id (its own tokenizer unless ``block.tokenizer`` is set).
+    A native ``.pth`` needs the architecture flags and ``spec.tokenizer``; an HF folder / hub id uses its own
+    tokenizer unless ``spec.tokenizer`` is set.
     """
     from opd.minimind.tokenizer import load_tokenizer
 
-    checkpoint = block.get("checkpoint")
+    checkpoint, tokenizer_source = spec.checkpoint, spec.tokenizer
     if not checkpoint:
-        raise ValueError(f"{role}.checkpoint is not set")
-    tokenizer_source = block.get("tokenizer")
+        raise UserError(f"{role}.checkpoint is not set")
     if is_native_checkpoint(checkpoint):
-        model = load_native(checkpoint, MiniMindArch.from_config(block), role=role)
+        model = load_native(checkpoint, spec.arch, role=role)
         tokenizer = load_tokenizer(tokenizer_source, role=f"{role}.tokenizer")
         check_tokenizer_fits(tokenizer, model, role=role, exact=True)
     else:
@@ -319,3 +354,17 @@ def cache_keyword(model: torch.nn.Module) -> str:
             if name in parameters:
                 return name
     raise TypeError(f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`")
+
+
+def prefill_shared_prefix(model: torch.nn.Module, prefix_ids: list[int], rows: int) -> DynamicCache:
+    """A KV cache holding ``prefix_ids`` for ``rows`` identical rows, computed by one single-row forward.
+
+    The rows' later forwards on this cache compute what they would compute on their full sequences (under
+    autograd too: the repeated cache sums the rows' gradients back into the one prefix computation).
+    """
+    cache = DynamicCache(config=model.config)
+    device = next(model.parameters()).device
+    model(input_ids=torch.tensor([prefix_ids], device=device), use_cache=True, logits_to_keep=1,
+          **{cache_keyword(model): cache})
+    cache.batch_repeat_interleave(rows)
+    return cache

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from opd.user_errors import UserError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -42,13 +44,16 @@ def resolve_precision(device: str = "auto", dtype: str = "auto") -> Precision:
     """``device``: auto, cpu, cuda, cuda:N; ``dtype``: auto, float32, bfloat16, float16."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    resolved = torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}") from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device} but CUDA is not available")
+        raise UserError(f"device={device}, but CUDA is not available (use device=cpu or device=auto)")
     if dtype == "auto":
         dtype = "bfloat16" if resolved.type == "cuda" else "float32"
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise UserError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "float16" and resolved.type != "cuda":
-        raise ValueError("dtype=float16 needs CUDA (it trains with a gradient scaler); use float32 or bfloat16")
+        raise UserError("dtype=float16 needs CUDA (it trains with a gradient scaler); use float32 or bfloat16")
     return Precision(resolved, DTYPES[dtype])

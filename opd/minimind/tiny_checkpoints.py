@@ -2,8 +2,8 @@
 
     python -m opd.minimind.tiny_checkpoints --out out/tiny [--standin-tokenizer out/tiny/standin-tokenizer]
 
-The architectures come from configs/teacher/tiny.yaml and configs/student/tiny.yaml, so the files always
-match the ``tiny`` presets. Seeds are fixed: the same command writes the same weights.
+The architectures come from configs/model/tiny_teacher.yaml and tiny_student.yaml, so the files always
+match those presets. Seeds are fixed: the same command writes the same weights.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 def tiny_arch(role: str) -> MiniMindArch:
-    """The architecture of the ``tiny`` preset of ``role`` (teacher or student)."""
-    return MiniMindArch.from_config(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / role / "tiny.yaml")))
+    """The architecture of the ``tiny_{role}`` preset (role: teacher or student)."""
+    return MiniMindArch.from_config(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "model" / f"tiny_{role}.yaml")))
 
 
 def write_tiny_checkpoints(out_dir: str | Path, seed: int = 0) -> dict[str, Path]:

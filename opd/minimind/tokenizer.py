@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from opd.user_errors import UserError
+
 # Special and added tokens of MiniMind-3, in id order (ids 0..35). ``special`` follows the real
 # tokenizer: the tool/think markers are added tokens that survive ``skip_special_tokens``.
 MINIMIND_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
@@ -88,7 +90,7 @@ def load_tokenizer(name_or_path: str, *, role: str = "tokenizer"):
     from transformers import AutoTokenizer
 
     if not name_or_path:
-        raise ValueError(
+        raise UserError(
             f"{role} is not set: point it at a MiniMind tokenizer folder (the checkout's model/ folder) "
             "or a hub id, or set MINIMIND_TOKENIZER"
         )
@@ -99,9 +101,9 @@ def load_tokenizer(name_or_path: str, *, role: str = "tokenizer"):
     tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else text)
     missing = [name for name in ("eos_token_id", "pad_token_id") if getattr(tokenizer, name) is None]
     if missing:
-        raise ValueError(f"{role} {text}: tokenizer defines no {', '.join(missing)}")
+        raise UserError(f"{role} {text}: tokenizer defines no {', '.join(missing)}")
     if not tokenizer.chat_template:
-        raise ValueError(f"{role} {text}: tokenizer has no chat_template")
+        raise UserError(f"{role} {text}: tokenizer has no chat_template")
     return tokenizer
 
 
@@ -113,14 +115,14 @@ def check_same_tokenizer(first, second, first_name: str = "teacher", second_name
     if a != b:
         only_a = sorted(set(a.items()) - set(b.items()), key=lambda kv: kv[1])[:5]
         only_b = sorted(set(b.items()) - set(a.items()), key=lambda kv: kv[1])[:5]
-        raise ValueError(
+        raise UserError(
             f"{first_name} and {second_name} tokenizers differ (sizes {len(a)} vs {len(b)}); "
             f"first differing entries: {first_name} {only_a}, {second_name} {only_b}. "
             "Distillation needs one shared vocabulary."
         )
     for attribute in ("eos_token_id", "pad_token_id"):
         if getattr(first, attribute) != getattr(second, attribute):
-            raise ValueError(
+            raise UserError(
                 f"{first_name} and {second_name} tokenizers differ in {attribute}: "
                 f"{getattr(first, attribute)} vs {getattr(second, attribute)}"
             )

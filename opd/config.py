@@ -1,0 +1,278 @@
+"""The settings of opd's entries (train, sft, evaluate) as one typed schema, validated once at start.
+
+``parse_config(OPDConfig, cfg)`` merges the composed Hydra config into the dataclass schema — OmegaConf
+checks every value's type and refuses unknown or missing keys, naming the full key — and builds the
+objects, whose ``__post_init__`` checks ranges and choices. Every problem is a ``ConfigError`` naming the
+key; code deeper down takes these objects and does not check them again. Values come from the YAML files
+(``configs/``): the dataclasses hold no defaults of their own, except the model blocks' architecture flags
+(MiniMind-3's, from ``MiniMindArch``) and the sampling keys (null = not set).
+
+Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollout.AgentRollout``, ``sampling`` →
+``opd.sampling.TokenSampler``, ``loss`` → ``opd.loss.token_kl``, ``optim`` → ``opd.optimization.Optimization``,
+``teacher``/``student``/``model``/``models.NAME`` → ``opd.minimind.model.load_model``.
+
+Model presets live once, in ``configs/model/``; ``register_model_groups`` makes the same files opd's
+``teacher`` and ``student`` groups, so ``teacher=agent_768 student=full_sft_768`` picks from that folder.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from opd.minimind.model import ModelSpec
+from opd.minimind.precision import Precision, resolve_precision
+from opd.user_errors import UserError
+
+MODEL_PRESETS = Path(__file__).resolve().parents[1] / "configs" / "model"
+KL_DIRECTIONS = ("forward_kl", "reverse_kl")
+SCHEDULERS = ("constant", "linear", "cosine")
+MODES = ("on_policy", "offline")
+OFFLINE_SOURCES = ("dataset", "teacher_rollouts")
+# sampling keys the local rollout does not implement: refused by name when set, never silently ignored
+UNIMPLEMENTED_SAMPLING_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+
+Config = TypeVar("Config")
+
+
+class ConfigError(UserError):
+    """A setting that is missing, of the wrong type or out of range; the message names the key."""
+
+
+def register_model_groups() -> None:
+    """Store every preset of ``configs/model/`` in Hydra's config store as the groups ``teacher`` and ``student``."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for path in sorted(MODEL_PRESETS.glob("*.yaml")):
+        preset = OmegaConf.load(path)
+        for group in ("teacher", "student"):
+            store.store(group=group, name=path.stem, node=preset)
+
+
+def parse_config(schema: type[Config], cfg: DictConfig) -> Config:
+    """The composed config as ``schema``'s dataclasses, every value checked; raises ``ConfigError``."""
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
+    except OmegaConfBaseException as error:
+        message = str(error).splitlines()[0]
+        key = getattr(error, "full_key", None)
+        raise ConfigError(f"{key}: {message}" if key and key not in message else message) from None
+
+
+def _require(condition: bool, key: str, expected: str, value) -> None:
+    if not condition:
+        raise ConfigError(f"{key} must be {expected}, got {value!r}")
+
+
+def _check_count(key: str, value, minimum: int = 1, nullable: bool = False) -> None:
+    if nullable and value is None:
+        return
+    _require(value is not None and value >= minimum, key,
+             f"{'null or ' if nullable else ''}an integer >= {minimum}", value)
+
+
+def _check_choice(key: str, value, choices: tuple[str, ...]) -> None:
+    _require(value in choices, key, f"one of {', '.join(choices)}", value)
+
+
+class _Precision:
+    """The ``device`` and ``dtype`` keys of an entry, resolved (and so checked) by ``resolve_precision``."""
+
+    @property
+    def precision(self) -> Precision:
+        try:
+            return resolve_precision(self.device, self.dtype)
+        except UserError as error:
+            raise ConfigError(str(error)) from None
+
+
+@dataclass
+class SamplingConfig:
+    """How the local rollout picks each token; null keys mean "not set": temperature 1, top_p 1, top_k 0 (off),
+    min_p 0, i.e. the model's own distribution; temperature 0 is greedy (argmax)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        refused = [key for key in UNIMPLEMENTED_SAMPLING_KEYS if getattr(self, key) is not None]
+        if refused:
+            raise ConfigError(f"sampling.{', sampling.'.join(refused)}: not implemented by the local rollout; set "
+                              f"{'them' if len(refused) > 1 else 'it'} to null (implemented: temperature, top_p, "
+                              "top_k, min_p, seed)")
+        self.temperature = 1.0 if self.temperature is None else self.temperature
+        self.top_p = 1.0 if self.top_p is None else self.top_p
+        self.top_k = 0 if self.top_k is None else self.top_k
+        self.min_p = 0.0 if self.min_p is None else self.min_p
+        _require(math.isfinite(self.temperature) and self.temperature >= 0, "sampling.temperature",
+                 "a number >= 0 (0 = greedy)", self.temperature)
+        _require(0 < self.top_p <= 1, "sampling.top_p", "in (0, 1]", self.top_p)
+        _check_count("sampling.top_k", self.top_k, minimum=0)
+        _require(0 <= self.min_p <= 1, "sampling.min_p", "in [0, 1]", self.min_p)
+
+
+@dataclass
+class RolloutConfig:
+    """Episode limits and the chat template flag: what ``AgentRollout`` runs with."""
+
+    max_turns: int  # assistant turns per episode
+    max_gen_len: int  # generated tokens per turn
+    max_total_len: int  # prompt + turns + observations
+    open_thinking: bool  # passed to the chat template
+
+    def __post_init__(self) -> None:
+        for key in ("max_turns", "max_gen_len", "max_total_len"):
+            _check_count(f"rollout.{key}", getattr(self, key))
+
+
+@dataclass
+class LossConfig:
+    """The distillation divergence: ``temperature``²·KL in ``kl_direction`` between temperature-scaled softmaxes."""
+
+    kl_direction: str
+    temperature: float
+
+    def __post_init__(self) -> None:
+        _check_choice("loss.kl_direction", self.kl_direction, KL_DIRECTIONS)
+        _require(math.isfinite(self.temperature) and self.temperature > 0, "loss.temperature", "a number > 0",
+                 self.temperature)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW, its learning-rate schedule and gradient clipping."""
+
+    learning_rate: float
+    weight_decay: float
+    lr_scheduler: str
+    warmup_steps: int
+    lr_schedule_steps: int | None  # steps the schedule spans; null: the run's planned steps
+    grad_clip: float | None  # max gradient norm; null: none
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.learning_rate) and self.learning_rate > 0, "optim.learning_rate",
+                 "a positive number", self.learning_rate)
+        _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay",
+                 "a non-negative number", self.weight_decay)
+        _check_choice("optim.lr_scheduler", self.lr_scheduler, SCHEDULERS)
+        _check_count("optim.warmup_steps", self.warmup_steps, minimum=0)
+        _check_count("optim.lr_schedule_steps", self.lr_schedule_steps, nullable=True)
+        _require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", "null or > 0", self.grad_clip)
+
+
+@dataclass
+class OfflineConfig:
+    """The fixed-data baseline's sequences (``mode=offline``)."""
+
+    source: str  # dataset: the records' own assistant turns; teacher_rollouts: the teacher's episodes, cached
+    cache_dir: str
+
+    def __post_init__(self) -> None:
+        _check_choice("offline.source", self.source, OFFLINE_SOURCES)
+
+
+def _model_with_tokenizer(spec: ModelSpec, tokenizer: str | None) -> ModelSpec:
+    if spec.tokenizer is None:
+        spec.tokenizer = tokenizer
+    return spec
+
+
+@dataclass
+class TrainingRunConfig(_Precision):
+    """What every training entry shares: data, output folder and resume, device, and the step loop."""
+
+    tokenizer: str | None
+    data: str
+    out_dir: str
+    resume: str | None
+    overwrite: bool  # replace the checkpoints already in out_dir
+    device: str
+    dtype: str
+    seed: int
+    batch_size: int
+    accumulation_steps: int
+    epochs: int
+    max_steps: int | None
+    save_interval: int
+    optim: OptimConfig
+
+    def __post_init__(self) -> None:
+        self.precision  # noqa: B018 (resolving checks device and dtype)
+        for key in ("batch_size", "accumulation_steps", "epochs", "save_interval"):
+            _check_count(key, getattr(self, key))
+        _check_count("max_steps", self.max_steps, nullable=True)
+
+
+@dataclass
+class OPDConfig(TrainingRunConfig):
+    """``python opd/train.py``: on-policy distillation, or its fixed-data baseline (``mode=offline``)."""
+
+    teacher: ModelSpec
+    student: ModelSpec
+    sampling: SamplingConfig
+    rollout: RolloutConfig
+    loss: LossConfig
+    offline: OfflineConfig
+    mode: str
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_choice("mode", self.mode, MODES)
+        for spec in (self.teacher, self.student):
+            _model_with_tokenizer(spec, self.tokenizer)
+
+
+@dataclass
+class SFTConfig(TrainingRunConfig):
+    """``python opd/sft.py``: cross-entropy on demonstrations' assistant tokens."""
+
+    model: ModelSpec
+    from_scratch: bool  # a seeded random init of model's architecture instead of model.checkpoint
+    save_prefix: str
+    max_total_len: int
+    open_thinking: bool
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_count("max_total_len", self.max_total_len)
+        _model_with_tokenizer(self.model, self.tokenizer)
+
+
+@dataclass
+class EvalConfig(_Precision):
+    """``python opd/evaluate.py``: several checkpoints on held-out records with identical decoding and limits."""
+
+    sampling: SamplingConfig
+    rollout: RolloutConfig
+    models: dict[str, ModelSpec]
+    tokenizer: str | None
+    data: str
+    out_dir: str
+    device: str
+    dtype: str
+    seed: int
+    batch_size: int
+    isolate: bool  # each checkpoint in a fresh process (its own peak RSS on CPU)
+    chart: bool
+
+    def __post_init__(self) -> None:
+        self.precision  # noqa: B018 (resolving checks device and dtype)
+        _check_count("batch_size", self.batch_size)
+        _require(bool(self.models), "models", "a mapping of name -> model block (checkpoint and architecture flags)",
+                 self.models)
+        for name, spec in self.models.items():
+            _require(all(c.isalnum() or c in "_.-" for c in name), f"models.{name}",
+                     "named with letters, digits, '_', '-' and '.' only", name)
+            _model_with_tokenizer(spec, self.tokenizer)

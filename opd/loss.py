@@ -1,0 +1,92 @@
+"""The training losses on packed episodes: full-vocabulary distillation KL, cross-entropy, a MoE router loss.
+
+Logits are computed only at target positions (where some row trains) and always in fp32: the model body may
+run under bf16/fp16 autocast, but the output projection, the softmaxes and the divergence are fp32.
+
+``token_kl``: ``forward_kl`` is T²·KL(teacher_T ‖ student_T), ``reverse_kl`` is T²·KL(student_T ‖ teacher_T),
+both at the same (student-sampled) prefixes, where ``p_T = softmax(logits / T)`` (GKD-style). The teacher side
+is detached: gradients flow only into the student logits (sampled tokens are data: a semi-gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from opd.config import LossConfig
+from opd.episodes import PackedBatch
+from opd.minimind.model import cache_keyword, prefill_shared_prefix
+
+
+def target_positions(batch: PackedBatch) -> torch.Tensor:
+    """Positions whose logits some row trains: only these go through the vocabulary projection."""
+    return batch.target_mask.any(dim=0).nonzero().squeeze(1)
+
+
+def logits_at_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 0, *, router_logits: bool = False):
+    """fp32 logits at the batch's targets, ``[targets, vocab]``, and the model body's output.
+
+    With ``prefix`` > 0 the first ``prefix`` ids (identical in every row, before any target) run once.
+    ``router_logits`` asks a MoE body for its per-layer router logits (``output.router_logits``).
+    """
+    positions = target_positions(batch)
+    extra = {"output_router_logits": True} if router_logits else {}
+    if not prefix:
+        output = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **extra)
+    else:
+        rows, length = batch.input_ids.shape
+        cache = prefill_shared_prefix(model, batch.input_ids[0, :prefix].tolist(), rows)
+        suffix_positions = torch.arange(prefix, length, device=batch.input_ids.device).expand(rows, -1)
+        output = model.model(input_ids=batch.input_ids[:, prefix:], attention_mask=batch.attention_mask,
+                             position_ids=suffix_positions, use_cache=True, **{cache_keyword(model.model): cache}, **extra)
+    hidden = output.last_hidden_state[:, positions - prefix]
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = model.lm_head(hidden.float())
+    return logits[batch.target_mask[:, positions]], output
+
+
+def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, settings: LossConfig) -> torch.Tensor:
+    """Per-position T²-scaled KL for ``[..., vocab]`` logits; returns ``[...]`` in fp32."""
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student logits {tuple(student_logits.shape)} and teacher logits "
+                         f"{tuple(teacher_logits.shape)} differ in shape (vocabularies must match)")
+    temperature = settings.temperature
+    student = torch.log_softmax(student_logits.float() / temperature, dim=-1)
+    teacher = torch.log_softmax(teacher_logits.detach().float() / temperature, dim=-1)
+    if settings.kl_direction == "forward_kl":
+        kl = (teacher.exp() * (teacher - student)).sum(dim=-1)
+    else:
+        kl = (student.exp() * (student - teacher)).sum(dim=-1)
+    return kl * temperature**2
+
+
+def target_cross_entropy(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """Summed cross-entropy of the logits at the targets against the ids that follow them."""
+    labels = batch.input_ids[:, 1:][batch.target_mask]
+    return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+
+
+def router_aux_coef(model: torch.nn.Module) -> float | None:
+    """The router loss weight of a MoE model, None for a dense one."""
+    config = model.config
+    return getattr(config, "router_aux_loss_coef", None) if getattr(config, "num_experts", None) else None
+
+
+def router_loss(model: torch.nn.Module, output, attention_mask: torch.Tensor) -> torch.Tensor:
+    """MiniMind's router load-balancing loss of one forward of a MoE model, over its non-padding tokens.
+
+    Per MoE layer, as MiniMind-3's ``MOEFeedForward`` computes it: ``num_experts · Σ_e load_e · score_e ·
+    router_aux_loss_coef``, where ``score_e`` is the mean softmax router probability of expert ``e`` and
+    ``load_e`` the share of tokens whose top-k choice (per choice slot) is ``e``; summed over layers.
+    MiniMind averages over every token it is given (it trains on unpadded rows); here padding positions
+    (``attention_mask`` 0) are left out, so a padded batch gives what its unpadded rows would.
+    """
+    config = model.config
+    experts, top_k = config.num_experts, config.num_experts_per_tok
+    real = attention_mask.reshape(-1).bool()
+    total = torch.zeros((), device=attention_mask.device)
+    for layer_logits in output.router_logits:
+        scores = torch.softmax(layer_logits.float()[real], dim=-1)
+        chosen = torch.topk(scores, top_k, dim=-1).indices
+        load = torch.nn.functional.one_hot(chosen, experts).float().mean(0)  # [top_k, experts]
+        total = total + (load * scores.mean(0)).sum() * experts
+    return total * config.router_aux_loss_coef

@@ -1,0 +1,165 @@
+"""What the entries show and write: per-step training logs and run summaries, the evaluation's comparison table
+and its PNG chart (matplotlib, an optional extra)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from opd.atomic_write import atomic_write, atomic_write_json
+from opd.episodes import Episode
+
+
+def run_dir_of(out_dir: str) -> Path:
+    """Hydra's run directory under a Hydra entrypoint; ``out_dir`` when called without Hydra (tests)."""
+    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(out_dir)
+
+
+def episode_figures(episodes: list[Episode]) -> dict:
+    """What a step's episodes looked like: turns, tool calls and errors, generated tokens, truncation."""
+    return {
+        "mean_turns": sum(len(e.turns) for e in episodes) / len(episodes),
+        "tool_calls": sum(e.tool_calls for e in episodes), "tool_errors": sum(e.tool_errors for e in episodes),
+        "assistant_tokens": sum(e.assistant_tokens for e in episodes), "episodes": len(episodes),
+        "truncated_fraction": sum(e.truncated for e in episodes) / len(episodes),
+    }
+
+
+def run_summary(*, step: int, start_step: int, losses: list[float], tokens: int, wall: float, precision,
+                paths: tuple, run_dir: Path) -> dict:
+    """What a training run reports at its end (also written as JSON beside its run directory and checkpoints)."""
+    return {"steps": step, "steps_this_run": step - start_step, "final_loss": losses[-1] if losses else None,
+            "mean_loss": sum(losses) / len(losses) if losses else None, "assistant_tokens": tokens,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0, "wall_s": wall, "device": str(precision.device),
+            "dtype": precision.dtype_name, "weights": str(paths[0]) if paths[0] else None,
+            "resume_file": str(paths[1]) if paths[1] else None, "metrics": str(run_dir / "metrics.jsonl")}
+
+
+class TrainLog:
+    """Context manager around the step loop; ``metrics_path`` receives one JSON object per step."""
+
+    def __init__(self, metrics_path: Path, *, total_steps: int, start_step: int, console: Console | None = None,
+                 label: str = "opd"):
+        self.metrics_path = Path(metrics_path)
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        self.console = console or Console()
+        self.label = label
+        self.progress = Progress(
+            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}  {task.fields[tokens_per_s]} tok/s  turns {task.fields[turns]}  "
+                       "trunc {task.fields[truncated]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console)
+        self.task = self.progress.add_task("steps", total=total_steps, completed=start_step,
+                                           loss="-", tokens_per_s="-", turns="-", truncated="-")
+
+    def __enter__(self) -> TrainLog:
+        self._stream = self.metrics_path.open("a", encoding="utf-8")
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+        self._stream.close()
+
+    def step(self, metrics: dict) -> None:
+        """Record one optimizer step's metrics (a flat dict with at least the figures the bar shows)."""
+        self._stream.write(json.dumps(metrics) + "\n")
+        self._stream.flush()
+        self.progress.update(self.task, completed=metrics["step"], loss=f"{metrics['loss']:.4f}",
+                             tokens_per_s=f"{metrics['tokens_per_s']:.1f}", turns=f"{metrics['mean_turns']:.2f}",
+                             truncated=f"{metrics['truncated_fraction']:.2f}")
+        self.progress.console.print(
+            f"step {metrics['step']}  loss {metrics['loss']:.5f}  turns {metrics['mean_turns']:.2f}  "
+            f"calls {metrics['tool_calls']}  tokens {metrics['assistant_tokens']}  "
+            f"trunc {metrics['truncated_fraction']:.2f}  {metrics['tokens_per_s']:.1f} tok/s  lr {metrics['lr']:.3g}")
+
+    def summary(self, summary: dict, paths: list[Path]) -> None:
+        """Print the end-of-run summary as a two-column table and write it as JSON to each of ``paths``."""
+        table = Table(title=f"{self.label} summary", show_header=False)
+        for key, value in summary.items():
+            table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
+        self.console.print(table)
+        for path in paths:
+            atomic_write_json(path, summary)
+
+
+# (report key, column title, format)
+COLUMNS = (
+    ("accuracy", "accuracy", "{:.3f}"), ("tool_success_rate", "tool ok", "{:.3f}"),
+    ("tool_error_rate", "tool err", "{:.3f}"), ("truncation_rate", "truncated", "{:.3f}"),
+    ("mean_turns", "turns", "{:.2f}"), ("mean_assistant_tokens", "asst tok", "{:.1f}"),
+    ("tool_calls", "calls", "{}"), ("wall_s", "wall s", "{:.1f}"), ("peak_memory_mb", "peak MiB", "{:.0f}"),
+)
+RATES = (("accuracy", "accuracy"), ("tool_success_rate", "tool success"), ("tool_error_rate", "tool error"),
+         ("truncation_rate", "truncation"))
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def print_table(results: list[dict], console: Console | None = None, title: str = "evaluation") -> None:
+    """One row per checkpoint, one column per metric."""
+    table = Table(title=title)
+    table.add_column("checkpoint")
+    for _, header, _ in COLUMNS:
+        table.add_column(header, justify="right")
+    for result in results:
+        table.add_row(result["name"], *(_cell(result[key], fmt) for key, _, fmt in COLUMNS))
+    console = console or Console()
+    if not console.is_terminal:  # a log file gets every column unabridged
+        console.width = max(console.width, 140)
+    console.print(table)
+
+
+def require_matplotlib() -> None:
+    """Fail early, with the install command, when the chart is asked for but matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError("the chart needs matplotlib: pip install -e '.[chart]' (or set chart=false)") from None
+
+
+def write_chart(results: list[dict], path: str | Path, title: str = "held-out evaluation") -> Path:
+    """A PNG with the rates, mean assistant tokens and mean turns of each checkpoint side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [result["name"] for result in results]
+    figure, (rates, tokens, turns) = plt.subplots(1, 3, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3, 1.2, 1.2]})
+    width = 0.8 / len(RATES)
+    for offset, (key, label) in enumerate(RATES):
+        values = [result[key] or 0.0 for result in results]
+        bars = rates.bar([i + (offset - (len(RATES) - 1) / 2) * width for i in range(len(names))], values, width,
+                         label=label)
+        rates.bar_label(bars, labels=[_cell(result[key], "{:.2f}") for result in results], fontsize=7, padding=1)
+    rates.set_xticks(range(len(names)), names)
+    rates.set_ylim(0, 1.3)  # headroom: the legend sits above the 1.0 bars
+    rates.set_ylabel("share")
+    rates.legend(fontsize=8, ncols=len(RATES), loc="upper center")
+    for axis, key, label in ((tokens, "mean_assistant_tokens", "mean assistant tokens"), (turns, "mean_turns", "mean turns")):
+        bars = axis.bar(names, [result[key] for result in results], color="tab:gray")
+        axis.bar_label(bars, fmt="%.1f", fontsize=7)
+        axis.set_title(label, fontsize=10)
+        axis.tick_params(axis="x", labelrotation=30)
+    figure.suptitle(title)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda stream: figure.savefig(stream, format="png", dpi=120))
+    plt.close(figure)
+    return path

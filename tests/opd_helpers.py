@@ -1,0 +1,76 @@
+"""Helpers shared by the opd tests: tiny real-architecture models, tool-call text, hand-written template pieces."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from opd.agent_records import AgentRecord
+from opd.config import EvalConfig, OPDConfig, SFTConfig, parse_config, register_model_groups
+from opd.minimind.model import MiniMindArch, build_model
+from tools.mock_tools import tool_schemas
+
+TINY_STUDENT = MiniMindArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+TINY_TEACHER = MiniMindArch(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+# What MiniMind-3's template (and the stand-in's) puts between an assistant turn's EOS and the next turn,
+# written out by hand so the rollout's template-derived observation is checked independently.
+OBSERVATION_OPEN = "\n<|im_start|>user"
+OBSERVATION_CLOSE = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def tiny_model(arch: MiniMindArch = TINY_STUDENT, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(arch).eval()
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def call_text(name: str, **arguments) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def observation_text(*contents: str) -> str:
+    return OBSERVATION_OPEN + "".join(f"\n<tool_response>\n{c}\n</tool_response>" for c in contents) + OBSERVATION_CLOSE
+
+
+def agent_record(source: str, question: str, tools: list[str] | None = ("calculate_math",), *,
+                 names_only: bool = False) -> AgentRecord:
+    """A system + user prompt declaring ``tools`` (full schemas, or just their names to keep prompts short)."""
+    messages = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": question}]
+    schemas = [{"type": "function", "function": {"name": name}} for name in tools or ()] if names_only else (
+        tool_schemas(list(tools)) if tools else None)
+    return AgentRecord(messages=messages, tools=schemas or None, source=source)
+
+
+def write_agent_data(path, count: int) -> str:
+    """A JSONL file of ``count`` small arithmetic agent records."""
+    rows = [{"conversations": [
+        {"role": "system", "content": "You are a helpful assistant.", "tools": json.dumps(tool_schemas(["calculate_math"]))},
+        {"role": "user", "content": f"What is {i} times 7?"}, {"role": "assistant", "content": str(7 * i)}],
+        "gt": [str(7 * i)]} for i in range(count)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+SCHEMAS = {"opd": OPDConfig, "sft": SFTConfig, "evaluate": EvalConfig}
+
+
+def compose_config(config_name: str, overrides: list[str]):
+    """A config from ``configs/`` composed as the CLI would (fresh Hydra state each time)."""
+    from tests.conftest import CONFIG_DIR
+
+    register_model_groups()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def entry_config(config_name: str, overrides: list[str]):
+    """The typed settings an entry runs with: composed as the CLI would, then parsed and checked."""
+    return parse_config(SCHEMAS[config_name], compose_config(config_name, overrides))

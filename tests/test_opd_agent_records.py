@@ -1,0 +1,67 @@
+"""Agent records: both conversation keys, both tool locations and encodings, dropped answers, errors naming line and field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opd.agent_records import RecordError, load_agent_records
+from tools.mock_tools import tool_schemas
+
+
+def write_lines(path, rows) -> str:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return str(path)
+
+
+def test_records_read_tools_from_system_or_top_level(tmp_path):
+    schemas = tool_schemas(["calculate_math", "get_current_time"])
+    path = write_lines(tmp_path / "agent.jsonl", [
+        {"conversations": [{"role": "system", "content": "Be brief.", "tools": json.dumps(schemas)},
+                           {"role": "user", "content": "12*7?"}, {"role": "assistant", "content": "84"}],
+         "gt": ["84"]},
+        "",
+        {"messages": [{"role": "user", "content": "time?"}], "tools": schemas[1:]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
+                                                         "tool_calls": [{"name": "x", "arguments": {}}]},
+                      {"role": "tool", "content": "{}"}], "gt": "5"},
+    ])
+    records, sha = load_agent_records(path)
+    assert len(records) == 3 and len(sha) == 64
+    first, second, third = records
+    assert first.source == f"{path}:1" and third.source == f"{path}:4"
+    assert [m["role"] for m in first.messages] == ["system", "user"]  # trailing answer dropped
+    assert "tools" not in first.messages[0]
+    assert first.tools == schemas and first.declared_tools == {"calculate_math", "get_current_time"}
+    assert first.gt == ["84"]
+    assert second.tools == schemas[1:] and second.gt == []
+    assert third.tools is None and third.declared_tools == frozenset() and third.gt == ["5"]
+    assert [m["role"] for m in third.messages] == ["user", "assistant", "tool"]
+
+
+@pytest.mark.parametrize("row,message", [
+    ("{not json", ":2: invalid JSON"),
+    ([1, 2], ":2: expected a JSON object, got list"),
+    ({"messages": []}, ":2: needs a non-empty 'conversations' or 'messages' list"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, ":2: messages[0].role: 'robot' is not one of"),
+    ({"conversations": [{"role": "user", "content": 3}]}, ":2: conversations[0].content: expected a string, got int"),
+    ({"messages": [{"role": "user", "content": "q"}], "tools": "[{"}, ":2: tools: not valid JSON"),
+    ({"messages": [{"role": "user", "content": "q"}], "tools": {"name": "x"}}, ":2: tools: expected a list"),
+    ({"messages": [{"role": "system", "content": "s", "tools": [{"function": {}}]}, {"role": "user", "content": "q"}]},
+     ":2: messages[0].tools[0]: a tool needs a string 'name'"),
+    ({"messages": [{"role": "assistant", "content": "a"}]}, ":2: messages must end with a user or tool turn"),
+    ({"messages": [{"role": "user", "content": "q"}], "gt": {"a": 1}}, ":2: gt must be a string or a list"),
+])
+def test_bad_rows_name_file_line_and_field(tmp_path, row, message):
+    path = write_lines(tmp_path / "bad.jsonl", [{"messages": [{"role": "user", "content": "fine"}]}, row])
+    with pytest.raises(RecordError) as caught:
+        load_agent_records(path)
+    assert str(caught.value).startswith(path) and message in str(caught.value)
+
+
+def test_empty_file_and_missing_file(tmp_path):
+    with pytest.raises(RecordError, match="no records"):
+        load_agent_records(write_lines(tmp_path / "empty.jsonl", ["", "  "]))
+    with pytest.raises(FileNotFoundError, match="agent data file not found"):
+        load_agent_records(tmp_path / "absent.jsonl")

@@ -1,0 +1,115 @@
+"""opd/evaluate.py: deterministic per seed, held-out checks before any rollout, and the CLI end to end (two
+checkpoints, each in its own process, the table, the JSON report and the chart)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from opd.agent_records import RecordError
+from opd.config import EvalConfig, RolloutConfig, SamplingConfig
+from opd.evaluate import check_heldout, evaluate_checkpoint
+from opd.minimind.model import ModelSpec
+from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
+from opd.minimind.tokenizer import load_tokenizer
+from opd.synthetic_task import write_task
+from tests.conftest import REPO_ROOT
+from tests.opd_helpers import agent_record
+
+
+def model_override(name: str, checkpoint, role: str) -> str:
+    arch = tiny_arch(role)
+    return (f"+models.{name}={{checkpoint: '{checkpoint}', hidden_size: {arch.hidden_size}, "
+            f"num_hidden_layers: {arch.num_hidden_layers}, num_attention_heads: {arch.num_attention_heads}, "
+            f"num_key_value_heads: {arch.num_key_value_heads}}}")
+
+
+def test_evaluate_cli_compares_checkpoints(tmp_path, tokenizer_path):
+    checkpoints = write_tiny_checkpoints(tmp_path / "tiny")
+    data = write_task(tmp_path / "task", train=5, heldout=4, seed=4)["files"]["heldout_prompts"]
+    out = tmp_path / "eval"
+    result = subprocess.run(
+        [sys.executable, "opd/evaluate.py", f"data={data}", f"tokenizer={tokenizer_path}", f"out_dir={out}",
+         f"hydra.run.dir={tmp_path / 'run'}", "rollout.max_gen_len=8", "rollout.max_turns=2", "batch_size=2", "device=cpu",
+         model_override("small", checkpoints["student"], "student"),
+         model_override("large", checkpoints["teacher"], "teacher")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "evaluation.json").read_text())
+    assert [c["name"] for c in report["checkpoints"]] == ["small", "large"]
+    assert report["records"] == 4 and report["settings"]["sampling"]["temperature"] == 0.0
+    assert report["settings"]["isolate"] is True
+    for checkpoint in report["checkpoints"]:
+        assert checkpoint["episodes"] == 4 and 0.0 <= checkpoint["accuracy"] <= 1.0
+        assert checkpoint["peak_memory_kind"] == "process_peak_rss"
+        assert checkpoint["peak_memory_mb"] >= checkpoint["baseline_rss_mb"] > 0
+        assert checkpoint["mean_assistant_tokens"] > 0 and checkpoint["wall_s"] > 0
+        assert len((out / f"episodes_{checkpoint['name']}.jsonl").read_text().splitlines()) == 4
+    assert (out / "evaluation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "evaluation" in result.stdout and "small" in result.stdout and "large" in result.stdout
+
+
+def test_evaluate_cli_refuses_an_empty_model_list(tmp_path, tokenizer_path):
+    result = subprocess.run(
+        [sys.executable, "opd/evaluate.py", "data=x.jsonl", "models={}", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "error: models must be a mapping of name -> model block" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    checkpoints = write_tiny_checkpoints(root / "tiny")
+    files = write_task(root / "task", train=5, heldout=5, seed=2)["files"]
+    return root, checkpoints, files["heldout_prompts"]
+
+
+def settings(models: dict[str, ModelSpec], data, out_dir, *, temperature: float = 0.0, seed: int = 0) -> EvalConfig:
+    return EvalConfig(SamplingConfig(temperature=temperature), RolloutConfig(2, 12, 2048, open_thinking=False), models,
+                      tokenizer=None, data=str(data), out_dir=str(out_dir), device="cpu", dtype="float32", seed=seed,
+                      batch_size=2, isolate=False, chart=False)
+
+
+def block(checkpoint, tokenizer_path) -> ModelSpec:
+    return ModelSpec(checkpoint=str(checkpoint), tokenizer=str(tokenizer_path), **vars(tiny_arch("student")))
+
+
+def test_evaluation_is_deterministic_for_a_fixed_seed(heldout, tokenizer_path):
+    root, checkpoints, data = heldout
+    model = block(checkpoints["student"], tokenizer_path)
+    runs = {name: evaluate_checkpoint("student", model, settings({"student": model}, data, root / name,
+                                                                 temperature=1.0, seed=seed))
+            for name, seed in (("a", 7), ("b", 7), ("c", 8))}
+    episodes = {name: (root / name / "episodes_student.jsonl").read_text() for name in runs}
+    assert episodes["a"] == episodes["b"] != episodes["c"]
+    timing = ("load_s", "wall_s", "assistant_tokens_per_s", "baseline_rss_mb")
+    assert {k: v for k, v in runs["a"].items() if k not in timing} == {k: v for k, v in runs["b"].items() if k not in timing}
+    assert runs["a"]["episodes"] == 5 and runs["a"]["peak_memory_mb"] is None  # cpu, not isolated: not measured
+
+
+RECORDS = [replace(agent_record("h.jsonl:1", "What is 2+3?"), gt=["5"]), agent_record("h.jsonl:2", "And 3+4?")]
+
+
+def test_heldout_records_need_gt(heldout, tokenizer_path):
+    _, checkpoints, _ = heldout
+    blocks = {"student": block(checkpoints["student"], tokenizer_path)}
+    with pytest.raises(RecordError, match="h.jsonl:2: gt is required for evaluation"):
+        check_heldout(RECORDS, settings(blocks, "-", "-"))
+    check_heldout(RECORDS[:1], settings(blocks, "-", "-"))
+
+
+def test_models_must_share_one_tokenizer(heldout, tokenizer_path, tmp_path):
+    _, checkpoints, _ = heldout
+    other = load_tokenizer(str(tokenizer_path))
+    other.add_tokens(["<extra_token>"])
+    other.save_pretrained(tmp_path / "other-tokenizer")
+    blocks = {"student": block(checkpoints["student"], tokenizer_path),
+              "other": block(checkpoints["student"], tmp_path / "other-tokenizer")}
+    with pytest.raises(ValueError, match="student and other tokenizers differ"):
+        check_heldout(RECORDS[:1], settings(blocks, "-", "-"))
