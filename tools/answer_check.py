@@ -12,6 +12,8 @@ The definition is MiniMind's (jingyaogong/minimind ``trainer/train_agent.py`` at
 - An episode is **correct** when every ``gt`` item is found (an empty ``gt`` is vacuously correct).
 - The **final answer** is the text of the episode's last assistant turn after its first ``</think>`` (the
   whole text when there is none), and after its last ``</tool_call>`` when there is one, stripped.
+  MiniMind checks an episode only when it made tool calls, and counts an episode that used up its turns
+  while still calling tools as having an empty answer; applying those two rules is the caller's part.
 """
 
 from __future__ import annotations
