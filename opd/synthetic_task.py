@@ -2,19 +2,21 @@
 
     python -m opd.synthetic_task --out out/recipe/data --train 3000 --heldout 200 --seed 0
 
-Five kinds of problem: arithmetic (``calculate_math``), unit conversion (``unit_converter``), exchange
-rates (``get_exchange_rate``), weather in a made-up town (``get_current_weather``) and converting an amount
-of money, which takes two steps (the rate, then ``calculate_math`` on the amount times that rate). Every record declares
-the same four tools, so a batch shares its system prompt. A demonstration is the gold episode: the
-assistant's tool call(s), each tool's observation (exactly the observation text the rollout's mock-tool
-environment returns) and a final answer; ``gt`` holds the strings that answer must contain, taken from
-the tool results.
+Five kinds of problem, all inside MiniMind's tool world (``tools.mock_tools``): arithmetic
+(``calculate_math``), unit conversion (``unit_converter``, MiniMind's 8 unit pairs), exchange rates
+(``get_exchange_rate``, its 8 currency pairs), weather (``get_current_weather``, its 15 cities) and
+converting an amount of money, which takes two steps (the rate, then ``calculate_math`` on the amount times
+that rate). Every record declares the same four tools, so a batch shares its system prompt. A
+demonstration is the gold episode: the assistant's tool call(s), each tool's observation (exactly the
+observation text the rollout's mock-tool environment returns) and a final answer; ``gt`` holds the
+strings that answer must contain, as the observations render them (``"84"``, ``"62.1371"``, ``"28°C"``).
 
 Splits are disjoint by problem, not just by wording: each problem has a key (the expression; the value
-and units; the currency pair; the town; amount and pair) and a key belongs to the held-out split when a
-hash of it falls below ``heldout_share``. So a held-out town's weather or a held-out currency pair's rate
-is never seen in training. Held-out problems are distinct; the train split may repeat one (a repeat is
-one more example of a problem, never a leak).
+and units; the currency pair; the city; amount and pair) and a key belongs to the held-out split when a
+hash of it falls below ``heldout_share``. So a held-out city's weather or a held-out currency pair's rate
+is never asked in training (the pair's rate still appears in training amount problems). MiniMind's tables
+are small (at the default share 4 of the 15 cities and 1 of the 8 pairs are held out), so both splits
+repeat problems: a repeat is one more example of a problem, never a leak.
 
 Files written to ``--out``: ``train_demonstrations.jsonl`` (full conversations, for SFT and the
 fixed-data baseline), ``train_prompts.jsonl`` and ``heldout_prompts.jsonl`` (system + user turn and
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opd.atomic_write import atomic_write_json, atomic_write_text
-from tools.mock_tools import tool_schemas
+from tools.mock_tools import EXCHANGE_RATES, UNIT_FACTORS, WEATHER, tool_schemas
 from tools.tool_calls import ToolCall
 from tools.tool_environment import OK, execute_call
 
@@ -41,17 +43,9 @@ TASK_TOOLS = ("calculate_math", "unit_converter", "get_exchange_rate", "get_curr
 SYSTEM_PROMPT = "You are a helpful assistant. Use the tools to find the answer, then state it."
 SPLITS = ("train", "heldout")
 
-# weather is asked for generated town names (thousands of them), so a held-out place is one the model has
-# never seen and must copy from the question rather than recall
-TOWN_STARTS = ("Al", "Bel", "Cor", "Dun", "El", "Fal", "Gar", "Hol", "Ist", "Jor", "Kel", "Lin", "Mor", "Nor", "Ost",
-               "Pel", "Quin", "Ros", "Sel", "Tor", "Ul", "Ven", "Wes", "Yar", "Zen")
-TOWN_MIDDLES = ("a", "e", "i", "o", "an", "en", "in", "ar", "or", "el")
-TOWN_ENDS = ("burg", "ford", "ville", "stad", "ton", "haven", "field", "port", "dale", "mouth", "wick", "holm")
-CURRENCIES = ("USD", "CNY", "EUR", "GBP", "JPY", "AUD", "CAD", "CHF", "HKD", "SGD", "KRW", "INR")
-# unit pairs whose factors are exact, so results stay short (the converter rounds to 6 decimals)
-UNIT_PAIRS = (("km", "meters"), ("meters", "km"), ("meters", "cm"), ("cm", "meters"), ("kg", "grams"),
-              ("grams", "kg"), ("liters", "ml"), ("ml", "liters"), ("celsius", "fahrenheit"), ("feet", "inches"),
-              ("yards", "feet"))
+CITIES = tuple(WEATHER)
+CURRENCY_PAIRS = tuple(EXCHANGE_RATES)
+UNIT_PAIRS = tuple(tuple(pair.split("_")) for pair in UNIT_FACTORS)
 QUESTIONS = {
     "arithmetic": ("What is {expression}?", "Calculate {expression}.", "Please compute {expression} for me."),
     "unit": ("Convert {value} {source} to {target}.", "How many {target} is {value} {source}?",
@@ -97,28 +91,18 @@ def _draw_unit(rng: random.Random) -> tuple[tuple, dict]:
     return ("unit", value, source, target), {"value": value, "source": source, "target": target}
 
 
-def _currency_pair(rng: random.Random) -> tuple[str, str]:
-    source, target = rng.sample(CURRENCIES, 2)
-    return source, target
-
-
 def _draw_rate(rng: random.Random) -> tuple[tuple, dict]:
-    source, target = _currency_pair(rng)
+    source, target = rng.choice(CURRENCY_PAIRS)
     return ("rate", source, target), {"source": source, "target": target}
 
 
-def town_name(rng: random.Random) -> str:
-    """A made-up town name such as ``Kelanburg``."""
-    return rng.choice(TOWN_STARTS) + rng.choice(TOWN_MIDDLES) + rng.choice(TOWN_ENDS)
-
-
 def _draw_weather(rng: random.Random) -> tuple[tuple, dict]:
-    city = town_name(rng)
+    city = rng.choice(CITIES)
     return ("weather", city), {"city": city}
 
 
 def _draw_amount(rng: random.Random) -> tuple[tuple, dict]:
-    amount, (source, target) = rng.randint(2, 900), _currency_pair(rng)
+    amount, (source, target) = rng.randint(2, 900), rng.choice(CURRENCY_PAIRS)
     return ("amount", amount, source, target), {"amount": amount, "source": source, "target": target}
 
 
@@ -156,7 +140,7 @@ def solve(problem: Problem) -> tuple[list[dict], list[str]]:
     """The gold demonstration (assistant/tool messages, ending with the final answer) and the ``gt`` strings."""
     v, turns = problem.values, []
     if problem.kind == "arithmetic":
-        result = _number(_call("calculate_math", {"expression": v["expression"]}, turns)["result"])
+        result = _call("calculate_math", {"expression": v["expression"]}, turns)["result"]
         answer, gt = f"The result is {result}.", [result]
     elif problem.kind == "unit":
         arguments = {"value": v["value"], "from_unit": v["source"], "to_unit": v["target"]}
@@ -173,7 +157,7 @@ def solve(problem: Problem) -> tuple[list[dict], list[str]]:
     else:
         rate = _number(_call("get_exchange_rate", {"from_currency": v["source"], "to_currency": v["target"]},
                              turns)["rate"])
-        total = _number(_call("calculate_math", {"expression": f"{v['amount']} * {rate}"}, turns)["result"])
+        total = _call("calculate_math", {"expression": f"{v['amount']} * {rate}"}, turns)["result"]
         answer, gt = f"{v['amount']} {v['source']} is {total} {v['target']}.", [total]
     turns.append({"role": "assistant", "content": answer})
     return turns, gt
@@ -196,7 +180,7 @@ def kind_quotas(count: int, kinds: tuple[str, ...]) -> dict[str, int]:
 
 def generate_problems(counts: dict[str, int], *, seed: int, heldout_share: float = 0.2,
                       kinds: tuple[str, ...] = KINDS, max_draws: int | None = None) -> dict[str, list[Problem]]:
-    """Problems per split with kinds balanced; held-out problems distinct, no problem key in two splits."""
+    """Problems per split with kinds balanced and no problem key in two splits (a split may repeat a problem)."""
     if not 0 < heldout_share < 1:
         raise ValueError(f"heldout_share must be in (0, 1), got {heldout_share}")
     unknown = set(kinds) - set(KINDS)
@@ -205,7 +189,6 @@ def generate_problems(counts: dict[str, int], *, seed: int, heldout_share: float
     rng = random.Random(seed)
     quotas = {split: kind_quotas(count, kinds) for split, count in counts.items()}
     problems: dict[str, list[Problem]] = {split: [] for split in counts}
-    seen_heldout: set[str] = set()
     for _ in range(max_draws or 200 * (sum(counts.values()) + 10)):
         open_kinds = [kind for kind in kinds if any(quota[kind] for quota in quotas.values())]
         if not open_kinds:
@@ -214,15 +197,11 @@ def generate_problems(counts: dict[str, int], *, seed: int, heldout_share: float
         split = split_of(problem.key, heldout_share)
         if not quotas.get(split, {}).get(problem.kind):
             continue
-        if split == "heldout":
-            if problem.question in seen_heldout:
-                continue
-            seen_heldout.add(problem.question)
         problems[split].append(problem)
         quotas[split][problem.kind] -= 1
     short = {split: {kind: left for kind, left in quota.items() if left} for split, quota in quotas.items()}
-    raise ValueError(f"could not draw enough distinct problems (still missing {short}); ask for fewer or raise "
-                     "heldout_share")
+    raise ValueError(f"could not draw enough problems (still missing {short}): at heldout_share={heldout_share} "
+                     "no problem of that kind falls in that split; choose another heldout_share")
 
 
 def write_task(out_dir: str | Path, *, train: int, heldout: int, seed: int = 0, heldout_share: float = 0.2,
@@ -252,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the JSONL files")
     parser.add_argument("--train", type=int, default=3000, help="train records")
-    parser.add_argument("--heldout", type=int, default=200, help="held-out records (distinct problems)")
+    parser.add_argument("--heldout", type=int, default=200, help="held-out records")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heldout-share", type=float, default=0.2, help="share of problem keys held out")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}")

@@ -1,8 +1,17 @@
-"""Run the tool calls of one assistant turn against the tools a record declares; every failure is an observation.
+"""Run one assistant turn's tool calls against the tools a record declares; the observation is MiniMind's.
 
-A call is checked in order: it parsed (``ToolCall``), its tool is declared for the record, a mock
-implementation exists, its arguments pass the schema. A call that passes is executed; the outcome's
-``observation`` is the JSON text the next turn sees (the result, or ``{"error": ...}``).
+The observation a call gets is the one MiniMind's on-policy distillation inserts (jingyaogong/minimind
+``trainer/agent_opd_utils.py`` ``tool_observation``, public code index at 1855c78, running the tools of
+``trainer/train_agent.py`` at d65ef2c): ``json.dumps(result, ensure_ascii=False)`` cut to its first 2,048
+characters for a call that ran, and ``{"error": "unknown tool or invalid arguments"}`` for every other call.
+
+The status says why, for metrics (the checks run in this order): ``malformed`` (not a readable call, see
+``tools.tool_calls``), ``undeclared`` (the record does not declare the tool), ``unimplemented`` (declared,
+but MiniMind has no such mock tool), ``tool_error`` (the tool raised for these arguments, as MiniMind's
+would), ``ok``. One case differs from MiniMind on purpose: a result holding a non-finite float (a unit
+conversion of ``1e308``, a location given as ``NaN``) fails as ``tool_error``, because MiniMind's
+``json.dumps`` would write ``Infinity``/``NaN``, which is not JSON. MiniMind drops a malformed block
+without an observation; here it gets the error observation (whether it gets one is the rollout's choice).
 """
 
 from __future__ import annotations
@@ -11,18 +20,23 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from tools.argument_check import argument_errors
-from tools.mock_tools import IMPLEMENTATIONS, TOOL_SCHEMAS, ToolError
+from tools.mock_tools import IMPLEMENTATIONS, TOOL_FAILURES
 from tools.tool_calls import MalformedToolCall, ToolCall
 
+MAX_OBSERVATION_CHARS = 2048
+ERROR_OBSERVATION = json.dumps({"error": "unknown tool or invalid arguments"})
 # status values, in the order the checks run
-OK, MALFORMED, UNDECLARED, UNIMPLEMENTED, INVALID_ARGUMENTS, TOOL_ERROR = (
-    "ok", "malformed", "undeclared", "unimplemented", "invalid_arguments", "tool_error")
+OK, MALFORMED, UNDECLARED, UNIMPLEMENTED, TOOL_ERROR = "ok", "malformed", "undeclared", "unimplemented", "tool_error"
+
+
+def render_result(result: dict) -> str:
+    """A tool result as its observation text; ``ValueError`` when it holds NaN or an infinity."""
+    return json.dumps(result, ensure_ascii=False, allow_nan=False)[:MAX_OBSERVATION_CHARS]
 
 
 @dataclass(frozen=True)
 class CallOutcome:
-    """What became of one ``<tool_call>`` block."""
+    """What became of one ``<tool_call>`` block; ``detail`` explains a failure (for logs, not for the model)."""
 
     name: str | None
     status: str
@@ -32,14 +46,17 @@ class CallOutcome:
 
     @property
     def valid(self) -> bool:
-        """Parsed, declared, implemented and schema-valid (whether or not the tool then refused its values)."""
+        """Parsed, declared and implemented (whether or not the tool then failed on its arguments)."""
         return self.status in (OK, TOOL_ERROR)
 
     @property
     def observation(self) -> str:
-        """The tool message content for the next turn."""
-        payload = self.result if self.status == OK else {"error": self.detail}
-        return json.dumps(payload, ensure_ascii=False)
+        """The tool message content the next turn sees."""
+        if self.status != OK:
+            return ERROR_OBSERVATION
+        if self.result is None:
+            raise ValueError(f"the call of {self.name} was checked, not executed: it has no observation")
+        return render_result(self.result)
 
 
 def check_call(call: ToolCall | MalformedToolCall, declared: Collection[str]) -> CallOutcome:
@@ -48,12 +65,9 @@ def check_call(call: ToolCall | MalformedToolCall, declared: Collection[str]) ->
         return CallOutcome(None, MALFORMED, f"malformed tool call: {call.error}")
     if call.name not in declared:
         offered = ", ".join(sorted(declared)) or "none"
-        return CallOutcome(call.name, UNDECLARED, f"tool '{call.name}' is not available (declared: {offered})")
+        return CallOutcome(call.name, UNDECLARED, f"tool '{call.name}' is not declared (declared: {offered})")
     if call.name not in IMPLEMENTATIONS:
-        return CallOutcome(call.name, UNIMPLEMENTED, f"tool '{call.name}' has no implementation here")
-    errors = argument_errors(TOOL_SCHEMAS[call.name]["function"]["parameters"], call.arguments)
-    if errors:
-        return CallOutcome(call.name, INVALID_ARGUMENTS, f"invalid arguments for {call.name}: " + "; ".join(errors))
+        return CallOutcome(call.name, UNIMPLEMENTED, f"tool '{call.name}' is not one of MiniMind's mock tools")
     return CallOutcome(call.name, OK)
 
 
@@ -63,7 +77,9 @@ def execute_call(call: ToolCall | MalformedToolCall, declared: Collection[str]) 
     if outcome.status != OK:
         return outcome
     try:
-        result = IMPLEMENTATIONS[call.name](**call.arguments)
-    except ToolError as error:
-        return CallOutcome(call.name, TOOL_ERROR, f"{call.name}: {error}", executed=True)
+        result = IMPLEMENTATIONS[call.name](call.arguments)
+        render_result(result)  # a result holding NaN or an infinity fails here
+    except TOOL_FAILURES as error:
+        return CallOutcome(call.name, TOOL_ERROR, f"{call.name} failed: {type(error).__name__}: {error}",
+                           executed=True)
     return CallOutcome(call.name, OK, result=result, executed=True)
