@@ -90,5 +90,5 @@ def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
     if max_total_len is not None and len(episode.ids) > max_total_len:
         raise RecordError(f"{record.source}: the demonstration is {len(episode.ids)} tokens, over "
                           f"max_total_len={max_total_len} (fixed sequences are never truncated)")
-    episode.stop_reason = MAX_TURNS if episode.turns[-1].calls else ANSWER
+    episode.stop_reason = MAX_TURNS if any(call.answered for call in episode.turns[-1].calls) else ANSWER
     return episode

@@ -19,7 +19,9 @@ from rich.progress import (
 from rich.table import Table
 
 from opd.atomic_write import atomic_write, atomic_write_json
+from opd.chat_format import ChatFormat
 from opd.episodes import Episode
+from opd.scoring import score_episode
 
 
 def run_dir_of(out_dir: str) -> Path:
@@ -27,13 +29,16 @@ def run_dir_of(out_dir: str) -> Path:
     return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(out_dir)
 
 
-def episode_figures(episodes: list[Episode]) -> dict:
-    """What a step's episodes looked like: turns, tool calls and errors, generated tokens, truncation."""
+def episode_figures(episodes: list[Episode], chat_format: ChatFormat) -> dict:
+    """What a step's episodes looked like: turns, tool calls and errors, generated tokens, truncation, and the
+    share answered correctly (``opd.scoring``: MiniMind's answer check) among those whose record has ``gt``."""
+    graded = [score_episode(e, chat_format).correct for e in episodes if e.record.gt]
     return {
         "mean_turns": sum(len(e.turns) for e in episodes) / len(episodes),
         "tool_calls": sum(e.tool_calls for e in episodes), "tool_errors": sum(e.tool_errors for e in episodes),
         "assistant_tokens": sum(e.assistant_tokens for e in episodes), "episodes": len(episodes),
         "truncated_fraction": sum(e.truncated for e in episodes) / len(episodes),
+        "answer_accuracy": sum(graded) / len(graded) if graded else None,
     }
 
 
@@ -83,7 +88,8 @@ class TrainLog:
         self.progress.console.print(
             f"step {metrics['step']}  loss {metrics['loss']:.5f}  turns {metrics['mean_turns']:.2f}  "
             f"calls {metrics['tool_calls']}  tokens {metrics['assistant_tokens']}  "
-            f"trunc {metrics['truncated_fraction']:.2f}  {metrics['tokens_per_s']:.1f} tok/s  lr {metrics['lr']:.3g}")
+            f"trunc {metrics['truncated_fraction']:.2f}  {metrics['tokens_per_s']:.1f} tok/s  lr {metrics['lr']:.3g}"
+            + ("" if metrics.get("answer_accuracy") is None else f"  correct {metrics['answer_accuracy']:.2f}"))
 
     def summary(self, summary: dict, paths: list[Path]) -> None:
         """Print the end-of-run summary as a two-column table and write it as JSON to each of ``paths``."""

@@ -128,16 +128,17 @@ class AgentRollout:
     def _end_turn(self, row: _Row) -> None:
         episode, record = row.episode, row.episode.record
         turn = episode.turns[-1]
-        _, calls = split_tool_calls(self.chat_format.decode(episode.ids[turn.start:turn.end]))
-        if not calls:
+        _, blocks = split_tool_calls(self.chat_format.decode(episode.ids[turn.start:turn.end]))
+        last_turn = len(episode.turns) >= self.limits.max_turns
+        turn.calls = [(check_call if last_turn else execute_call)(block, record.declared_tools) for block in blocks]
+        answered = [outcome for outcome in turn.calls if outcome.answered]
+        if not answered:  # no calls (blocks that are not JSON objects are not calls, as in MiniMind)
             episode.stop_reason = ANSWER
             return
-        if len(episode.turns) >= self.limits.max_turns:
-            turn.calls = [check_call(call, record.declared_tools) for call in calls]
+        if last_turn:
             episode.stop_reason = MAX_TURNS
             return
-        turn.calls = [execute_call(call, record.declared_tools) for call in calls]
-        observation = self.chat_format.observation_ids(record, [outcome.observation for outcome in turn.calls])
+        observation = self.chat_format.observation_ids(record, [outcome.observation for outcome in answered])
         if len(episode.ids) + len(observation) >= self.limits.max_total_len:
             episode.stop_reason = MAX_TOTAL_LEN
             return

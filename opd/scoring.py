@@ -1,15 +1,19 @@
 """Scoring finished agent episodes against ``gt``: the evaluation metrics and their exact definitions.
 
-- **final answer**: the content of the episode's last assistant turn with think blocks and tool-call markup
-  removed (special tokens dropped), but only when the episode ended with an answer (a turn without tool
-  calls). An episode stopped by a limit (``max_turns``, ``max_gen_len``, ``max_total_len``) has no final
-  answer.
-- **accuracy**: share of episodes whose final answer contains every ``gt`` string (case-sensitive
-  substring match); no final answer is wrong.
-- **tool success rate**: share of all tool calls that parse, name a tool the record declares and pass the
-  argument checks (status ``ok`` or ``tool_error``: a well-formed call whose values the tool refused).
-- **tool error rate**: share of all tool calls whose observation was an error (every status but ``ok``).
-  A well-formed call the tool refuses (``1/0``, an unknown currency) counts in both rates.
+- **final answer**: MiniMind's (``tools.answer_check.final_answer``): the text of the episode's last assistant
+  turn after its first ``</think>`` and after its last ``</tool_call>``, stripped — only when the episode
+  ended with an answer (a turn without calls). An episode stopped by a limit (``rollout.max_turns``,
+  ``max_gen_len``, ``max_total_len``) has none.
+- **accuracy**: share of episodes whose final answer holds every ``gt`` item as MiniMind's
+  ``validate_gt_in_text`` finds it (``tools.answer_check``: case-insensitive substring, or a number within
+  1e-6 of a free-standing number of the answer, commas ignored); no final answer is wrong.
+- **tool calls**: every ``<tool_call>`` block of every turn, also blocks that are not calls to MiniMind
+  (``not_a_call``: not a closed JSON object; they get no observation).
+- **tool success rate**: share of tool calls that name a tool the record declares and MiniMind implements,
+  with readable arguments (status ``ok``, or ``tool_error``: the tool failed on those values).
+- **tool error rate**: share of tool calls that did not return a result (every status but ``ok``).
+  A call the tool fails on (``1/0``) counts in both rates.
+- **recovery rate**: of the episodes with at least one tool error, the share that still ended correct.
 - **truncation rate**: share of episodes that did not end with an answer.
 - **mean turns** / **mean assistant tokens**: assistant turns / generated tokens (each turn's EOS
   included) per episode.
@@ -19,16 +23,13 @@ Calls in a last allowed turn (``max_turns`` reached) are checked but not run; th
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 from opd.chat_format import ChatFormat
 from opd.episodes import ANSWER, STOP_REASONS, Episode
-from tools.tool_calls import split_tool_calls
+from tools.answer_check import answer_is_correct, final_answer
 from tools.tool_environment import OK, TOOL_ERROR
-
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -56,26 +57,19 @@ class EpisodeScore:
         return sum(status != OK for status in self.call_statuses)
 
 
-def answer_text(text: str) -> str:
-    """Assistant turn text without think blocks and without ``<tool_call>`` blocks, stripped."""
-    content, _ = split_tool_calls(_THINK.sub("", text))
-    return content.strip()
-
-
-def final_answer(episode: Episode, chat_format: ChatFormat) -> str | None:
+def episode_answer(episode: Episode, chat_format: ChatFormat) -> str | None:
     """The final answer (see the module doc), or None when the episode did not end with one."""
     if episode.stop_reason != ANSWER:
         return None
-    return answer_text(chat_format.decode(episode.turn_ids(len(episode.turns) - 1)))
+    return final_answer(chat_format.decode(episode.turn_ids(len(episode.turns) - 1)))
 
 
 def score_episode(episode: Episode, chat_format: ChatFormat) -> EpisodeScore:
     """Score one finished episode against its record's ``gt``."""
-    answer = final_answer(episode, chat_format)
-    gt = episode.record.gt
+    answer = episode_answer(episode, chat_format)
     return EpisodeScore(
         source=episode.record.source, stop_reason=episode.stop_reason, final_answer=answer,
-        correct=answer is not None and all(item in answer for item in gt), turns=len(episode.turns),
+        correct=answer is not None and answer_is_correct(answer, episode.record.gt), turns=len(episode.turns),
         assistant_tokens=episode.assistant_tokens,
         call_statuses=[call.status for turn in episode.turns for call in turn.calls])
 
@@ -85,17 +79,19 @@ def _share(part: int, whole: int) -> float | None:
 
 
 def aggregate(scores: list[EpisodeScore]) -> dict:
-    """The metrics of a set of scored episodes (rates over no calls are None)."""
+    """The metrics of a set of scored episodes (rates over no calls, or no failed calls, are None)."""
     if not scores:
         raise ValueError("no episodes to aggregate")
     episodes, calls = len(scores), sum(score.calls for score in scores)
     stops = Counter(score.stop_reason for score in scores)
+    failed = [score for score in scores if score.error_calls]
     return {
         "episodes": episodes,
         "accuracy": sum(score.correct for score in scores) / episodes,
         "tool_calls": calls,
         "tool_success_rate": _share(sum(score.successful_calls for score in scores), calls),
         "tool_error_rate": _share(sum(score.error_calls for score in scores), calls),
+        "recovery_rate": _share(sum(score.correct for score in failed), len(failed)),
         "truncation_rate": (episodes - stops[ANSWER]) / episodes,
         "mean_turns": sum(score.turns for score in scores) / episodes,
         "mean_assistant_tokens": sum(score.assistant_tokens for score in scores) / episodes,

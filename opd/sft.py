@@ -99,7 +99,7 @@ def train(cfg: SFTConfig) -> dict:
             # --- optimizer step, log, checkpoint
             lr, grad_norm = optimization.lr, optimization.step()
             step, cursor = window.step, window.next_cursor
-            figures = episode_figures([episode for batch in micro_batches for episode in batch])
+            figures = episode_figures([episode for batch in micro_batches for episode in batch], chat_format)
             elapsed = time.perf_counter() - began
             log.step({"step": step, "epoch": window.epoch, "loss": cross_entropy + aux, "cross_entropy": cross_entropy,
                       "aux_loss": aux, "grad_norm": grad_norm, "target_tokens": targets, **figures,

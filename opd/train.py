@@ -117,7 +117,7 @@ def train(cfg: OPDConfig) -> dict:
             lr, grad_norm = optimization.lr, optimization.step()
             step, cursor = window.step, window.next_cursor
             episodes = [episode for batch in micro_batches for episode in batch]
-            figures = episode_figures(episodes)
+            figures = episode_figures(episodes, chat_format)
             log.step({"step": step, "epoch": window.epoch, "loss": kl + aux, "kl": kl, "aux_loss": aux,
                       "grad_norm": grad_norm, "target_tokens": targets, **figures,
                       "tokens_per_s": figures["assistant_tokens"] / (time.perf_counter() - began), "lr": lr,

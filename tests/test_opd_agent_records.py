@@ -65,3 +65,29 @@ def test_empty_file_and_missing_file(tmp_path):
         load_agent_records(write_lines(tmp_path / "empty.jsonl", ["", "  "]))
     with pytest.raises(FileNotFoundError, match="agent data file not found"):
         load_agent_records(tmp_path / "absent.jsonl")
+
+
+# agent_rl.jsonl as MiniMind's AgentRLDataset reads it (trainer/train_agent.py, dataset/lm_dataset.py at d65ef2c):
+# tools as a JSON string in the system message, Chinese text, gt from its tool world, a last message it drops
+MINIMIND_ROWS = [
+    {"conversations": [
+        {"role": "system", "content": "你是一个智能助手，可以调用工具来回答问题。",
+         "tools": json.dumps(tool_schemas(["get_current_weather", "get_current_time"]), ensure_ascii=False)},
+        {"role": "user", "content": "北京现在天气怎么样？"},
+        {"role": "assistant", "content": ""}], "gt": ["28°C", "晴"]},
+    {"conversations": [
+        {"role": "system", "content": "你是一个智能助手。",
+         "tools": json.dumps(tool_schemas(["calculate_math", "get_exchange_rate"]), ensure_ascii=False)},
+        {"role": "user", "content": "100美元能换多少人民币？"},
+        {"role": "assistant", "content": "100美元约合721元人民币。"}], "gt": ["721"]},
+]
+
+
+def test_minimind_agent_rl_rows_load_as_minimind_reads_them(tmp_path):
+    path = write_lines(tmp_path / "agent_rl.jsonl", [json.dumps(row, ensure_ascii=False) for row in MINIMIND_ROWS])
+    records, _ = load_agent_records(path)
+    assert [[m["role"] for m in r.messages] for r in records] == [["system", "user"], ["system", "user"]]
+    assert records[0].messages[1]["content"] == "北京现在天气怎么样？" and "tools" not in records[0].messages[0]
+    assert records[0].declared_tools == {"get_current_weather", "get_current_time"}
+    assert records[0].tools == tool_schemas(["get_current_weather", "get_current_time"])
+    assert records[0].gt == ["28°C", "晴"] and records[1].gt == ["721"]

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from opd.agent_records import RecordError
+from opd.agent_records import RecordError, load_agent_records
 from opd.config import EvalConfig, RolloutConfig, SamplingConfig
-from opd.evaluate import check_heldout, evaluate_checkpoint
+from opd.evaluate import check_heldout, evaluate, evaluate_checkpoint
 from opd.minimind.model import ModelSpec
 from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from opd.minimind.tokenizer import load_tokenizer
@@ -113,3 +113,35 @@ def test_models_must_share_one_tokenizer(heldout, tokenizer_path, tmp_path):
               "other": block(checkpoints["student"], tmp_path / "other-tokenizer")}
     with pytest.raises(ValueError, match="student and other tokenizers differ"):
         check_heldout(RECORDS[:1], settings(blocks, "-", "-"))
+
+
+def test_minimind_agent_rl_rows_roll_out_and_evaluate(tmp_path, tokenizer, tokenizer_path):
+    """MiniMind-shaped agent_rl rows: observations from its tool world, its answer check, the evaluate entry."""
+    from opd.chat_format import ChatFormat
+    from opd.rollout import AgentRollout
+    from opd.sampling import ScriptedSampler
+    from opd.scoring import score_episode
+    from tests.opd_helpers import call_text, encode, tiny_model
+    from tests.test_opd_agent_records import MINIMIND_ROWS
+
+    data = tmp_path / "agent_rl.jsonl"
+    data.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in MINIMIND_ROWS), encoding="utf-8")
+    records, _ = load_agent_records(data)
+    eos = [tokenizer.eos_token_id]
+    scripts = {
+        records[0].source: [encode(tokenizer, call_text("get_current_weather", location="北京")) + eos,
+                            encode(tokenizer, "北京现在28°C，晴。") + eos],
+        records[1].source: [encode(tokenizer, call_text("get_exchange_rate", from_currency="USD", to_currency="CNY")) + eos,
+                            encode(tokenizer, call_text("calculate_math", expression="100*7.21")) + eos,
+                            encode(tokenizer, "100美元约合721元人民币。") + eos],
+    }
+    chat_format = ChatFormat(tokenizer)
+    episodes = AgentRollout(tiny_model(), chat_format, ScriptedSampler(scripts),
+                            RolloutConfig(3, 64, 2048, open_thinking=False)).run(records)
+    observations = [chat_format.decode(e.ids[t.end:t.observation_end]) for e in episodes for t in e.turns
+                    if t.observation_end]
+    assert '{"from": "USD", "to": "CNY", "rate": 7.21}' in observations[1] and '{"result": "721.0"}' in observations[2]
+    assert [score_episode(e, chat_format).correct for e in episodes] == [True, True]
+    checkpoints = write_tiny_checkpoints(tmp_path / "tiny")
+    report = evaluate(settings({"student": block(checkpoints["student"], tokenizer_path)}, data, tmp_path / "eval"))
+    assert report["records"] == 2 and report["checkpoints"][0]["episodes"] == 2

@@ -97,7 +97,7 @@ def test_scripted_episodes_match_hand_built_ids_and_masks(tokenizer, chat_format
          .observation('{"datetime": "2025-03-07 15:30:00", "timezone": "Asia/Tokyo"}',
                       '{"error": "unknown tool or invalid arguments"}')
          .turn(bad_calls + eos)
-         .observation('{"error": "unknown tool or invalid arguments"}', '{"error": "unknown tool or invalid arguments"}')
+         .observation('{"error": "unknown tool or invalid arguments"}')  # "{bad json}" is not a call: no message
          .turn(t("Done.") + eos))
     c = (Expected(tokenizer, records[2]).turn(again + eos).observation('{"result": "2"}').turn(again + eos)
          .observation('{"result": "2"}').turn(again + eos))
@@ -112,7 +112,7 @@ def test_scripted_episodes_match_hand_built_ids_and_masks(tokenizer, chat_format
     assert [ep.tool_calls for ep in episodes] == [1, 4, 3, 0, 0]
     assert [ep.tool_errors for ep in episodes] == [0, 3, 0, 0, 0]
     assert [[c.status for c in turn.calls] for turn in episodes[1].turns] == [
-        ["ok", "tool_error"], ["malformed", "undeclared"], []]
+        ["ok", "tool_error"], ["not_a_call", "undeclared"], []]
     assert [c.executed for turn in episodes[2].turns for c in turn.calls] == [True, True, False]
     assert episodes[0].turn_ids(1) == t("It is 5.") + eos
 

@@ -19,6 +19,7 @@ from tools.tool_environment import (
     ERROR_OBSERVATION,
     MALFORMED,
     MAX_OBSERVATION_CHARS,
+    NOT_A_CALL,
     OK,
     TOOL_ERROR,
     UNDECLARED,
@@ -47,8 +48,11 @@ def test_every_failure_is_the_error_observation_with_its_own_status():
             '<tool_call>{"name": "calculate_math", "arguments": {"expression": "2')
     outcomes = [execute_call(call, declared) for call in split_tool_calls(text)[1]]
     assert [o.status for o in outcomes] == [OK, TOOL_ERROR, UNDECLARED, UNIMPLEMENTED, TOOL_ERROR, MALFORMED,
-                                            MALFORMED, MALFORMED]
-    assert [o.observation for o in outcomes] == ['{"result": "42"}'] + [ERROR_OBSERVATION] * 7
+                                            NOT_A_CALL, NOT_A_CALL]
+    assert [o.answered for o in outcomes] == [True] * 6 + [False] * 2  # MiniMind reads the last two as no call
+    assert [o.observation for o in outcomes[:6]] == ['{"result": "42"}'] + [ERROR_OBSERVATION] * 5
+    with pytest.raises(ValueError, match="not a call gets no observation"):
+        _ = outcomes[6].observation
     assert [o.valid for o in outcomes] == [True, True, False, False, True, False, False, False]
     assert [o.executed for o in outcomes] == [True, True, False, False, True, False, False, False]
     assert outcomes[1].detail == "calculate_math failed: CalculationError: ZeroDivisionError: division by zero"
@@ -56,7 +60,8 @@ def test_every_failure_is_the_error_observation_with_its_own_status():
                                   "unit_converter)")
     assert outcomes[3].detail == "tool 'search_web' is not one of MiniMind's mock tools"
     assert outcomes[4].detail == "unit_converter failed: ValueError: could not convert string to float: 'three'"
-    assert outcomes[7].detail == "malformed tool call: unterminated <tool_call> block"
+    assert outcomes[5].detail.startswith("malformed tool call: 'arguments' is a string that is not JSON")
+    assert outcomes[7].detail == "not a call: unterminated <tool_call> block"
 
 
 def test_no_tool_is_declared_for_a_record_without_tools():
@@ -104,7 +109,8 @@ def test_check_call_validates_without_executing():
     assert (outcome.status, outcome.executed, outcome.result) == (OK, False, None)
     with pytest.raises(ValueError, match="checked, not executed"):
         _ = outcome.observation
-    assert check_call(MalformedToolCall("x", "unterminated <tool_call> block"), ALL).status == MALFORMED
+    assert check_call(MalformedToolCall("x", "unterminated <tool_call> block"), ALL).status == NOT_A_CALL
+    assert check_call(MalformedToolCall("{}", "call has no string 'name'", is_object=True), ALL).status == MALFORMED
     assert check_call(ToolCall("search_web", {}), {"search_web"}).status == UNIMPLEMENTED
 
 
@@ -123,5 +129,5 @@ def test_hostile_turn_never_raises():
             '<tool_call>{"name": "calculate_math", "arguments": {"expression": "(10**4000)*(10**4000)"}}</tool_call>'
             '<tool_call>{"name": "unit_converter", "arguments": {"value": ' + "9" * 400 + "}}</tool_call>")
     outcomes = [execute_call(call, ALL) for call in split_tool_calls(text)[1]]
-    assert [o.status for o in outcomes] == [MALFORMED] + [TOOL_ERROR] * 5
-    assert {o.observation for o in outcomes} == {ERROR_OBSERVATION}
+    assert [o.status for o in outcomes] == [NOT_A_CALL] + [TOOL_ERROR] * 5
+    assert {o.observation for o in outcomes[1:]} == {ERROR_OBSERVATION}

@@ -4,8 +4,9 @@
     python -m tools '{"name": "calculate_math", "arguments": {"expression": "2^10"}}' --declared calculate_math
 
 The argument is the JSON text of a ``<tool_call>`` block; the output is one line, the observation string
-itself (MiniMind's error observation for a call that is malformed, undeclared or fails). Exit status 0
-for any call text; 2 with a usage message when the command itself is misused.
+itself (MiniMind's error observation for a call that is malformed, undeclared or fails). Text that is not a
+JSON object is no call to MiniMind and gets no observation: nothing is printed on stdout, and a note says
+so on stderr. Exit status 0 for any call text; 2 with a usage message when the command itself is misused.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--declared", type=declared_names, default=frozenset(TOOL_SCHEMAS), metavar="NAME,NAME",
                         help="the tools the record declares (default: all six)")
     args = parser.parse_args(argv)
-    print(execute_call(parse_call_payload(args.call), args.declared).observation)
+    outcome = execute_call(parse_call_payload(args.call), args.declared)
+    if outcome.answered:
+        print(outcome.observation)
+    else:
+        print(f"no observation: MiniMind does not read this as a call ({outcome.detail})", file=sys.stderr)
     return 0
 
 

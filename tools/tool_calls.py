@@ -12,7 +12,9 @@ A call is well-formed when that gives a JSON object with a non-empty string ``na
 arguments. Everything else is a ``MalformedToolCall``: text that is not JSON, JSON that is not an object,
 no string name, arguments that are not (or do not decode to) an object, an unterminated last block
 (generation cut off), and JSON nested deeper than ``MAX_JSON_DEPTH`` (refused before parsing, so no
-``RecursionError``).
+``RecursionError``). ``MalformedToolCall.is_object`` tells the two kinds MiniMind treats differently: a
+closed block holding a JSON object is a call to MiniMind (answered with its error observation), anything
+else is not a call at all (no observation; a turn with no calls ends the episode).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class MalformedToolCall:
 
     raw: str
     error: str
+    is_object: bool = False  # a closed block holding a JSON object whose name or arguments are unusable
 
 
 def json_depth(text: str) -> int:
@@ -83,15 +86,16 @@ def parse_call_payload(payload: str) -> ToolCall | MalformedToolCall:
         return MalformedToolCall(raw, f"call must be a JSON object, got {type(value).__name__}")
     name = value.get("name")
     if not isinstance(name, str) or not name:
-        return MalformedToolCall(raw, "call has no string 'name'")
+        return MalformedToolCall(raw, "call has no string 'name'", is_object=True)
     arguments = value.get("arguments", {})
     if isinstance(arguments, str):
         try:
             arguments = load_json(arguments)
         except ValueError as error:
-            return MalformedToolCall(raw, f"'arguments' is a string that is not JSON: {error}")
+            return MalformedToolCall(raw, f"'arguments' is a string that is not JSON: {error}", is_object=True)
     if not isinstance(arguments, dict):
-        return MalformedToolCall(raw, f"'arguments' must be an object, got {type(arguments).__name__}")
+        return MalformedToolCall(raw, f"'arguments' must be an object, got {type(arguments).__name__}",
+                                 is_object=True)
     return ToolCall(name, arguments)
 
 

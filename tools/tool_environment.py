@@ -5,13 +5,14 @@ The observation a call gets is the one MiniMind's on-policy distillation inserts
 ``trainer/train_agent.py`` at d65ef2c): ``json.dumps(result, ensure_ascii=False)`` cut to its first 2,048
 characters for a call that ran, and ``{"error": "unknown tool or invalid arguments"}`` for every other call.
 
-The status says why, for metrics (the checks run in this order): ``malformed`` (not a readable call, see
-``tools.tool_calls``), ``undeclared`` (the record does not declare the tool), ``unimplemented`` (declared,
+The status says why, for metrics (the checks run in this order): ``not_a_call`` (a block that is not a
+closed JSON object: MiniMind does not read it as a call, so it gets no observation and the rollout does
+not count it), ``malformed`` (a JSON object without a usable name or arguments, see ``tools.tool_calls``),
+``undeclared`` (the record does not declare the tool), ``unimplemented`` (declared,
 but MiniMind has no such mock tool), ``tool_error`` (the tool raised for these arguments, as MiniMind's
 would), ``ok``. One case differs from MiniMind on purpose: a result holding a non-finite float (a unit
 conversion of ``1e308``, a location given as ``NaN``) fails as ``tool_error``, because MiniMind's
-``json.dumps`` would write ``Infinity``/``NaN``, which is not JSON. MiniMind drops a malformed block
-without an observation; here it gets the error observation (whether it gets one is the rollout's choice).
+``json.dumps`` would write ``Infinity``/``NaN``, which is not JSON.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from tools.tool_calls import MalformedToolCall, ToolCall
 MAX_OBSERVATION_CHARS = 2048
 ERROR_OBSERVATION = json.dumps({"error": "unknown tool or invalid arguments"})
 # status values, in the order the checks run
-OK, MALFORMED, UNDECLARED, UNIMPLEMENTED, TOOL_ERROR = "ok", "malformed", "undeclared", "unimplemented", "tool_error"
+OK, NOT_A_CALL, MALFORMED, UNDECLARED, UNIMPLEMENTED, TOOL_ERROR = (
+    "ok", "not_a_call", "malformed", "undeclared", "unimplemented", "tool_error")
 
 
 def render_result(result: dict) -> str:
@@ -50,8 +52,15 @@ class CallOutcome:
         return self.status in (OK, TOOL_ERROR)
 
     @property
+    def answered(self) -> bool:
+        """Whether the call gets a tool message (every call MiniMind reads as one; see ``NOT_A_CALL``)."""
+        return self.status != NOT_A_CALL
+
+    @property
     def observation(self) -> str:
         """The tool message content the next turn sees."""
+        if not self.answered:
+            raise ValueError("a block that is not a call gets no observation")
         if self.status != OK:
             return ERROR_OBSERVATION
         if self.result is None:
@@ -62,6 +71,8 @@ class CallOutcome:
 def check_call(call: ToolCall | MalformedToolCall, declared: Collection[str]) -> CallOutcome:
     """Validate a call without running it: status ``ok`` (not yet executed) or the first failed check."""
     if isinstance(call, MalformedToolCall):
+        if not call.is_object:
+            return CallOutcome(None, NOT_A_CALL, f"not a call: {call.error}")
         return CallOutcome(None, MALFORMED, f"malformed tool call: {call.error}")
     if call.name not in declared:
         offered = ", ".join(sorted(declared)) or "none"
