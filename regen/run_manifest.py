@@ -98,4 +98,6 @@ def check_and_record(paths: OutputPaths, current: dict[str, Any], *, resuming: b
             {"at": now, "differences": {key: {"old": old, "new": new} for key, (old, new) in differences.items()}})
         manifest["settings"] = current
         _write(paths, manifest)
+    else:
+        paths.match_output_mode(paths.manifest)
     return differences

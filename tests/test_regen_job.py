@@ -4,6 +4,7 @@ resume, one run per output, the manifest check, credentials that never reach a f
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -127,3 +128,18 @@ def test_output_is_named_after_dataset_and_model(serve, tmp_path, tokenizer_path
     summary = run(regen_config(tmp_path, [server.url], data, tokenizer_path, "output=null", f"output_dir={tmp_path / 'o'}"))
     assert summary["output"] == str(tmp_path / "o" / "my_prompts_Qwen3-8B.jsonl")
     assert len(read_jsonl(tmp_path / "o" / "my_prompts_Qwen3-8B.jsonl")) == 1
+
+
+def test_every_file_of_a_run_gets_the_outputs_permissions(serve, regen, tmp_path):
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    rows = [{"id": "a", "prompt": "Hi"}, {"id": "b", "messages": []}]
+    siblings = ["out.jsonl", "out.errors.jsonl", "out.summary.json", "out.manifest.json", "out.lock"]
+    previous = os.umask(0o027)
+    try:
+        regen([server.url], rows)
+    finally:
+        os.umask(previous)
+    assert {name: (tmp_path / name).stat().st_mode & 0o777 for name in siblings} == dict.fromkeys(siblings, 0o640)
+    (tmp_path / "out.jsonl").chmod(0o600)  # e.g. a private output being resumed
+    regen([server.url], rows, "resume=true")
+    assert {name: (tmp_path / name).stat().st_mode & 0o777 for name in siblings} == dict.fromkeys(siblings, 0o600)
