@@ -187,13 +187,14 @@ class EndpointPool:
 
 
 async def answers(session: aiohttp.ClientSession, endpoint: Endpoint, timeout: aiohttp.ClientTimeout) -> bool:
-    """``/health`` and then ``/v1/models`` answer 200 (the session's API key is sent; vLLM ignores it on /health)."""
+    """``/health`` and then ``/v1/models`` answer 200 (the session's API key is sent; vLLM ignores it on
+    /health). A server without a /health route (404) is judged by /v1/models alone."""
     base = endpoint.address.base
     try:
-        for path in ("/health", "/v1/models"):
-            async with session.get(base + path, headers=endpoint.headers, timeout=timeout) as reply:
-                if reply.status != 200:
-                    return False
+        async with session.get(base + "/health", headers=endpoint.headers, timeout=timeout) as reply:
+            if reply.status not in (200, 404):
+                return False
+        async with session.get(base + "/v1/models", headers=endpoint.headers, timeout=timeout) as reply:
+            return reply.status == 200
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
         return False
-    return True
