@@ -34,14 +34,14 @@ from launch.server_process import (
     wait_until_ready,
 )
 from regen.endpoint_pool import EndpointAddress
-from regen.errors import signals_interrupt
+from regen.errors import reported_to_user, signals_interrupt
 from regen.settings import (
     LOCAL_ARCH_KEYS,
     ExternalServer,
     LocalServer,
+    RegenSettings,
     ServerSettings,
     VllmServer,
-    server_settings,
 )
 
 VLLM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "vllm.sh"
@@ -159,14 +159,12 @@ class SharedServerCallback(Callback):
         self._stack: ExitStack | None = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from omegaconf import OmegaConf
-
         if config.server.kind == ExternalServer.kind:
             return
-        server = server_settings(OmegaConf.to_container(config.server, resolve=True))
         self._stack = ExitStack()
         atexit.register(self._release)  # Hydra skips on_multirun_end when a job raises
-        self._stack.enter_context(provide_endpoints(server))
+        with reported_to_user():  # a bad server setting or a failed start: error lines, not a traceback
+            self._stack.enter_context(provide_endpoints(RegenSettings.from_config(config).server))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         self._release()

@@ -89,6 +89,17 @@ def test_a_server_that_fails_to_start_is_an_error_line_after_its_log(tmp_path, t
     assert "CUDA out of memory while loading weights" in result.stderr  # the log's tail, shown above the error
 
 
+def test_checks_run_before_a_vllm_server_would_start(tmp_path, tokenizer_path):
+    install_standin_vllm(tmp_path / "bin")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+           "STANDIN_VLLM_ARGV_LOG": str(tmp_path / "argv.jsonl")}
+    (tmp_path / "out.jsonl").write_text('{"id": "z_gen0", "primary_id": "z"}\n')
+    result = regen_cli("dataset=sample", "server.model=org/m", f"server.port={free_port()}", f"tokenizer={tokenizer_path}",
+                       f"output={tmp_path / 'out.jsonl'}", f"hydra.run.dir={tmp_path / 'h'}", env=env)
+    assert error_lines(result)[0] == f"error: {tmp_path / 'out.jsonl'} exists from an earlier run"
+    assert not (tmp_path / "argv.jsonl").exists()  # vllm was never started
+
+
 class Held:
     """Answers every request only after ``release`` (so a run is mid-way when it is interrupted)."""
 

@@ -95,6 +95,19 @@ def test_resume_skips_done_retries_failed_and_repairs_a_torn_tail(serve, regen, 
     assert summary["resume_dropped_bytes"] == 40
 
 
+def test_resume_removes_blocks_a_second_run_appended(serve, regen, tmp_path):
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    rows = [{"id": name, "prompt": name} for name in ("a", "b", "c")]
+    regen([server.url], rows)
+    output = tmp_path / "out.jsonl"
+    first = output.read_text()
+    output.write_text(first + first.splitlines(keepends=True)[1] + first)  # two runs once shared this file
+    summary, out, _ = regen([server.url], rows, "resume=true")
+    assert output.read_text() == first and len(server.requests) == 3
+    assert (summary["resume_removed_duplicate_blocks"], summary["resume_removed_duplicate_rows"]) == (4, 4)
+    assert (summary["skipped_already_done"], summary["conversations_done"]) == (3, 0)
+
+
 def test_model_is_detected_and_checked(serve, regen):
     server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}), model="served/name")
     with pytest.raises(EndpointsUnusable, match=r"server.model='other' is not served by the endpoints \(they serve \['served/name'\]\)"):

@@ -71,3 +71,20 @@ def test_duplicate_elements_of_a_json_array_are_named_by_index(serve, tmp_path, 
     [error] = read_jsonl(tmp_path / "out.errors.jsonl")
     assert error["id"] == f"{data}:2 (element 1)"
     assert error["metadata"]["error"].startswith(f"{data}:2 (element 1): id 'a' was already used by {data} element 0")
+
+
+def test_a_bad_element_of_a_json_array_is_an_error_row_with_its_index(serve, tmp_path, tokenizer_path):
+    from regen.job import run
+    from tests.regen_support import read_jsonl, regen_config
+
+    server = serve(lambda payload: ok("ok", [1, 5], [6, EOS]))
+    data = tmp_path / "rows.json"
+    data.write_text('[{"id": "a", "prompt": "one"},\n {"id": "b", "question": "two"},\n 7,\n {"id": "c", "prompt": "3"}]')
+    summary = run(regen_config(tmp_path, [server.url], data, tokenizer_path))
+    assert sorted(r["primary_id"] for r in read_jsonl(tmp_path / "out.jsonl")) == ["a", "c"]
+    errors = read_jsonl(tmp_path / "out.errors.jsonl")
+    assert [(e["id"], e["metadata"]["idx"], e["metadata"]["source"]) for e in errors] == [
+        ("b", 1, f"{data}:2 (element 1)"), (f"{data}:3 (element 2)", 2, f"{data}:3 (element 2)")]
+    assert "found 'question', which regen does not read" in errors[0]["metadata"]["error"]
+    assert "row is int, expected a JSON object" in errors[1]["metadata"]["error"]
+    assert (summary["input_errors"], summary["conversations_done"]) == (2, 2)

@@ -16,7 +16,6 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
 
 from launch.server_process import ServerStartError, probe_models, start_detached, stop_process_group
 from opd.minimind.model import MiniMindArch, build_model, save_native
@@ -225,7 +224,8 @@ def test_interrupt_stops_the_server(standin, tmp_path, signum, mode, whole_group
 
 def test_multirun_callback_shares_one_server(standin):
     cfg = standin()
-    root = OmegaConf.create({"server": {"kind": cfg.kind, **json.loads(json.dumps(asdict(cfg)))}})
+    root = regen_config("server=vllm", "server.model=org/model", f"server.port={cfg.port}",
+                        f"server.log_file={cfg.log_file}", "server.stop_grace_s=5")
     callback = SharedServerCallback()
     callback.on_multirun_start(root)
     try:
