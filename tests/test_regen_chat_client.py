@@ -108,7 +108,7 @@ def test_a_slow_reply_is_retried_and_never_takes_the_endpoint_out(serve, regen):
 
 def test_out_of_file_descriptors_is_a_client_error_with_a_hint(serve, tmp_path, tokenizer_path):
     async def hold(payload):
-        await asyncio.sleep(5)
+        await asyncio.sleep(2)  # long enough for the client to open every connection it can
         return ok("x", [1, 5], [6, EOS])
 
     server = serve(hold)
