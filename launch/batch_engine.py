@@ -5,6 +5,11 @@ One worker thread owns the model. At each step boundary it admits waiting reques
 together, merges them into the running left-padded batch (``PaddedBatch``) and runs one decode step for
 every running sequence. Finished and cancelled sequences leave at the next boundary. Forward passes are
 counted so callers can see the batching happen.
+
+No request can fail the others: a sequence whose sampling fails gets the error and leaves; when a shared
+forward pass fails, every sequence in it is run again on its own (a prefill of its tokens so far, which
+also yields its next token), and only those that fail alone get the error. Requests are validated before
+they are submitted (``launch.chat_request``); this is the net for what still goes wrong inside a step.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class _Sequence:
     future: Future
     sampler: TokenSampler
     output_ids: list[int] = field(default_factory=list)
+    error: Exception | None = None  # set when this sequence alone failed inside a step
 
 
 @dataclass
@@ -52,6 +58,7 @@ class EngineStats:
     generated_tokens: int = 0
     finished_requests: int = 0
     cancelled_requests: int = 0
+    failed_requests: int = 0  # failed on their own inside a step (the rest of their batch went on)
     peak_running: int = 0
 
 
@@ -126,11 +133,11 @@ class BatchEngine:
                 self._drop_cancelled()
                 try:
                     if admitted:
-                        self._prefill(admitted)
+                        self._prefill_isolated(admitted)
                     if self._running:
-                        self._decode_step()
-                except Exception as error:  # a failed pass fails its requests, never the server
-                    for sequence in [*admitted, *self._running]:
+                        self._decode_step_isolated()
+                except Exception as error:  # not one request's fault (e.g. out of memory): fails what runs
+                    for sequence in self._running:
                         _fail(sequence.future, error)
                     self._running, self._batch = [], PaddedBatch()
 
@@ -155,14 +162,36 @@ class BatchEngine:
         self._stats.forward_passes += 1
         return output.logits[:, -1, :]
 
+    def _prefill_isolated(self, group: list[_Sequence]) -> None:
+        """Prefill ``group`` together; if that pass fails, each sequence alone (only the failing ones fail)."""
+        try:
+            self._prefill(group)
+        except Exception as error:
+            if len(group) == 1:
+                self._stats.failed_requests += 1
+                _fail(group[0].future, error)
+                return
+            for sequence in group:
+                self._prefill_isolated([sequence])
+
+    def _decode_step_isolated(self) -> None:
+        """One decode step for the batch; if it fails, every sequence is recomputed on its own."""
+        try:
+            self._decode_step()
+        except Exception:
+            running, self._running, self._batch = self._running, [], PaddedBatch()
+            for sequence in running:
+                self._prefill_isolated([sequence])
+
     def _prefill(self, group: list[_Sequence]) -> None:
+        """Run ``group``'s tokens so far (prompt, plus output when recomputing) and pick each next token."""
         from transformers import DynamicCache
 
-        inputs = prefill_inputs([s.prompt_ids for s in group], self.pad_token_id)
+        inputs = prefill_inputs([s.prompt_ids + s.output_ids for s in group], self.pad_token_id)
         cache = DynamicCache()
         logits = self._forward(inputs, cache)
         self._stats.prefill_passes += 1
-        self._stats.prompt_tokens += sum(len(s.prompt_ids) for s in group)
+        self._stats.prompt_tokens += sum(len(s.prompt_ids) for s in group if not s.output_ids)
         tokens = self._choose(group, logits)
         self._batch.add(cache, inputs["attention_mask"], tokens)
         self._running.extend(group)
@@ -176,11 +205,15 @@ class BatchEngine:
         self._retire_finished()
 
     def _choose(self, sequences: list[_Sequence], logits: torch.Tensor) -> torch.Tensor:
-        """Pick every sequence's next token (argmax for the whole batch, samplers where needed)."""
+        """Pick every sequence's next token (argmax for the whole batch, samplers where needed); a sampler
+        that fails marks its sequence failed (it keeps the argmax so the batch keeps its shape)."""
         tokens = logits.argmax(-1)
         for row, sequence in enumerate(sequences):
             if not sequence.sampler.plain_greedy:
-                tokens[row] = sequence.sampler.choose(logits[row], sequence.output_ids)
+                try:
+                    tokens[row] = sequence.sampler.choose(logits[row], sequence.output_ids)
+                except Exception as error:  # this request's sampling only
+                    sequence.error = error
         for sequence, token in zip(sequences, tokens.tolist(), strict=True):
             sequence.output_ids.append(token)
         self._stats.generated_tokens += len(sequences)
@@ -189,6 +222,10 @@ class BatchEngine:
     def _retire_finished(self) -> None:
         keep = []
         for row, sequence in enumerate(self._running):
+            if sequence.error is not None:
+                self._stats.failed_requests += 1
+                _fail(sequence.future, sequence.error)
+                continue
             generation = self._finished(sequence)
             if generation is None:
                 keep.append(row)

@@ -106,19 +106,22 @@ async def stats(session: aiohttp.ClientSession, base_url: str) -> dict:
 def bench_model(name: str, args: argparse.Namespace, work_dir: Path, tokenizer: str, progress: Progress) -> list[dict]:
     from launch.server_process import probe_models
     from regen.servers import provide_endpoints
+    from regen.settings import server_settings
 
     checkpoint, arch = write_checkpoint(name, work_dir)
     port = args.port
     if probe_models(f"http://127.0.0.1:{port}") is not None:
         raise SystemExit(f"port {port} is taken by another server; pass --port")
-    server = {"kind": "local", "checkpoint": str(checkpoint), "tokenizer": tokenizer, **arch, "model": None,
-              "host": "127.0.0.1", "port": port, "max_batch_size": max(args.concurrency), "max_prefill_tokens": 8192,
-              "max_model_len": None, "reasoning_parser": None, "tool_call_parser": "hermes", "threads": args.threads,
-              "keep_server": False, "ready_timeout_s": 300, "stop_grace_s": 10,
-              "log_file": str(work_dir / f"server_{name}.log")}
+    server = server_settings({
+        "kind": "local", "checkpoint": str(checkpoint), "tokenizer": tokenizer, **arch, "model": None,
+        "host": "127.0.0.1", "port": port, "max_batch_size": max(args.concurrency), "max_prefill_tokens": 8192,
+        "max_model_len": None, "reasoning_parser": None, "tool_call_parser": "hermes", "threads": args.threads,
+        "keep_server": False, "ready_timeout_s": 300, "stop_grace_s": 10,
+        "log_file": str(work_dir / f"server_{name}.log")})
     prompts = fixed_prompts()
     results = []
-    with provide_endpoints(server) as [base_url]:
+    base_url = server.base_url
+    with provide_endpoints(server):
         asyncio.run(run_level(base_url, str(checkpoint), prompts, 1, 1, args.max_tokens, progress,
                               f"{name} warm-up"))
         for concurrency in args.concurrency:

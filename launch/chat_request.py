@@ -5,17 +5,21 @@ Accepts the fields regen and ordinary OpenAI clients send, with vLLM's extension
 ``stop_token_ids``, ``add_generation_prompt``, ``continue_final_message``, ``skip_special_tokens``).
 Anything it cannot honour (streaming, n > 1, logprobs, stop strings, forced tool choice, non-text content)
 is refused with a ``RequestError`` (HTTP 400) rather than silently ignored; unknown fields are ignored,
-as vLLM does.
+as vLLM does. ``decode_body`` turns the raw bytes into JSON first: ``NaN``/``Infinity`` (or a number too
+large for a float) anywhere, and nesting deeper than ``MAX_DEPTH``, are a 400 naming where.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from launch.sampling import SamplingParams
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_DEPTH = 64  # objects/arrays inside each other; real chat requests (tool schemas included) stay far below
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 _RESERVED_TEMPLATE_ARGS = {"conversation", "messages", "tools", "tokenize", "add_generation_prompt",
                            "continue_final_message", "return_dict", "chat_template", "documents"}
@@ -47,6 +51,43 @@ class ChatRequest:
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         return SamplingParams(max_tokens=max_tokens, **self.sampling)
+
+
+class _NonFinite:
+    """Stands in for a JSON number that is not a finite float until the body is checked."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _finite_float(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def decode_body(raw: bytes) -> Any:
+    """The JSON value of a request body; raises ``RequestError`` for bad JSON, non-finite numbers, deep nesting."""
+    try:
+        body = json.loads(raw, parse_constant=_NonFinite, parse_float=_finite_float)
+    except RecursionError:
+        raise RequestError(f"the request body is nested more than {MAX_DEPTH} levels deep") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RequestError(f"the request body is not valid JSON: {error}") from None
+    stack: list[tuple[str, Any, int]] = [("", body, 0)]
+    while stack:
+        where, value, depth = stack.pop()
+        if isinstance(value, _NonFinite):
+            field_name = where.lstrip(".").split(".")[0].split("[")[0] or None
+            raise RequestError(f"'{where.lstrip('.') or 'body'}' is {value.text}: JSON numbers must be finite",
+                               param=field_name)
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise RequestError(f"the request body is nested more than {MAX_DEPTH} levels deep "
+                                   f"(at '{where.lstrip('.')}')")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                stack.append((f"{where}.{key}" if isinstance(value, dict) else f"{where}[{key}]", item, depth + 1))
+    return body
 
 
 def _is_int(value) -> bool:

@@ -6,7 +6,9 @@
 Serves a native MiniMind ``.pth`` (architecture flags + tokenizer) or an HF model folder / hub id.
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming), ``GET /health`` and
 ``GET /stats`` (the batch engine's counters: forward passes, tokens, peak batch). Concurrent requests
-share forward passes (``launch.batch_engine``). Binds 127.0.0.1 unless ``--host`` says otherwise.
+share forward passes (``launch.batch_engine``). A request is decoded, checked and tokenized on a worker
+thread (one, so the tokenizer is never used from two threads), so a very long prompt never holds up the
+event loop; a body over the size limit is a 413. Binds 127.0.0.1 unless ``--host`` says otherwise.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass, fields
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from aiohttp import web
@@ -25,9 +28,11 @@ from jinja2 import TemplateError
 
 from launch.batch_engine import BatchEngine
 from launch.chat_reply import REASONING_PARSERS, TOOL_CALL_PARSERS, build_reply
-from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, parse_chat_request
+from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, decode_body, parse_chat_request
+from launch.sampling import SamplingParams
 
 SERVICE_KEY = web.AppKey("chat_service", object)
+MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -42,6 +47,16 @@ class ChatService:
     tool_call_parser: str | None = "hermes"
     sampling_defaults: dict | None = None
     created: int = 0
+    preparer: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="prepare"))
+
+    def prepare(self, raw: bytes) -> tuple[ChatRequest, list[int], SamplingParams]:
+        """Decode, check and tokenize one request body (on the ``preparer`` thread); raises ``RequestError``."""
+        chat = parse_chat_request(decode_body(raw), sampling_defaults=self.sampling_defaults,
+                                  tool_parser=self.tool_call_parser)
+        if chat.model is not None and chat.model != self.model_name:
+            raise RequestError(f"The model `{chat.model}` does not exist.", status=404, param="model")
+        prompt_ids = self.prompt_ids(chat)
+        return chat, prompt_ids, chat.sampling_params(self.check_length(len(prompt_ids), chat.max_tokens))
 
     def prompt_ids(self, request: ChatRequest) -> list[int]:
         """The chat template's token ids for this request (what vLLM returns as ``prompt_token_ids``)."""
@@ -73,7 +88,8 @@ class ChatService:
 
 
 def _error(message: str, status: int, param: str | None = None) -> web.Response:
-    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    kind = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestEntityTooLarge",
+            503: "ServiceUnavailableError"}.get(status, "InternalServerError")
     return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
                              status=status)
 
@@ -88,19 +104,17 @@ async def list_models(request: web.Request) -> web.Response:
 async def chat_completions(request: web.Request) -> web.Response:
     service: ChatService = request.app[SERVICE_KEY]
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return _error(f"the request body is not valid JSON: {error}", 400)
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _error(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
     try:
-        chat = parse_chat_request(body, sampling_defaults=service.sampling_defaults,
-                                  tool_parser=service.tool_call_parser)
-        if chat.model is not None and chat.model != service.model_name:
-            return _error(f"The model `{chat.model}` does not exist.", 404, "model")
-        prompt_ids = service.prompt_ids(chat)
-        max_tokens = service.check_length(len(prompt_ids), chat.max_tokens)
-        future = service.engine.submit(prompt_ids, chat.sampling_params(max_tokens))
+        chat, prompt_ids, params = await asyncio.get_running_loop().run_in_executor(service.preparer,
+                                                                                    service.prepare, raw)
+        future = service.engine.submit(prompt_ids, params)
     except RequestError as error:
         return _error(error.message, error.status, error.param)
+    except RuntimeError as error:  # the engine is shutting down
+        return _error(str(error), 503)
     try:
         generation = await asyncio.wrap_future(future)
     except asyncio.CancelledError:
@@ -127,7 +141,7 @@ async def stats(request: web.Request) -> web.Response:
 
 def create_app(service: ChatService) -> web.Application:
     """The aiohttp application around a started engine; the engine stops when the app shuts down."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SERVICE_KEY] = service
     app.add_routes([
         web.get("/v1/models", list_models),
@@ -138,6 +152,7 @@ def create_app(service: ChatService) -> web.Application:
 
     async def stop_engine(_app: web.Application) -> None:  # first thing on shutdown: in-flight requests fail fast
         await asyncio.to_thread(service.engine.stop)
+        service.preparer.shutdown(wait=False, cancel_futures=True)
 
     app.on_shutdown.append(stop_engine)
     return app

@@ -1,7 +1,9 @@
 """Bringing a server process up and down: readiness probe, bounded wait, log tail, process-group stop.
 
-Standard library only (the regen client imports this and must stay light). Servers run in their own
-process group (session), so one signal reaches the server and every worker it spawned.
+Readiness is vLLM's: ``GET /health`` answers 200 (vLLM serves it without the API key), then
+``GET /v1/models`` answers with ``$VLLM_API_KEY`` as bearer token when it is set. Standard library only
+(the regen client imports this and must stay light). Servers run in their own process group (session),
+so one signal reaches the server and every worker it spawned.
 """
 
 from __future__ import annotations
@@ -20,17 +22,44 @@ class ServerStartError(RuntimeError):
     """A server that died, never became ready, or whose port is taken by another model."""
 
 
-def probe_models(base_url: str, *, timeout_s: float = 3.0) -> list[str] | None:
-    """The model ids ``GET /v1/models`` lists (``id`` and ``root``), or None when nothing answers there."""
-    request = urllib.request.Request(f"{base_url}/v1/models")
-    if api_key := os.environ.get("VLLM_API_KEY"):
+def _get_json(url: str, *, with_key: bool, timeout_s: float) -> tuple[int, object] | None:
+    """``(status, decoded body or None)`` of ``GET url``; ``None`` when nothing answers there."""
+    request = urllib.request.Request(url)
+    if with_key and (api_key := os.environ.get("VLLM_API_KEY")):
         request.add_header("Authorization", f"Bearer {api_key}")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            listing = json.load(response)
+            body = response.read()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        return error.code, None
     except (urllib.error.URLError, OSError, ValueError):
         return None
-    cards = listing.get("data") if isinstance(listing, dict) else None
+    try:
+        return status, json.loads(body) if body.strip() else None
+    except ValueError:
+        return status, None
+
+
+def probe_health(base_url: str, *, timeout_s: float = 3.0) -> bool:
+    """``GET /health`` answers 200 (no API key: vLLM does not guard it)."""
+    answer = _get_json(f"{base_url}/health", with_key=False, timeout_s=timeout_s)
+    return answer is not None and answer[0] == 200
+
+
+def probe_models(base_url: str, *, timeout_s: float = 3.0) -> list[str] | None:
+    """The model ids ``/v1/models`` lists (``id`` and ``root``) once ``/health`` answers; None when the
+    server is not there or not ready. A server that refuses ``$VLLM_API_KEY`` is an error."""
+    if not probe_health(base_url, timeout_s=timeout_s):
+        return None
+    answer = _get_json(f"{base_url}/v1/models", with_key=True, timeout_s=timeout_s)
+    if answer is None:
+        return None
+    status, listing = answer
+    if status == 401:
+        state = "set but refused" if os.environ.get("VLLM_API_KEY") else "not set"
+        raise ServerStartError(f"the server at {base_url} is up but wants an API key: $VLLM_API_KEY is {state}")
+    cards = listing.get("data") if status == 200 and isinstance(listing, dict) else None
     if not isinstance(cards, list):
         return None
     return [str(card[key]) for card in cards if isinstance(card, dict) for key in ("id", "root") if card.get(key)]
@@ -56,8 +85,8 @@ def start_detached(command: list[str], log_path: str | Path) -> subprocess.Popen
 
 def wait_until_ready(base_url: str, process: subprocess.Popen, *, timeout_s: float, log_path: str | Path,
                      poll_s: float = 0.25) -> None:
-    """Return once ``/v1/models`` answers; raise ``ServerStartError`` with the log tail if the process
-    exits first or ``timeout_s`` passes (the caller stops it)."""
+    """Return once ``/health`` and ``/v1/models`` answer; raise ``ServerStartError`` with the log tail if the
+    process exits first or ``timeout_s`` passes (the caller stops it)."""
     deadline = time.monotonic() + timeout_s
     while True:
         status = process.poll()

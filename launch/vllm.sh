@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Start `vllm serve MODEL` in the background, wait until it answers /v1/models, then exit 0 and leave it
-# running (its pid, also its process group, is in the pid file). If it dies or is not ready within
-# --ready-timeout, print the tail of its log, stop it and exit 1. It does not run regeneration.
+# Start `vllm serve MODEL` in the background, wait until it is ready, then exit 0 and leave it running
+# (its pid, also its process group, is in the pid file). Ready: /health answers, then /v1/models with
+# $VLLM_API_KEY; a --headless node serves no HTTP, so it is ready while it runs and its head answers
+# /health. If vllm dies or is not ready within --ready-timeout, print the tail of its log, stop it and
+# exit 1. It does not run regeneration.
 #
 #   launch/vllm.sh MODEL [--host H] [--port P] [--gpus 0,1,...] [--dp-size N] [--tp-size N]
-#                  [--max-model-len N] [--reasoning-parser P] [--tool-call-parser P]
-#                  [--log-file F] [--pid-file F] [--ready-timeout S] [--stop-grace S] [--dry-run]
-#                  [any other `vllm serve` argument ...] [-- more vllm arguments]
+#                  [--dp-size-local K] [--dp-address A] [--dp-rpc-port P] [--dp-start-rank R]
+#                  [--headless [--head-url URL]] [--max-model-len N] [--reasoning-parser P]
+#                  [--tool-call-parser P] [--log-file F] [--pid-file F] [--ready-timeout S]
+#                  [--stop-grace S] [--dry-run] [any other `vllm serve` argument ...] [-- more vllm arguments]
 #
 # Stop it later with: kill -TERM -- -$(cat PIDFILE)
 set -euo pipefail
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "vllm.sh: $*" >&2; exit 2; }
 
-model="" host="127.0.0.1" port="8000" gpus="" dp="" tp="" max_model_len="" reasoning_parser=""
-tool_call_parser="" log_file="" pid_file="" ready_timeout="1800" stop_grace="30" dry_run=0
+model="" host="127.0.0.1" port="8000" gpus="" dp="" tp="" dp_local="" dp_address="" dp_rpc_port=""
+dp_start_rank="" headless=0 head_url="" max_model_len="" reasoning_parser="" tool_call_parser=""
+log_file="" pid_file="" ready_timeout="1800" stop_grace="30" dry_run=0
 passthrough=()
 
 need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
@@ -28,6 +32,12 @@ while [[ $# -gt 0 ]]; do
     --gpus) need_value "$@"; gpus="$2"; shift 2 ;;
     --dp-size) need_value "$@"; dp="$2"; shift 2 ;;
     --tp-size) need_value "$@"; tp="$2"; shift 2 ;;
+    --dp-size-local) need_value "$@"; dp_local="$2"; shift 2 ;;
+    --dp-address) need_value "$@"; dp_address="$2"; shift 2 ;;
+    --dp-rpc-port) need_value "$@"; dp_rpc_port="$2"; shift 2 ;;
+    --dp-start-rank) need_value "$@"; dp_start_rank="$2"; shift 2 ;;
+    --headless) headless=1; shift ;;
+    --head-url) need_value "$@"; head_url="$2"; shift 2 ;;
     --max-model-len) need_value "$@"; max_model_len="$2"; shift 2 ;;
     --reasoning-parser) need_value "$@"; reasoning_parser="$2"; shift 2 ;;
     --tool-call-parser) need_value "$@"; tool_call_parser="$2"; shift 2 ;;
@@ -43,15 +53,36 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ -n "$model" ]] || { usage >&2; die "no MODEL given"; }
-for pair in "port:$port" "dp-size:$dp" "tp-size:$tp" "max-model-len:$max_model_len" \
-            "ready-timeout:$ready_timeout" "stop-grace:$stop_grace"; do
+for pair in "port:$port" "dp-size:$dp" "tp-size:$tp" "dp-size-local:$dp_local" "dp-rpc-port:$dp_rpc_port" \
+            "dp-start-rank:$dp_start_rank" "max-model-len:$max_model_len" "ready-timeout:$ready_timeout" \
+            "stop-grace:$stop_grace"; do
   value="${pair#*:}"
   [[ -z "$value" || "$value" =~ ^[0-9]+$ ]] || die "--${pair%%:*} must be a whole number, got '$value'"
 done
 [[ -z "$gpus" || "$gpus" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--gpus must look like 0 or 0,1,2, got '$gpus'"
+if [[ $headless -eq 1 ]]; then
+  [[ -n "$dp" && -n "$dp_address" && -n "$dp_rpc_port" ]] \
+    || die "--headless needs --dp-size, --dp-address and --dp-rpc-port (the head node's values)"
+  head_url="${head_url:-http://$dp_address:$port}"
+else
+  [[ -z "$head_url" ]] || die "--head-url is for --headless nodes only"
+  [[ -z "$dp_start_rank" ]] || die "--dp-start-rank is for --headless nodes (the head runs the first ranks)"
+fi
+if [[ -n "$dp_local" ]]; then
+  [[ -n "$dp" ]] || die "--dp-size-local needs --dp-size (the total number of data-parallel ranks)"
+  (( dp_local <= dp )) || die "--dp-size-local $dp_local is more than --dp-size $dp"
+fi
 
-cmd=(vllm serve "$model" --host "$host" --port "$port")
+if [[ $headless -eq 1 ]]; then  # no API server on a headless node
+  cmd=(vllm serve "$model" --headless)
+else
+  cmd=(vllm serve "$model" --host "$host" --port "$port")
+fi
 [[ -n "$dp" ]] && cmd+=(--data-parallel-size "$dp")
+[[ -n "$dp_local" ]] && cmd+=(--data-parallel-size-local "$dp_local")
+[[ -n "$dp_start_rank" ]] && cmd+=(--data-parallel-start-rank "$dp_start_rank")
+[[ -n "$dp_address" ]] && cmd+=(--data-parallel-address "$dp_address")
+[[ -n "$dp_rpc_port" ]] && cmd+=(--data-parallel-rpc-port "$dp_rpc_port")
 [[ -n "$tp" ]] && cmd+=(--tensor-parallel-size "$tp")
 [[ -n "$max_model_len" ]] && cmd+=(--max-model-len "$max_model_len")
 [[ -n "$reasoning_parser" ]] && cmd+=(--reasoning-parser "$reasoning_parser")
@@ -67,14 +98,25 @@ if [[ $dry_run -eq 1 ]]; then  # the exact command, shell-quoted
   exit 0
 fi
 
-log_file="${log_file:-out/servers/vllm-$port.log}"
-pid_file="${pid_file:-out/servers/vllm-$port.pid}"
+name="vllm-$port"
+[[ $headless -eq 1 ]] && name="vllm-headless-rank${dp_start_rank:-0}"
+log_file="${log_file:-out/servers/$name.log}"
+pid_file="${pid_file:-out/servers/$name.pid}"
 base_url="http://$host:$port"
 poll_s="${VLLM_READY_POLL_S:-2}"
-auth=()
-[[ -n "${VLLM_API_KEY:-}" ]] && auth=(-H "Authorization: Bearer $VLLM_API_KEY")
 
-probe() { curl -sf -m 5 "${auth[@]}" "$base_url/v1/models" >/dev/null 2>&1; }
+# GET URL with curl; the API key (if any) goes in a header read from stdin, never on a command line.
+http_ok() {
+  if [[ -n "${VLLM_API_KEY:-}" && "$2" == "with-key" ]]; then
+    printf 'Authorization: Bearer %s\n' "$VLLM_API_KEY" | curl -sf -m 5 -o /dev/null -H @- "$1" 2>/dev/null
+  else
+    curl -sf -m 5 -o /dev/null "$1" 2>/dev/null
+  fi
+}
+probe() {  # vLLM serves /health without the key; /v1/models needs it when the server has one
+  if [[ $headless -eq 1 ]]; then http_ok "$head_url/health" no-key; return; fi
+  http_ok "$base_url/health" no-key && http_ok "$base_url/v1/models" with-key
+}
 show_log_tail() {
   echo "---- last 40 lines of $log_file ----" >&2
   tail -n 40 "$log_file" >&2 || true
@@ -92,7 +134,7 @@ stop_server() {
 
 command -v vllm >/dev/null || die "vllm is not on PATH (pip install vllm, or activate its environment)"
 command -v curl >/dev/null || die "curl is needed to check readiness"
-if probe; then
+if [[ $headless -eq 0 ]] && http_ok "$base_url/health" no-key; then
   echo "vllm.sh: a server already answers on $base_url; stop it or choose another --port" >&2
   exit 1
 fi
@@ -123,11 +165,16 @@ while true; do
     exit 1
   fi
   if probe; then
-    echo "vllm.sh: ready at $base_url (pid $pid; stop with: kill -TERM -- -$pid)" >&2
+    if [[ $headless -eq 1 ]]; then
+      echo "vllm.sh: headless node running (pid $pid) and its head $head_url answers /health" >&2
+    else
+      echo "vllm.sh: ready at $base_url (pid $pid; stop with: kill -TERM -- -$pid)" >&2
+    fi
     exit 0
   fi
   if (( SECONDS >= deadline )); then
-    echo "vllm.sh: not ready after ${ready_timeout}s; stopping it (pid $pid)" >&2
+    what="ready"; [[ $headless -eq 1 ]] && what="joined (the head $head_url does not answer /health)"
+    echo "vllm.sh: not $what after ${ready_timeout}s; stopping it (pid $pid)" >&2
     show_log_tail
     stop_server
     exit 1

@@ -3,10 +3,13 @@
 Both clients regenerate the same local JSONL through one stand-in vLLM server (a separate process with a
 fixed latency per request), one after the other. Each client runs as its own process and is measured
 with ``wait4``: wall time, user+system CPU seconds, peak RSS. A one-conversation run of each measures
-its start-up cost, reported apart from the per-conversation CPU.
+its start-up cost, reported apart from the per-conversation CPU. First, both clients also regenerate
+:data:`PARITY_ROWS` (rows with and without ids, different column sets) and the resume keys
+(``primary_id``) they write are compared: they must be the same set.
 
     python -m regen.benchmark --sizes 10000,100000          # make bench-regen
     python -m regen.benchmark --sizes 2000 --skip-speculators
+    python -m regen.benchmark --parity-only                 # just the resume-key check
 
 speculators is installed (once) into ``--speculators-venv`` with ``pip install --no-deps
 speculators==0.9.0 hs-connectors==0.9.0`` plus the dependencies its CLI imports.
@@ -31,6 +34,26 @@ SPECULATORS_DEPENDENCIES = [
     "pydantic>=2", "pydantic-settings>=2", "openai>=2", "httpx", "safetensors", "huggingface-hub", "psutil",
     "numpy>=2", "protobuf", "rich", "click",
 ]
+
+
+# A local file mixing rows with and without ids and with different column sets (written with a blank line
+# after the first row): speculators keys an id-less row by the row datasets gives it, not the line as written.
+PARITY_ROWS = [
+    {"id": "row-a", "prompt": "Name a prime."},
+    {"prompt": "Sum 2 and 2.", "source": "math"},
+    {"messages": [{"role": "user", "content": "Hi"}], "uuid": "u-1"},
+    {"messages": [{"role": "user", "content": "Tell a joke.", "name": "sam"}], "score": 3},
+    {"prompt": "Capital of France?", "score": 1.5, "language": "EN"},
+    {"id": "", "conversations": [{"from": "human", "value": "Hello"}]},
+    {"id": None, "prompt": "Spell cat."},
+]
+
+
+def write_parity_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(row) for row in PARITY_ROWS]
+    path.write_text("\n".join([lines[0], "", *lines[1:]]) + "\n")
+    return path
 
 
 @dataclass
@@ -130,6 +153,20 @@ def client_commands(url: str, data: Path, out_dir: Path, tokenizer: Path, concur
     return commands
 
 
+def check_parity(url: str, work_dir: Path, tokenizer: Path, speculators: Path) -> dict:
+    """Both clients on :data:`PARITY_ROWS`: the primary ids they write must be the same set."""
+    data = write_parity_file(work_dir / "parity.jsonl")
+    written = {}
+    for client, (command, output) in client_commands(url, data, work_dir, tokenizer, 4, speculators).items():
+        measure(client, command, len(PARITY_ROWS), output, work_dir / f"{output.stem}.log")
+        written[client] = sorted({json.loads(line)["primary_id"] for line in output.open()})
+    ours, theirs = written.values()
+    result = {"rows": len(PARITY_ROWS), "same": ours == theirs, "ours": ours, "speculators": theirs}
+    print(f"resume-key parity with speculators 0.9.0 on {len(PARITY_ROWS)} mixed rows: "
+          + ("same primary ids" if result["same"] else f"DIFFERENT: ours {ours}, speculators {theirs}"))
+    return result
+
+
 def print_table(results: list[Measurement], startup: dict[str, Measurement]) -> None:
     header = f"{'client':<20} {'convs':>8} {'wall s':>8} {'conv/s':>8} {'CPU s':>8} {'CPU s/1k':>9} " \
              f"{'CPU s/1k*':>10} {'peak RSS MB':>12}"
@@ -169,6 +206,7 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=REPO_ROOT / "out" / "bench" / "regen")
     parser.add_argument("--speculators-venv", type=Path, default=REPO_ROOT / "out" / "bench" / "speculators-venv")
     parser.add_argument("--skip-speculators", action="store_true")
+    parser.add_argument("--parity-only", action="store_true", help="only compare the resume keys on PARITY_ROWS")
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: MiniMind-3's, else a stand-in)")
     args = parser.parse_args()
 
@@ -178,8 +216,13 @@ def main() -> None:
     server, url = start_server(tokenizer, args.latency_ms, args.answer_words)
     results: list[Measurement] = []
     startup: dict[str, Measurement] = {}
+    parity = None
     try:
-        for size in [1, *sizes]:
+        if speculators is not None:
+            parity = check_parity(url, args.work_dir, tokenizer, speculators)
+            if not parity["same"]:
+                raise SystemExit("the resume keys differ from speculators'")
+        for size in [] if args.parity_only else [1, *sizes]:
             data = write_dataset(args.work_dir / f"bench_{size}.jsonl", size, args.turns)
             for client, (command, output) in client_commands(url, data, args.work_dir, tokenizer, args.concurrency,
                                                              speculators).items():
@@ -195,13 +238,14 @@ def main() -> None:
         server.kill()
         server.wait()
         server.stdout.close()
-    print(f"\nstand-in latency {args.latency_ms:g} ms, concurrency {args.concurrency}, {args.turns} turn(s) per "
-          f"conversation, tokenizer {tokenizer}\n")
-    print_table(results, startup)
     figures = compare(results, startup)
-    for name, value in figures.items():
-        print(f"{name}: {value:.3f}")
-    report = {"settings": {k: str(v) for k, v in vars(args).items()},
+    if results:
+        print(f"\nstand-in latency {args.latency_ms:g} ms, concurrency {args.concurrency}, {args.turns} turn(s) per "
+              f"conversation, tokenizer {tokenizer}\n")
+        print_table(results, startup)
+        for name, value in figures.items():
+            print(f"{name}: {value:.3f}")
+    report = {"settings": {k: str(v) for k, v in vars(args).items()}, "parity": parity,
               "startup": {k: asdict(v) for k, v in startup.items()},
               "results": [asdict(m) | {"conversations_per_s": m.conversations_per_s} for m in results],
               "figures": figures}

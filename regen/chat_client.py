@@ -2,16 +2,22 @@
 
 Retried: HTTP 408/409/425/429/5xx, connection errors, timeouts, a reply body that is not JSON. Waits grow
 exponentially with jitter and follow ``Retry-After`` (seconds or an HTTP date), both capped at
-``max_backoff_s``. Other HTTP errors fail at once with the server's message. When every endpoint is
-out, a request waits up to ``all_down_wait_s`` for the pool's probe to bring one back, then fails.
+``max_backoff_s``. Other HTTP errors fail at once with the server's message. Only connection-level
+failures (refused, reset, no connection within the connect timeout) count towards taking an endpoint
+out; a reply slower than ``request_timeout_s`` is retried but says nothing about the server's health.
+Running out of file descriptors is this client's problem, not the endpoint's: it stops the run with a
+hint. When every endpoint is out, a request waits up to ``all_down_wait_s`` for the pool's probe to
+bring one back, then fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import errno
 import json
 import random
+import resource
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +26,26 @@ import aiohttp
 import orjson
 
 from regen.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpoint
+from regen.errors import UserError
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
-JSON_HEADERS = {"Content-Type": "application/json"}
+CONNECT_TIMEOUT_S = 30.0
+# No connection within CONNECT_TIMEOUT_S (aiohttp < 3.10 raises its parent class for it).
+ConnectTimeout = getattr(aiohttp, "ConnectionTimeoutError", aiohttp.ServerTimeoutError)
+
+
+class OutOfFileDescriptors(UserError):
+    """The client process hit its open-files limit: a local limit, not a failing endpoint."""
+
+
+def _out_of_descriptors(error: BaseException) -> bool:
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE):
+            return True
+        error = getattr(error, "os_error", None) or error.__cause__ or error.__context__
+    return False
 
 
 class RequestFailed(RuntimeError):
@@ -94,29 +117,40 @@ class ChatClient:
         self.pool = pool
         self.policy = policy
         self.all_down_wait_s = all_down_wait_s
-        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=min(30.0, request_timeout_s))
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s,
+                                             sock_connect=min(CONNECT_TIMEOUT_S, request_timeout_s))
         self.rng = rng or random.Random()
         self.retries = 0
         self.retry_wait_s = 0.0  # time spent backing off, over all requests
 
     async def _attempt(self, endpoint: Endpoint, body: bytes) -> Any:
         try:
-            async with self.session.post(endpoint.chat_target, data=body, headers=JSON_HEADERS,
+            async with self.session.post(endpoint.chat_target, data=body, headers=endpoint.request_headers,
                                          timeout=self.timeout) as reply:
                 body = await reply.read()
                 status = reply.status
                 retry_after = reply.headers.get("Retry-After")
-        except (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
+        except ConnectTimeout as error:
+            raise _Retryable(f"no connection within {self.timeout.sock_connect:g} s ({type(error).__name__})",
+                             unreachable=True) from None
+        except asyncio.TimeoutError:  # slow, not dead: a loaded server answers late
+            raise _Retryable(f"no complete reply within request_timeout_s={self.timeout.total:g} s") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
+            if _out_of_descriptors(error):
+                soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+                raise OutOfFileDescriptors(
+                    f"this process ran out of file descriptors (ulimit -n is {soft}) while connecting to "
+                    f"{endpoint.url}", "raise the limit (e.g. ulimit -n 65536) or lower concurrency=") from None
             raise _Retryable(f"{type(error).__name__}: {error}".rstrip(": "), unreachable=True) from None
         if status != 200:
-            message = f"HTTP {status} from {endpoint.chat_url}: {_server_message(body)}"
+            message = f"HTTP {status} from {endpoint.url}: {_server_message(body)}"
             if status >= 500 or status in RETRYABLE_STATUSES:
                 raise _Retryable(message, parse_retry_after(retry_after))
             raise RequestFailed(message, endpoint.url)
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise _Retryable(f"reply from {endpoint.chat_url} is not JSON: {body[:200]!r}") from None
+            raise _Retryable(f"reply from {endpoint.url} is not JSON: {body[:200]!r}") from None
 
     @property
     def gave_up_on_endpoints(self) -> bool:

@@ -44,14 +44,24 @@ class Conversation:
     tool_results: list[ToolResult] = field(default_factory=list)
 
 
-def primary_id_of(row: dict[str, Any]) -> str:
-    """The row's ``id`` or ``uuid``, else ``hash_`` + sha256 of its canonical JSON (same as speculators)."""
+def explicit_id(row: dict[str, Any]) -> str | None:
+    """The row's ``id``, else its ``uuid`` (as a string), ``None`` when neither is set (speculators' rule)."""
     for key in ("id", "uuid"):
         value = row.get(key)
         if value not in (None, ""):
             return str(value)
+    return None
+
+
+def content_hash(row: dict[str, Any]) -> str:
+    """``hash_`` + sha256 of the row's canonical JSON: speculators' key for a row without an id."""
     payload = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
     return "hash_" + hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def primary_id_of(row: dict[str, Any]) -> str:
+    """The key a conversation is resumed by: :func:`explicit_id`, else :func:`content_hash` of ``row``."""
+    return explicit_id(row) or content_hash(row)
 
 
 def _split_tool_results(content: str, declared_name: str | None) -> list[ToolResult]:

@@ -10,6 +10,7 @@ decode over the whole vocabulary and random sequences; any other tokenizer, or a
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import Callable, Iterable
@@ -18,12 +19,17 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders
 
 from opd.minimind.tokenizer import byte_level_symbols
+from regen.errors import UserError
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
-class TokenizerMismatch(ValueError):
+class TokenizerMismatch(UserError):
     """The replies carry ids the configured tokenizer does not have: the whole run is misconfigured."""
+
+
+class TokenizerNotFound(UserError):
+    """No candidate names a readable ``tokenizer.json``."""
 
 
 def _byte_table_decoder(tokenizer: Tokenizer, vocab_size: int) -> Callable[[list[int]], str] | None:
@@ -59,6 +65,7 @@ class Detokenizer:
 
     def __init__(self, tokenizer_file: Path, source: str):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.fingerprint = "sha256:" + hashlib.sha256(Path(tokenizer_file).read_bytes()).hexdigest()
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.source = source
         self._fast = _byte_table_decoder(self.tokenizer, self.vocab_size)
@@ -76,9 +83,8 @@ class Detokenizer:
         top = max(ids)
         if top >= self.vocab_size:
             raise TokenizerMismatch(
-                f"token id {top} is outside the vocabulary of tokenizer {self.source} ({self.vocab_size} ids): "
-                "set tokenizer= to the served model's tokenizer"
-            )
+                f"token id {top} is outside the vocabulary of tokenizer {self.source} ({self.vocab_size} ids)",
+                "set tokenizer= to the served model's tokenizer folder or hub id")
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
@@ -99,15 +105,15 @@ def _tokenizer_file(name: str) -> Path:
 
 def load_detokenizer(candidates: Iterable[str | None]) -> Detokenizer:
     """The first candidate (tokenizer folder, ``tokenizer.json`` or hub id) that yields a tokenizer."""
-    tried = []
+    tried, seen = [], set()
     for name in candidates:
-        if not name:
+        if not name or name in seen:
             continue
+        seen.add(name)
         try:
             return Detokenizer(_tokenizer_file(str(name)), str(name))
         except Exception as error:  # noqa: BLE001 - every failure is reported together below
             tried.append(f"{name}: {type(error).__name__}: {error}")
-    raise ValueError(
-        "no tokenizer.json for the row text; set tokenizer= to the served model's tokenizer folder or hub id"
-        + (" (tried " + "; ".join(tried) + ")" if tried else "")
-    )
+    raise TokenizerNotFound(
+        "no tokenizer.json for the row text" + (" (tried " + "; ".join(tried) + ")" if tried else ""),
+        "set tokenizer= to the served model's tokenizer folder or hub id")

@@ -1,21 +1,69 @@
-"""Several chat endpoints behind one client: spreading conversations, taking dead ones out, counting.
+"""Several chat endpoints behind one client: naming them, spreading conversations, taking dead ones out.
 
-A conversation sticks to the endpoint it was given (prefix-cache friendly) until that endpoint is taken
-out; then its next request goes to the live endpoint with the fewest active conversations. An endpoint
-is taken out after ``max_failures`` connection-level failures in a row (refused, reset, timed out);
-a background probe of ``/v1/models`` puts it back when it answers again. ``all_down_since`` tells the
+An endpoint may be written ``http://host:port``, ``.../v1`` or ``.../v1/chat/completions`` (speculators'
+``--endpoint`` form); all name the same server, and rows record its chat-completions URL. Credentials in
+the URL (``http://user:password@host``) are sent as basic auth and never appear in a name, a row or a
+message. A conversation sticks to the endpoint it was given (prefix-cache friendly) until that endpoint
+is taken out; then its next request goes to the live endpoint with the fewest active conversations. An
+endpoint is taken out after ``max_failures`` connection-level failures in a row (refused, reset, no
+connection within the connect timeout) or a failed probe, never for a slow reply; a background probe
+(``/health``, then ``/v1/models``) puts it back when it answers again. ``all_down_since`` tells the
 client how long there has been no endpoint at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 from yarl import URL
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class EndpointAddress:
+    """Where a server answers: ``base`` (``scheme://host:port[/prefix]``, no credentials) and its credentials."""
+
+    base: str
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def chat_url(self) -> str:
+        return self.base + CHAT_PATH
+
+    def auth_headers(self) -> dict[str, str]:
+        """The basic-auth header for the URL's credentials ({} without)."""
+        if self.user is None:
+            return {}
+        token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
+        return {"Authorization": f"Basic {token}"}
+
+
+def parse_endpoint(text: str) -> EndpointAddress:
+    """``http://host:port``, ``.../v1`` or ``.../v1/chat/completions`` as one :class:`EndpointAddress`."""
+    try:
+        url = URL(str(text).strip())
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"not a URL ({error})") from None
+    if not url.absolute or url.scheme not in ("http", "https") or not url.host:
+        shown = url.with_user(None) if url.absolute else url
+        raise ValueError(f"{str(shown)!r} is not an http(s)://host:port URL")
+    if url.query_string or url.fragment:
+        raise ValueError(f"{url.with_user(None).with_query(None).with_fragment(None)!s} must not carry "
+                         "a query or fragment")
+    path = url.path.rstrip("/")
+    for suffix in (CHAT_PATH, "/v1"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    base = url.with_user(None).with_password(None).with_path(path or "/")
+    return EndpointAddress(str(base).rstrip("/"), url.user, url.password)
 
 
 class NoLiveEndpoint(RuntimeError):
@@ -24,9 +72,9 @@ class NoLiveEndpoint(RuntimeError):
 
 @dataclass
 class Endpoint:
-    """One base URL (``http://host:port``) and its counters."""
+    """One server (named by its chat-completions URL) and its counters."""
 
-    url: str
+    address: EndpointAddress
     live: bool = True
     consecutive_failures: int = 0
     requests: int = 0
@@ -38,8 +86,10 @@ class Endpoint:
     last_error: str | None = None
 
     def __post_init__(self) -> None:
-        self.chat_url = f"{self.url}/v1/chat/completions"
-        self.chat_target = URL(self.chat_url)  # parsed once, not per request
+        self.url = self.address.chat_url
+        self.chat_target = URL(self.url)  # parsed once, not per request
+        self.headers = self.address.auth_headers()
+        self.request_headers = {"Content-Type": "application/json", **self.headers}
 
     def counts(self) -> dict:
         return {
@@ -60,10 +110,8 @@ class Affinity:
 class EndpointPool:
     """Live/dead bookkeeping for the endpoints of one run."""
 
-    def __init__(self, urls: list[str], max_failures: int = 3):
-        if not urls:
-            raise ValueError("no endpoints to send requests to")
-        self.endpoints = [Endpoint(url) for url in urls]
+    def __init__(self, addresses: list[EndpointAddress], max_failures: int = 3):
+        self.endpoints = [Endpoint(address) for address in addresses]
         self.max_failures = max_failures
         self._tie_break = itertools.count()
         self.all_down_since: float | None = None  # time.monotonic() when the last live endpoint went
@@ -125,20 +173,28 @@ class EndpointPool:
         endpoint.consecutive_failures = 0
         endpoint.reinstated += 1
 
-    async def probe_dead(self, session: aiohttp.ClientSession, interval_s: float, headers: dict) -> None:
-        """Forever: every ``interval_s``, put back taken-out endpoints whose ``/v1/models`` answers 200."""
+    async def probe_dead(self, session: aiohttp.ClientSession, interval_s: float) -> None:
+        """Forever: every ``interval_s``, put back taken-out endpoints that answer ``/health`` and ``/v1/models``."""
         timeout = aiohttp.ClientTimeout(total=min(10.0, interval_s))
         while True:
             await asyncio.sleep(interval_s)
             for endpoint in self.endpoints:
-                if endpoint.live:
-                    continue
-                try:
-                    async with session.get(f"{endpoint.url}/v1/models", headers=headers, timeout=timeout) as reply:
-                        if reply.status == 200:
-                            self.put_back(endpoint)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                    pass
+                if not endpoint.live and await answers(session, endpoint, timeout):
+                    self.put_back(endpoint)
 
     def counts(self) -> dict[str, dict]:
         return {endpoint.url: endpoint.counts() for endpoint in self.endpoints}
+
+
+async def answers(session: aiohttp.ClientSession, endpoint: Endpoint, timeout: aiohttp.ClientTimeout) -> bool:
+    """``/health`` and then ``/v1/models`` answer 200 (the session's API key is sent; vLLM ignores it on
+    /health). A server without a /health route (404) is judged by /v1/models alone."""
+    base = endpoint.address.base
+    try:
+        async with session.get(base + "/health", headers=endpoint.headers, timeout=timeout) as reply:
+            if reply.status not in (200, 404):
+                return False
+        async with session.get(base + "/v1/models", headers=endpoint.headers, timeout=timeout) as reply:
+            return reply.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return False

@@ -1,21 +1,35 @@
-"""``run(cfg)``: one regen job from a composed config to the output, error and summary files."""
+"""``run(cfg)``: one regen job from a composed config to the output, error, summary and manifest files.
+
+Everything a person can get wrong is checked before any server starts (settings, the dataset file, the
+output: writable, not taken by another run, not an earlier run's without ``resume=true``, a resume with
+the same settings); when the served model decides the output's name (``server=external`` without
+``server.model``) the output checks run right after ``/v1/models`` answers, still before any request.
+Ctrl-C and SIGTERM stop the run between requests: finished conversations stay, the summary says
+``interrupted``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import random
+import signal
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 
 from opd.atomic_write import atomic_write_json
 from regen.chat_client import ChatClient, RetryPolicy
-from regen.detokenizer import load_detokenizer
-from regen.endpoint_pool import EndpointPool
+from regen.detokenizer import Detokenizer, load_detokenizer
+from regen.endpoint_pool import EndpointAddress, EndpointPool
+from regen.errors import Interrupted, UserError, signals_interrupt
+from regen.hydra_runtime import multirun_suffix, scrub_credentials
 from regen.output_files import (
     LineAppender,
     OutputPaths,
@@ -28,73 +42,108 @@ from regen.pipeline import Pipeline
 from regen.progress_view import ProgressView
 from regen.regenerate import RequestShape
 from regen.request_params import RequestParams
-from regen.row_formats import check_format
-from regen.row_sources import open_records
+from regen.row_sources import Source, open_source
+from regen.run_lock import OutputLock
+from regen.run_manifest import check_and_record, run_settings
 from regen.run_stats import RunStats
 from regen.servers import provide_endpoints
+from regen.settings import ExternalServer, RegenSettings
 
 
-def _check_settings(cfg: DictConfig) -> None:
-    """Refuse out-of-range settings before anything starts, naming the key."""
-    rules = {  # key: (integers only, smallest allowed, smallest excluded)
-        "max_tokens": (True, 1, False), "concurrency": (True, 1, False), "endpoint_max_failures": (True, 1, False),
-        "max_retries": (True, 0, False), "mix_seed": (True, None, False),
-        "request_timeout_s": (False, 0, True), "endpoint_reprobe_s": (False, 0, True), "progress_log_s": (False, 0, True),
-        "retry_backoff_s": (False, 0, False), "max_backoff_s": (False, 0, False), "all_endpoints_down_wait_s": (False, 0, False),
-    }
-    for key, (integer, low, exclusive) in rules.items():
-        value = cfg[key]
-        kinds = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds) or (
-                low is not None and (value <= low if exclusive else value < low)):
-            wanted = ("an integer" if integer else "a number") + ("" if low is None else f" {'>' if exclusive else '>='} {low}")
-            raise ValueError(f"{key} must be {wanted}, got {value!r}")
-    if cfg.limit is not None and (isinstance(cfg.limit, bool) or not isinstance(cfg.limit, int) or cfg.limit < 0):
-        raise ValueError(f"limit must be null or an integer >= 0, got {cfg.limit!r}")
-    check_format(cfg.dataset.format, cfg.dataset.name or cfg.dataset.path)
+class EndpointsUnusable(UserError):
+    """No endpoint answers, or none serves the asked model."""
 
 
-def _request_headers(api_key_env: str | None) -> dict[str, str]:
-    if not api_key_env:
-        return {}
-    key = os.environ.get(api_key_env)
-    if not key:
-        raise ValueError(f"api_key_env={api_key_env}: that environment variable is not set")
-    return {"Authorization": f"Bearer {key}"}
+class RunStopped(UserError):
+    """The run ended before the end of the source (every endpoint down)."""
 
 
-def _multirun_suffix() -> str:
-    """In a Hydra multirun, a name part from this job's overrides (so every job writes its own file)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hydra_cfg = HydraConfig.get()
-    except (ImportError, ValueError):
-        return ""
-    if hydra_cfg.mode != RunMode.MULTIRUN:
-        return ""
-    return "_" + sanitize_name(hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}")
-
-
-def output_paths(cfg: DictConfig, model: str) -> OutputPaths:
-    """``cfg.output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{multirun overrides}].jsonl``."""
-    if cfg.output:
-        return OutputPaths(Path(cfg.output))
-    source = cfg.dataset.name or Path(str(cfg.dataset.path)).stem
+def output_paths(settings: RegenSettings, model: str) -> OutputPaths:
+    """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{multirun overrides}].jsonl``."""
+    if settings.output:
+        return OutputPaths(Path(settings.output))
+    source = settings.dataset.name or Path(settings.dataset.path).stem
     model_short = model.rstrip("/").split("/")[-1]
-    return OutputPaths(Path(cfg.output_dir) / f"{sanitize_name(source)}_{sanitize_name(model_short)}{_multirun_suffix()}.jsonl")
+    name = f"{sanitize_name(source)}_{sanitize_name(model_short)}{multirun_suffix(sanitize_name)}.jsonl"
+    return OutputPaths(Path(settings.output_dir) / name)
 
 
-async def _served_models(session: aiohttp.ClientSession, pool: EndpointPool, headers: dict) -> list[str]:
+@dataclass
+class RunFiles:
+    """The open output of one run: its paths, what resume found, the row-text tokenizer, the appenders."""
+
+    paths: OutputPaths
+    resume_state: ResumeState
+    previous_error_ids: frozenset[str]
+    detokenizer: Detokenizer
+    output: LineAppender
+    errors: LineAppender
+
+
+def _warn(console: Console, message: str) -> None:
+    console.print(f"[yellow]warning:[/] {escape(message)}")
+
+
+@contextmanager
+def open_run(settings: RegenSettings, source: Source, model: str, console: Console) -> Iterator[RunFiles]:
+    """Lock the output, refuse what must be refused, check the manifest, repair a resumed file, open it."""
+    paths = output_paths(settings, model)
+    lock = OutputLock(paths.lock, paths.output)
+    try:
+        lock.acquire()
+    except OSError as error:  # the folder cannot be made or written
+        raise UserError(f"cannot write the output {paths.output} ({error.strerror or error})",
+                        "choose another output= or output_dir=") from None
+    try:
+        if not settings.resume:
+            for path in (paths.output, paths.errors):
+                if path.is_file() and path.stat().st_size:
+                    raise UserError(f"{path} exists from an earlier run",
+                                    "pass resume=true to continue it, or choose another output= (or remove the old files)")
+        detokenizer = load_detokenizer([settings.tokenizer, getattr(settings.server, "model", None), model])
+        output = LineAppender(paths.output)  # created first: the siblings copy its permissions
+        try:
+            paths.match_output_mode(paths.lock)
+            current = run_settings(settings, source.fingerprint, model, detokenizer.fingerprint)
+            accepted = check_and_record(paths, current, resuming=settings.resume,
+                                        accept_changes=settings.resume_accept_changes,
+                                        warn=lambda message: _warn(console, message))
+            for key, (old, new) in accepted.items():
+                _warn(console, f"resume_accept_changes: {key} was {old!r}, now {new!r} (recorded in the manifest)")
+            if settings.resume:
+                resume_state = repair_and_scan(paths.output)
+                previous = frozenset(compact_errors(paths.errors, resume_state.done_ids, drop_input_errors=True))
+            else:
+                resume_state, previous = ResumeState(), frozenset()
+            errors = LineAppender(paths.errors)
+            paths.match_output_mode(paths.errors)
+        except BaseException:
+            output.close()
+            raise
+        try:
+            yield RunFiles(paths, resume_state, previous, detokenizer, output, errors)
+        finally:
+            output.close()
+            errors.close()
+    finally:
+        lock.release()
+
+
+def _bearer_headers(api_key_env: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {os.environ[api_key_env]}"} if api_key_env else {}
+
+
+async def _served_models(session: aiohttp.ClientSession, pool: EndpointPool) -> list[str]:
     """Model ids from every endpoint's ``/v1/models``; endpoints that do not answer are taken out."""
     served: list[str] = []
     timeout = aiohttp.ClientTimeout(total=30)
     for endpoint in pool.endpoints:
         try:
-            async with session.get(f"{endpoint.url}/v1/models", headers=headers, timeout=timeout) as reply:
+            async with session.get(endpoint.address.base + "/v1/models", headers=endpoint.headers,
+                                   timeout=timeout) as reply:
                 if reply.status != 200:
-                    raise RuntimeError(f"HTTP {reply.status}: {(await reply.text())[:300]}")
+                    hint = " (the server wants an API key: set api_key_env=)" if reply.status == 401 else ""
+                    raise RuntimeError(f"HTTP {reply.status}{hint}: {(await reply.text())[:300]}")
                 data = await reply.json(content_type=None)
             ids = [str(card["id"]) for card in data["data"]]
         except Exception as error:  # noqa: BLE001 - reported per endpoint, the run goes on with the others
@@ -103,117 +152,159 @@ async def _served_models(session: aiohttp.ClientSession, pool: EndpointPool, hea
             continue
         served.extend(model for model in ids if model not in served)
     if not any(endpoint.live for endpoint in pool.endpoints):
-        raise RuntimeError("no endpoint answers /v1/models: " + "; ".join(
-            f"{e.url} ({e.last_error})" for e in pool.endpoints))
+        raise EndpointsUnusable("no endpoint answers /v1/models: " + "; ".join(
+            f"{e.url} ({e.last_error})" for e in pool.endpoints),
+            "start the server, or check server.endpoints (and api_key_env)")
     return served
 
 
-def _request_model(server_cfg: DictConfig, served: list[str]) -> str:
-    wanted = server_cfg.get("model")
+def _request_model(settings: RegenSettings, served: list[str]) -> str:
+    wanted = settings.served_model
     if wanted and wanted in served:
         return wanted
-    if wanted and server_cfg.kind == "external":
-        raise ValueError(f"server.model={wanted!r} is not served by the endpoints (they serve {served})")
+    if wanted and isinstance(settings.server, ExternalServer):
+        raise EndpointsUnusable(f"server.model={wanted!r} is not served by the endpoints (they serve {served})",
+                                "drop server.model to use what they serve, or point server.endpoints elsewhere")
     if not served:
-        raise RuntimeError("the endpoints' /v1/models lists no model")
+        raise EndpointsUnusable("the endpoints' /v1/models lists no model")
     return served[0]
 
 
-def _open_output(paths: OutputPaths, resume: bool) -> tuple[ResumeState, frozenset[str]]:
-    """Resume state and the error-file ids to watch; refuses to append to a previous run without resume."""
-    if not resume:
-        for path in (paths.output, paths.errors):
-            if path.is_file() and path.stat().st_size:
-                raise FileExistsError(f"{path} exists from an earlier run: pass resume=true to continue it, "
-                                      "or choose another output / remove the old files")
-        return ResumeState(), frozenset()
-    state = repair_and_scan(paths.output)
-    return state, frozenset(compact_errors(paths.errors, state.done_ids, drop_input_errors=True))
-
-
 def _print_summary(console: Console, summary: dict[str, Any], paths: OutputPaths) -> None:
-    console.print(f"[bold]regen {summary['status']}[/]: {summary['conversations_done']} conversations "
-                  f"({summary['conversations_truncated']} truncated), {summary['rows_written']} rows -> {paths.output}")
-    console.print(f"  failed {summary['conversations_failed']}, input errors {summary['input_errors']}, "
-                  f"{summary['errors_file_rows']} rows in {paths.errors}")
+    console.print(f"[bold]regen {escape(summary['status'])}[/]: {summary['conversations_done']} conversations "
+                  f"({summary['conversations_truncated']} truncated), {summary['rows_written']} rows -> "
+                  f"{escape(str(paths.output))}")
+    console.print(f"  failed {summary['conversations_failed']}, input errors {summary['input_errors']} "
+                  f"({summary['duplicate_ids']} duplicate ids), {summary['errors_file_rows']} rows in "
+                  f"{escape(str(paths.errors))}")
     console.print(f"  {summary['requests_per_s']} req/s, {summary['completion_tokens_per_s']} tok/s, "
-                  f"{summary['elapsed_s']} s; summary: {paths.summary}")
+                  f"{summary['elapsed_s']} s; summary: {escape(str(paths.summary))}")
     for url, counts in summary["endpoints"].items():
         console.print(f"  {url}: {counts['requests']} requests, {counts['failures']} failures, "
                       f"{counts['conversations']} conversations{'' if counts['live'] else ' (taken out)'}")
 
 
-async def _run_async(cfg: DictConfig, urls: list[str], console: Console) -> dict[str, Any]:
-    records = open_records(cfg.dataset)
-    headers = _request_headers(cfg.api_key_env)
-    pool = EndpointPool(urls, cfg.endpoint_max_failures)
-    plain = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
-             for key in ("sampling", "extra_request_params", "reasoning_effort_weights", "temperature_weights")}
-    params = RequestParams(plain["sampling"], plain["extra_request_params"], plain["reasoning_effort_weights"],
-                           plain["temperature_weights"], cfg.mix_seed)
+@contextmanager
+def _signals_cancel(task: asyncio.Task, caught: list[int]) -> Iterator[None]:
+    """While the block runs, SIGINT/SIGTERM cancel ``task`` (between requests, never mid-write)."""
+    loop = asyncio.get_running_loop()
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def cancel(signum: int) -> None:
+        caught.append(signum)
+        task.cancel()
+
+    try:
+        for signum in previous:
+            loop.add_signal_handler(signum, cancel, signum)
+    except (RuntimeError, ValueError):  # not the main thread: Python's own handling stays
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, handler)
+
+
+async def _run_async(settings: RegenSettings, source: Source, addresses: list[EndpointAddress],
+                     run_files: RunFiles | None, stack: ExitStack, console: Console) -> dict[str, Any]:
+    pool = EndpointPool(addresses, settings.endpoint_max_failures)
+    params = RequestParams.from_settings(settings)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
-        served = await _served_models(session, pool, headers)
-        model = _request_model(cfg.server, served)
-        detokenizer = load_detokenizer([cfg.tokenizer, cfg.server.get("model"), model])
-        paths = output_paths(cfg, model)
-        resume_state, previous_error_ids = _open_output(paths, cfg.resume)
+    async with aiohttp.ClientSession(connector=connector, headers=_bearer_headers(settings.api_key_env)) as session:
+        model = _request_model(settings, await _served_models(session, pool))
+        if run_files is None:
+            run_files = stack.enter_context(open_run(settings, source, model, console))
+        paths, resume_state = run_files.paths, run_files.resume_state
         stats = RunStats()
-        client = ChatClient(session, pool, RetryPolicy(cfg.max_retries, cfg.retry_backoff_s, cfg.max_backoff_s),
-                            cfg.request_timeout_s, cfg.all_endpoints_down_wait_s, random.Random())
-        console.print(f"regen: {model} on {', '.join(urls)}; dataset {cfg.dataset.name or cfg.dataset.path}; "
-                      f"output {paths.output}" + (f" (resuming: {len(resume_state.done_ids)} done)" if cfg.resume else ""))
-        output, errors = LineAppender(paths.output), LineAppender(paths.errors)
-        view = ProgressView(stats, lambda: sum(e.requests for e in pool.endpoints), cfg.limit, console,
-                            cfg.progress_log_s)
-        pipeline = Pipeline(records, cfg.dataset.format, client, RequestShape(model, cfg.max_tokens, cfg.carry_reasoning),
-                            params, detokenizer, output, errors, stats, view, resume_state.done_ids,
-                            cfg.concurrency, cfg.limit, cfg.language_filter, previous_error_ids)
-        probe = asyncio.create_task(pool.probe_dead(session, cfg.endpoint_reprobe_s, headers))
+        client = ChatClient(session, pool, RetryPolicy(settings.max_retries, settings.retry_backoff_s,
+                                                       settings.max_backoff_s),
+                            settings.request_timeout_s, settings.all_endpoints_down_wait_s, random.Random())
+        console.print(f"regen: {escape(model)} on {', '.join(e.url for e in pool.endpoints)}; dataset "
+                      f"{escape(settings.dataset.label)}; output {escape(str(paths.output))}"
+                      + (f" (resuming: {len(resume_state.done_ids)} done)" if settings.resume else ""))
+        if resume_state.removed_duplicate_blocks:
+            _warn(console, f"removed {resume_state.removed_duplicate_blocks} duplicate conversation blocks "
+                           f"({resume_state.removed_duplicate_rows} rows) from {paths.output}; the first of each stays")
+        view = ProgressView(stats, lambda: sum(e.requests for e in pool.endpoints), settings.limit, console,
+                            settings.progress_log_s)
+        pipeline = Pipeline(source.records(), source.locate, settings.dataset.format, client,
+                            RequestShape(model, settings.max_tokens, settings.carry_reasoning), params,
+                            run_files.detokenizer, run_files.output, run_files.errors, stats, view,
+                            resume_state.done_ids, settings.concurrency, settings.limit, settings.language_filter,
+                            run_files.previous_error_ids)
+        probe = asyncio.create_task(pool.probe_dead(session, settings.endpoint_reprobe_s))
+        work = asyncio.create_task(pipeline.run())
+        caught: list[int] = []
         status = "interrupted"
         try:
-            with view:
-                await pipeline.run()
+            with view, _signals_cancel(work, caught):
+                await work
             if pipeline.stopped:
-                raise RuntimeError(f"regen stopped early: {pipeline.stopped}")
+                raise RunStopped(f"regen stopped early: {pipeline.stopped}",
+                                 "bring the endpoints back, then run again with resume=true")
             status = "completed"
+        except asyncio.CancelledError:
+            if not caught:
+                raise
         except Exception as error:
             status = f"failed: {type(error).__name__}: {error}"
             raise
         finally:
             probe.cancel()
-            output.close()
-            errors.close()
+            run_files.output.close()
+            run_files.errors.close()
             remaining_errors = compact_errors(paths.errors, pipeline.recovered_ids)
-            summary = {
-                "status": status,
-                "model": model,
-                "endpoints_given": urls,
-                "dataset": OmegaConf.to_container(cfg.dataset, resolve=True),
-                "output": str(paths.output),
-                "errors_file": str(paths.errors),
-                "errors_file_rows": len(remaining_errors),
-                "resumed": bool(cfg.resume),
-                "resume_dropped_partial_rows": resume_state.dropped_rows,
-                "resume_dropped_bytes": resume_state.dropped_bytes,
-                "recovered_from_errors": len(pipeline.recovered_ids),
-                **stats.summary(sum(e.requests for e in pool.endpoints), client.retries, client.retry_wait_s),
-                "endpoints": pool.counts(),
-                "sampling_params": params.base,
-                "max_tokens": cfg.max_tokens,
-                "concurrency": cfg.concurrency,
-                "tokenizer": detokenizer.source,
-                "tokenizer_warning": pipeline.tokenizer_warning,
-            }
+            summary = _summary(settings, status, model, pool, paths, resume_state, pipeline, stats, client, params,
+                               run_files.detokenizer, len(remaining_errors))
             atomic_write_json(paths.summary, summary)
+            paths.match_output_mode(paths.summary)
             _print_summary(console, summary, paths)
+        if caught:
+            raise Interrupted(caught[0])
     return summary
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def _summary(settings: RegenSettings, status: str, model: str, pool: EndpointPool, paths: OutputPaths,
+             resume_state: ResumeState, pipeline: Pipeline, stats: RunStats, client: ChatClient,
+             params: RequestParams, detokenizer: Detokenizer, errors_file_rows: int) -> dict[str, Any]:
+    return {
+        "status": status,
+        "model": model,
+        "endpoints_given": [e.url for e in pool.endpoints],
+        "dataset": asdict(settings.dataset),
+        "output": str(paths.output),
+        "errors_file": str(paths.errors),
+        "manifest": str(paths.manifest),
+        "errors_file_rows": errors_file_rows,
+        "resumed": settings.resume,
+        "resume_dropped_partial_rows": resume_state.dropped_rows,
+        "resume_dropped_bytes": resume_state.dropped_bytes,
+        "resume_removed_duplicate_blocks": resume_state.removed_duplicate_blocks,
+        "resume_removed_duplicate_rows": resume_state.removed_duplicate_rows,
+        "recovered_from_errors": len(pipeline.recovered_ids),
+        **stats.summary(sum(e.requests for e in pool.endpoints), client.retries, client.retry_wait_s),
+        "endpoints": pool.counts(),
+        "sampling_params": params.base,
+        "max_tokens": settings.max_tokens,
+        "concurrency": settings.concurrency,
+        "tokenizer": detokenizer.source,
+        "tokenizer_warning": pipeline.tokenizer_warning,
+    }
+
+
+def run(cfg) -> dict[str, Any]:
     """Regenerate the configured dataset; returns the summary (also written beside the output)."""
-    _check_settings(cfg)
+    settings = RegenSettings.from_config(cfg)
+    scrub_credentials()
     console = Console(stderr=True)
-    with provide_endpoints(cfg.server) as urls:
-        return asyncio.run(_run_async(cfg, list(urls), console))
+    source = open_source(settings.dataset, warn=lambda message: _warn(console, message))
+    with signals_interrupt(), ExitStack() as stack:
+        run_files = None
+        if settings.served_model:  # the output's name is known: check it before any server starts
+            run_files = stack.enter_context(open_run(settings, source, settings.served_model, console))
+        addresses = stack.enter_context(provide_endpoints(settings.server))
+        return asyncio.run(_run_async(settings, source, list(addresses), run_files, stack, console))
 

@@ -1,6 +1,9 @@
 """Regenerate every assistant turn of a chat dataset with a served model.
 
     python regen/main.py dataset=magpie server.model=Qwen/Qwen3-8B server.dp=4
+
+A mistake a person can fix ends in one or two ``error:`` lines and exit status 1 (``HYDRA_FULL_ERROR=1``
+shows the traceback too); Ctrl-C / SIGTERM end with status 130 / 143.
 """
 
 import hydra
@@ -9,9 +12,11 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="regen")
 def main(cfg: DictConfig) -> None:
+    from regen.errors import reported_to_user
     from regen.job import run
 
-    run(cfg)
+    with reported_to_user():
+        run(cfg)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""The output JSONL, its error file and summary: naming, crash-safe appends, resume repair, compaction.
+"""The output JSONL and its siblings: naming, crash-safe appends, resume repair, compaction, permissions.
 
 A conversation's rows go out in one whole-lines write, so after a crash (even ``kill -9``) only the last
 block can be damaged: a torn last line, or a block with fewer rows than its ``metadata.num_generations``.
-Resume cuts that block off and re-runs the conversation. The error file always means "failed and not
-yet succeeded": on resume, and again at the end, rows of conversations now in the output are dropped
-and only the newest row per id is kept.
+Resume cuts that block off and re-runs the conversation; it also removes any later complete block of a
+conversation already in the file (two runs that once shared an output), keeping the first. The error
+file always means "failed and not yet succeeded": on resume, and again at the end, rows of conversations
+now in the output are dropped and only the newest row per id is kept. The siblings (errors, summary,
+manifest, lock) get the output's permissions.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import bisect
 import hashlib
 import heapq
 import json
+import os
 import re
 from array import array
 from collections.abc import Iterable
@@ -23,6 +26,7 @@ from typing import Any
 import orjson
 
 from opd.atomic_write import atomic_write
+from regen.errors import UserError
 
 # Rows start {"id": ..., "primary_id": ...} (compact or with spaces); num_generations sits in the metadata.
 _HEAD = re.compile(rb'^\{"id": ?"(?:[^"\\]|\\.)*", ?"primary_id": ?("(?:[^"\\]|\\.)*")')
@@ -31,7 +35,7 @@ _DECLARED_ROWS = re.compile(rb'"num_generations": ?(\d+)')
 
 @dataclass(frozen=True)
 class OutputPaths:
-    """``x.jsonl`` and its siblings ``x.errors.jsonl`` and ``x.summary.json``."""
+    """``x.jsonl`` and its siblings ``x.errors.jsonl``, ``x.summary.json``, ``x.manifest.json`` and ``x.lock``."""
 
     output: Path
 
@@ -43,52 +47,85 @@ class OutputPaths:
     def summary(self) -> Path:
         return self.output.with_name(f"{self.output.stem}.summary.json")
 
+    @property
+    def manifest(self) -> Path:
+        return self.output.with_name(f"{self.output.stem}.manifest.json")
 
-class IdSet:
-    """A set of conversation ids held as 64-bit digests: about 8 bytes per id once settled.
+    @property
+    def lock(self) -> Path:
+        return self.output.with_name(f"{self.output.stem}.lock")
 
-    New digests go to a small Python set; every ``buffer`` additions they are merged into one sorted
-    ``array('Q')`` (searched by bisection), so memory grows by 8 bytes per id, not a Python object's ~70.
+    def match_output_mode(self, sibling: Path) -> None:
+        """Give ``sibling`` the output's permissions (the output got the umask's when it was created)."""
+        os.chmod(sibling, self.output.stat().st_mode & 0o7777)
+
+
+class DamagedOutput(UserError):
+    """An output file that resume cannot repair on its own (damage before the last block)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "fix or remove that part of the file, or write to a new output=")
+
+
+class IdIndex:
+    """Conversation ids held as 64-bit digests, each with an integer (e.g. where it was first seen).
+
+    New entries go to a small dict; when it holds an eighth of the settled entries (at least ``buffer``)
+    they are merged into two sorted arrays (digests ``Q``, values ``q``, searched by bisection), so
+    memory grows by 16 bytes per id, not a Python object's ~100, and the merges cost O(n) overall.
+    The first value given for an id is kept.
     """
 
     def __init__(self, buffer: int = 16384) -> None:
-        self._recent: set[int] = set()
-        self._settled = array("Q")
+        self._recent: dict[int, int] = {}
+        self._digests = array("Q")
+        self._values = array("q")
         self._buffer = buffer
 
     @staticmethod
     def _digest(key: str) -> int:
         return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
 
-    def add(self, key: str) -> None:
+    def add(self, key: str, value: int = 0) -> None:
         digest = self._digest(key)
-        if self._has(digest):
+        if self._find(digest) is not None:
             return
-        self._recent.add(digest)
-        if len(self._recent) >= self._buffer:
-            self._settled = array("Q", heapq.merge(self._settled, sorted(self._recent)))
+        self._recent[digest] = value
+        if len(self._recent) >= max(self._buffer, len(self._digests) // 8):
+            merged = list(heapq.merge(zip(self._digests, self._values, strict=True), sorted(self._recent.items())))
+            self._digests = array("Q", (digest for digest, _ in merged))
+            self._values = array("q", (value for _, value in merged))
             self._recent.clear()
 
-    def __contains__(self, key: str) -> bool:
-        return self._has(self._digest(key))
+    def get(self, key: str) -> int | None:
+        """The value stored with ``key``, ``None`` when it is not in the index."""
+        return self._find(self._digest(key))
 
-    def _has(self, digest: int) -> bool:
+    def __contains__(self, key: str) -> bool:
+        return self._find(self._digest(key)) is not None
+
+    def _find(self, digest: int) -> int | None:
         if digest in self._recent:
-            return True
-        position = bisect.bisect_left(self._settled, digest)
-        return position < len(self._settled) and self._settled[position] == digest
+            return self._recent[digest]
+        position = bisect.bisect_left(self._digests, digest)
+        if position < len(self._digests) and self._digests[position] == digest:
+            return self._values[position]
+        return None
 
     def __len__(self) -> int:
-        return len(self._recent) + len(self._settled)
+        return len(self._recent) + len(self._digests)
 
 
 @dataclass
 class ResumeState:
-    """What a resumed run found: finished conversations, and what it cut off a crashed tail."""
+    """What a resumed run found: finished conversations, what it cut off a crashed tail, and the
+    duplicate blocks it removed."""
 
-    done_ids: IdSet = field(default_factory=IdSet)
+    done_ids: IdIndex = field(default_factory=IdIndex)
     dropped_rows: int = 0
     dropped_bytes: int = 0
+    removed_duplicate_blocks: int = 0
+    removed_duplicate_rows: int = 0
 
 
 def sanitize_name(text: str) -> str:
@@ -104,22 +141,47 @@ def _row_head(line: bytes, path: Path, line_number: int) -> tuple[str, int | Non
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError(f"{path}:{line_number}: not a JSON row; the output file is damaged") from None
+            raise DamagedOutput(f"{path}:{line_number}: not a JSON row; the output file is damaged") from None
         primary_id = row.get("primary_id") or row.get("id") if isinstance(row, dict) else None
         if not primary_id:
-            raise ValueError(f"{path}:{line_number}: row has no primary_id")
+            raise DamagedOutput(f"{path}:{line_number}: row has no primary_id")
     declared = line.rfind(b'"num_generations":')
     count = _DECLARED_ROWS.match(line, declared) if declared >= 0 else None
     return str(primary_id), int(count.group(1)) if count else None
 
 
+@dataclass
+class _Block:
+    primary_id: str
+    start: int
+    declared: int | None
+    rows: int = 0
+    end: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.declared is None or self.rows == self.declared
+
+
 def repair_and_scan(path: Path) -> ResumeState:
-    """Collect finished primary ids from an output file, cutting off a torn or incomplete last block."""
+    """Collect finished primary ids from an output file, cutting off a torn or incomplete last block and
+    removing every complete block of an id already seen (the first one is kept)."""
     state = ResumeState()
     if not path.is_file():
         return state
-    block_id, block_start, block_rows, block_declared = None, 0, 0, None
+    duplicates: list[_Block] = []
+    block: _Block | None = None
     offset, cut_at = 0, None
+
+    def close(current: _Block, line_number: int) -> None:
+        if not current.complete:
+            raise DamagedOutput(f"{path}:{line_number}: conversation {current.primary_id} has {current.rows} of "
+                             f"{current.declared} rows before another starts; the output file is damaged")
+        if current.primary_id in state.done_ids:
+            duplicates.append(current)
+        else:
+            state.done_ids.add(current.primary_id)
+
     with path.open("rb") as handle:
         for line_number, line in enumerate(handle, 1):
             if not line.endswith(b"\n"):
@@ -127,26 +189,48 @@ def repair_and_scan(path: Path) -> ResumeState:
                 state.dropped_bytes += len(line)
                 break
             primary_id, declared = _row_head(line, path, line_number)
-            if primary_id != block_id:
-                if block_declared is not None and block_rows != block_declared:
-                    raise ValueError(f"{path}:{line_number}: conversation {block_id} has {block_rows} of "
-                                     f"{block_declared} rows before another starts; the output file is damaged")
-                if block_id is not None:
-                    state.done_ids.add(block_id)
-                block_id, block_start, block_rows, block_declared = primary_id, offset, 0, declared
-            block_rows += 1
+            if block is None or primary_id != block.primary_id or (block.declared is not None and block.complete):
+                if block is not None:
+                    close(block, line_number)
+                block = _Block(primary_id, offset, declared)
+            block.rows += 1
             offset += len(line)
-    if block_id is not None:
-        if block_declared is not None and block_rows < block_declared:
-            cut_at = block_start
-            state.dropped_rows = block_rows
+            block.end = offset
+    if block is not None:
+        if block.complete:
+            close(block, line_number)
         else:
-            state.done_ids.add(block_id)
+            cut_at = block.start
+            state.dropped_rows = block.rows
     if cut_at is not None:
         state.dropped_bytes += offset - cut_at
+    if duplicates:
+        state.removed_duplicate_blocks = len(duplicates)
+        state.removed_duplicate_rows = sum(b.rows for b in duplicates)
+        keep_until = offset if cut_at is None else cut_at
+        _rewrite_without(path, [(b.start, b.end) for b in duplicates], keep_until)
+    elif cut_at is not None:
         with path.open("r+b") as handle:
             handle.truncate(cut_at)
     return state
+
+
+def _rewrite_without(path: Path, ranges: list[tuple[int, int]], keep_until: int) -> None:
+    """Replace ``path`` (atomically) by its bytes up to ``keep_until`` without the byte ``ranges``."""
+
+    def copy(stream) -> None:
+        with path.open("rb") as source:
+            position = 0
+            for start, end in [*ranges, (keep_until, keep_until)]:
+                source.seek(position)
+                remaining = start - position
+                while remaining > 0:
+                    chunk = source.read(min(remaining, 1 << 20))
+                    stream.write(chunk)
+                    remaining -= len(chunk)
+                position = end
+
+    atomic_write(path, copy)
 
 
 def compact_errors(path: Path, succeeded, *, drop_input_errors: bool = False) -> set[str]:
@@ -180,7 +264,7 @@ class LineAppender:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._handle = path.open("ab", buffering=0)
+        self._handle = path.open("ab", buffering=0)  # a new file gets the umask's permissions
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         data = b"".join(orjson.dumps(record) + b"\n" for record in records)

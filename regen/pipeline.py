@@ -2,23 +2,25 @@
 
 A producer reads the source in small chunks (in a thread, so a slow hub stream never stalls requests)
 into a queue of at most ``2 * concurrency`` conversations; ``concurrency`` workers regenerate them.
-Nothing grows with the dataset except the set of ids already seen (64-bit digests). When the client
-has given up on every endpoint, reading stops: conversations already admitted end in the error file,
-the rest stay unread for a resumed run.
+Nothing grows with the dataset except the index of ids already seen (a 64-bit digest and the row's
+position each). The first row with an id claims it: a later row with the same id, good or bad, becomes
+an error-file row naming both rows, so no conversation is ever in both files. When the client has given
+up on every endpoint, reading stops: conversations already admitted end in the error file, the rest stay
+unread for a resumed run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from regen.chat_client import ChatClient
-from regen.conversation import Conversation, RowError, primary_id_of
+from regen.conversation import Conversation, RowError
 from regen.detokenizer import Detokenizer
 from regen.endpoint_pool import Affinity
-from regen.output_files import IdSet, LineAppender
+from regen.output_files import IdIndex, LineAppender
 from regen.progress_view import ProgressView
 from regen.regenerate import ConversationFailed, RequestShape, regenerate
 from regen.request_params import RequestParams
@@ -34,6 +36,7 @@ class Pipeline:
     """Everything one run needs; :meth:`run` drives it to the end of the source (or the limit)."""
 
     records: Iterator[SourceRecord]
+    locate: Callable[[int], str]  # names a source row by its idx
     format_name: str
     client: ChatClient
     shape: RequestShape
@@ -43,14 +46,14 @@ class Pipeline:
     errors: LineAppender
     stats: RunStats
     progress: ProgressView
-    done_ids: IdSet
+    done_ids: IdIndex
     concurrency: int = 64
     limit: int | None = None
     language_filter: str | None = None
     previous_error_ids: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        self.seen = IdSet()
+        self.first_seen = IdIndex()  # primary id -> idx of the row that claimed it
         self.recovered_ids: set[str] = set()  # in the error file at the start, written this run
         self.tokenizer_warning: str | None = None
         self._tokenizer_checked = False
@@ -68,20 +71,26 @@ class Pipeline:
             self.stats.input_errors += 1
             self._record_error(record.where, record.idx, record.where, record.error, "input")
             return None
+        key = record.primary_id
+        if key is not None:
+            first = self.first_seen.get(key)
+            if first is not None:
+                self.stats.input_errors += 1
+                self.stats.duplicate_ids += 1
+                self._record_error(record.where, record.idx, record.where,
+                                   f"{record.where}: id {key!r} was already used by {self.locate(first)}; "
+                                   "only that row is regenerated (give this one its own id)", "input")
+                return None
+            self.first_seen.add(key, record.idx)
         try:
-            conversation = to_conversation(record.row, self.format_name, record.idx)
+            conversation = to_conversation(record.row, self.format_name, record.idx, key or record.where)
         except RowError as error:
             self.stats.input_errors += 1
-            key = primary_id_of(record.row) if isinstance(record.row, dict) else record.where
-            self._record_error(key, record.idx, record.where, f"{record.where}: {error}", "input")
+            self._record_error(key or record.where, record.idx, record.where, f"{record.where}: {error}", "input")
             return None
-        if conversation.primary_id in self.done_ids:
+        if key in self.done_ids:
             self.stats.skipped_done += 1
             return None
-        if conversation.primary_id in self.seen:
-            self.stats.skipped_duplicate += 1
-            return None
-        self.seen.add(conversation.primary_id)
         return conversation
 
     def _eligible(self) -> Iterator[SourceRecord]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from regen.conversation import Conversation, RowError, ToolResult, primary_id_of, read_messages, read_tools
+from regen.conversation import Conversation, RowError, ToolResult, read_messages, read_tools
 
 Turns = tuple[list[dict[str, str]], list[ToolResult]]
 
@@ -75,17 +75,9 @@ REFUSED_FORMATS = {
 }
 
 
-def check_format(name: str, dataset_label: str) -> None:
-    """Fail early, with the reason, on a refused or unknown ``dataset.format``."""
-    if name in REFUSED_FORMATS:
-        raise ValueError(f"dataset {dataset_label} {REFUSED_FORMATS[name]}")
-    if name not in FORMATS:
-        raise ValueError(f"dataset.format={name!r} is unknown; choose one of {sorted(FORMATS)}")
-
-
-def to_conversation(row: Any, format_name: str, idx: int) -> Conversation:
+def to_conversation(row: Any, format_name: str, idx: int, primary_id: str) -> Conversation:
     """Normalize one dataset row; raises :class:`RowError` saying what is wrong with it."""
     if not isinstance(row, dict):
         raise RowError(f"row is {type(row).__name__}, expected a JSON object")
     turns, results = FORMATS[format_name](row)
-    return Conversation(primary_id_of(row), idx, turns, read_tools(row), results)
+    return Conversation(primary_id, idx, turns, read_tools(row), results)

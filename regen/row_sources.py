@@ -1,19 +1,34 @@
 """Where dataset rows come from: a Hugging Face dataset (streamed) or a local ``.json``/``.jsonl`` file.
 
-Rows are yielded one at a time, so memory stays flat however large the source is. A local line that
-is not a JSON object is yielded as a :class:`SourceRecord` with an ``error`` (and its line number) so
-the run records it and goes on.
+``open_source(dataset)`` opens the source at start, so a file that cannot be read stops the run before
+any server starts: a ``.json`` must be UTF-8 (a BOM is accepted, as in ``.jsonl``), non-empty and one
+top-level array. Rows are then yielded one at a time as :class:`SourceRecord` with their resume key
+(``primary_id``; for id-less local rows the key speculators computes, see ``regen.speculators_keys``).
+A ``.jsonl`` line that is not JSON comes as a record with an ``error`` and the run goes on. Every
+source also has a ``fingerprint`` (what the run manifest compares on resume) and ``locate(idx)``, which
+names a row in messages.
 """
 
 from __future__ import annotations
 
+import codecs
+import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-LOCAL_SUFFIXES = (".json", ".jsonl")
+from regen.conversation import primary_id_of
+from regen.errors import UserError
+from regen.settings import DatasetSettings
+from regen.speculators_keys import LocalFileKeys
+
+Warn = Callable[[str], None]
+
+
+class SourceError(UserError):
+    """A dataset that cannot be read at all; the message names the file (or hub dataset) and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -24,23 +39,53 @@ class SourceRecord:
     where: str
     row: Any = None
     error: str | None = None
+    primary_id: str | None = None  # None when the row is not a JSON object
 
 
-def _jsonl_records(path: Path) -> Iterator[SourceRecord]:
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for line_number, raw in enumerate(handle, 1):
-            where = f"{path}:{line_number}"
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as error:
-                yield SourceRecord(line_number - 1, where, error=f"not UTF-8 ({error.reason} at byte {error.start})")
-                continue
-            except json.JSONDecodeError as error:
-                yield SourceRecord(line_number - 1, where, error=f"invalid JSON: {error.msg} (column {error.colno})")
-                continue
-            yield SourceRecord(line_number - 1, where, row=row)
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+class JsonlFile:
+    """A local ``.jsonl``: one row per line (blank lines skipped), each with its line number."""
+
+    def __init__(self, path: Path, warn: Warn):
+        self.path, self.warn = path, warn
+        self._fingerprint: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = _file_sha256(self.path)
+        return self._fingerprint
+
+    def locate(self, idx: int) -> str:
+        return f"{self.path}:{idx + 1}"
+
+    def records(self) -> Iterator[SourceRecord]:
+        keys = LocalFileKeys(self.path, self.warn)
+        ordinal = -1  # rows as datasets counts them: blank lines are not rows
+        with self.path.open("rb") as handle:
+            for line_number, raw in enumerate(handle, 1):
+                if line_number == 1 and raw.startswith(codecs.BOM_UTF8):
+                    raw = raw[len(codecs.BOM_UTF8):]
+                if not raw.strip():
+                    continue
+                ordinal += 1
+                where = f"{self.path}:{line_number}"
+                try:
+                    row = json.loads(raw.decode("utf-8"))
+                except UnicodeDecodeError as error:
+                    yield SourceRecord(line_number - 1, where, error=f"not UTF-8 ({error.reason} at byte {error.start})")
+                    continue
+                except json.JSONDecodeError as error:
+                    yield SourceRecord(line_number - 1, where, error=f"invalid JSON: {error.msg} (column {error.colno})")
+                    continue
+                yield SourceRecord(line_number - 1, where, row=row, primary_id=keys.key(ordinal, row))
 
 
 def _skip_space(text: str, position: int) -> int:
@@ -49,59 +94,95 @@ def _skip_space(text: str, position: int) -> int:
     return position
 
 
-def _json_array_records(path: Path) -> Iterator[SourceRecord]:
-    """Elements of a top-level JSON array, each with the line it starts on."""
-    text = path.read_text(encoding="utf-8")
-    decoder = json.JSONDecoder()
-    position = _skip_space(text, 0)
-    if not text.startswith("[", position):
-        raise ValueError(f"{path}: a .json dataset must be a top-level array of rows (use .jsonl for one row per line)")
-    position, index, line, counted_to = position + 1, 0, 1, 0
-    while True:
-        position = _skip_space(text, position)
-        if text.startswith("]", position):
-            return
-        line += text.count("\n", counted_to, position)
-        counted_to = position
+class JsonArrayFile:
+    """A local ``.json`` holding one top-level array of rows; decoded and checked when opened."""
+
+    def __init__(self, path: Path, warn: Warn):
+        self.path, self.warn = path, warn
+        data = path.read_bytes()
+        self.fingerprint = "sha256:" + hashlib.sha256(data).hexdigest()
+        if data.startswith(codecs.BOM_UTF8):
+            data = data[len(codecs.BOM_UTF8):]
         try:
-            row, position = decoder.raw_decode(text, position)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{error.lineno}: invalid JSON ({error.msg}); fix the file or convert it to .jsonl") from None
-        yield SourceRecord(index, f"{path}:{line}", row=row)
-        index += 1
-        position = _skip_space(text, position)
-        if text.startswith(",", position):
-            position += 1
-        elif not text.startswith("]", position):
-            raise ValueError(f"{path}:{line + text.count(chr(10), counted_to, position)}: expected ',' or ']' after row {index - 1}")
+            self.text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise SourceError(f"{path} is not UTF-8 ({error.reason} at byte {error.start})",
+                              "save it as UTF-8, or convert it to .jsonl") from None
+        self.start = _skip_space(self.text, 0)
+        if self.start == len(self.text):
+            raise SourceError(f"{path} is empty", "a .json dataset is one array of rows: [{...}, {...}]")
+        if self.text[self.start] != "[":
+            raise SourceError(f"{path} is not a top-level JSON array of rows",
+                              "wrap the rows in [...], or write one row per line in a .jsonl file")
+
+    def locate(self, idx: int) -> str:
+        return f"{self.path} element {idx}"
+
+    def records(self) -> Iterator[SourceRecord]:
+        """Elements of the array, each named by the line it starts on and its index."""
+        text, path = self.text, self.path
+        keys = LocalFileKeys(path, self.warn)
+        decoder = json.JSONDecoder()
+        position, index, line, counted_to = self.start + 1, 0, 1 + text.count("\n", 0, self.start), self.start
+        while True:
+            position = _skip_space(text, position)
+            if text.startswith("]", position):
+                return
+            line += text.count("\n", counted_to, position)
+            counted_to = position
+            try:
+                row, position = decoder.raw_decode(text, position)
+            except json.JSONDecodeError as error:
+                raise SourceError(f"{path}:{error.lineno}: invalid JSON ({error.msg})",
+                                  "fix the file, or convert it to .jsonl (one row per line)") from None
+            yield SourceRecord(index, f"{path}:{line} (element {index})", row=row, primary_id=keys.key(index, row))
+            index += 1
+            position = _skip_space(text, position)
+            if text.startswith(",", position):
+                position += 1
+            elif not text.startswith("]", position):
+                raise SourceError(f"{path}:{line + text.count(chr(10), counted_to, position)}: expected ',' or ']' "
+                                  f"after element {index - 1}", "fix the file, or convert it to .jsonl")
 
 
-def local_records(path: str | Path) -> Iterator[SourceRecord]:
-    """Rows of a local ``.jsonl`` (line by line) or ``.json`` (top-level array) file."""
-    path = Path(path)
-    if path.suffix.lower() not in LOCAL_SUFFIXES:
-        raise ValueError(f"{path}: local datasets must be .json (top-level array) or .jsonl files")
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
-    return _jsonl_records(path) if path.suffix.lower() == ".jsonl" else _json_array_records(path)
+class HubDataset:
+    """A Hugging Face dataset (hub id or local dataset folder) streamed split by split."""
+
+    def __init__(self, path: str, subset: str | None, split: str):
+        from datasets import load_dataset_builder  # heavy; only imported for hub sources
+
+        self.label = f"{path}[{subset + '/' if subset else ''}{split}]"
+        self.split = split
+        try:
+            self.builder = load_dataset_builder(path, name=subset)
+        except Exception as error:  # noqa: BLE001 - network, missing repo, bad subset: all end the run here
+            raise SourceError(f"cannot open the hub dataset {self.label}: {type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''}",
+                              "check dataset.path/subset/split and your network (or HF_HUB_OFFLINE and the cache)"
+                              ) from None
+        self.fingerprint = f"builder:{self.builder.hash}"
+
+    def locate(self, idx: int) -> str:
+        return f"{self.label} row {idx}"
+
+    def records(self) -> Iterator[SourceRecord]:
+        try:
+            rows = self.builder.as_streaming_dataset(split=self.split)
+        except Exception as error:  # noqa: BLE001 - e.g. an unknown split
+            raise SourceError(f"cannot stream {self.label}: {type(error).__name__}: {error}",
+                              "check dataset.split") from None
+        for index, row in enumerate(rows):
+            key = primary_id_of(row) if isinstance(row, dict) else None
+            yield SourceRecord(index, self.locate(index), row=row, primary_id=key)
 
 
-def hub_records(path: str, subset: str | None, split: str) -> Iterator[SourceRecord]:
-    """Rows of a Hugging Face dataset (hub id or local dataset folder), streamed."""
-    from datasets import load_dataset  # heavy; only imported for hub sources
-
-    label = f"{path}[{subset + '/' if subset else ''}{split}]"
-    for index, row in enumerate(load_dataset(path, name=subset, split=split, streaming=True)):
-        yield SourceRecord(index, f"{label} row {index}", row=row)
+Source = JsonlFile | JsonArrayFile | HubDataset
 
 
-def open_records(dataset_cfg: Mapping) -> Iterator[SourceRecord]:
-    """The rows of the ``dataset`` config block."""
-    source = dataset_cfg["source"]
-    if source == "local":
-        return local_records(dataset_cfg["path"])
-    if source == "hf":
-        if not dataset_cfg.get("split"):
-            raise ValueError(f"dataset.split is required for the hub dataset {dataset_cfg['path']}")
-        return hub_records(dataset_cfg["path"], dataset_cfg.get("subset"), dataset_cfg["split"])
-    raise ValueError(f"dataset.source={source!r} is unknown; use 'hf' or 'local'")
+def open_source(dataset: DatasetSettings, warn: Warn | None = None) -> Source:
+    """The rows of the ``dataset`` settings (already checked: source, path, split)."""
+    warn = warn or (lambda message: None)
+    if dataset.source == "hf":
+        return HubDataset(dataset.path, dataset.subset, dataset.split)
+    path = Path(dataset.path)
+    return JsonlFile(path, warn) if path.suffix.lower() == ".jsonl" else JsonArrayFile(path, warn)

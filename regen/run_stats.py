@@ -13,9 +13,9 @@ class RunStats:
 
     done: int = 0
     failed: int = 0
-    input_errors: int = 0
+    input_errors: int = 0  # unusable rows, duplicate ids included
+    duplicate_ids: int = 0
     skipped_done: int = 0
-    skipped_duplicate: int = 0
     skipped_language: int = 0
     rows: int = 0
     prompt_tokens: int = 0
@@ -26,7 +26,7 @@ class RunStats:
     @property
     def handled(self) -> int:
         """Source records dealt with (the ones ``limit`` counts: everything past the language filter)."""
-        return self.done + self.failed + self.input_errors + self.skipped_done + self.skipped_duplicate
+        return self.done + self.failed + self.input_errors + self.skipped_done
 
     @property
     def elapsed_s(self) -> float:
@@ -44,8 +44,8 @@ class RunStats:
             "truncated_by_reason": dict(self.truncated),
             "conversations_failed": self.failed,
             "input_errors": self.input_errors,
+            "duplicate_ids": self.duplicate_ids,
             "skipped_already_done": self.skipped_done,
-            "skipped_duplicate_id": self.skipped_duplicate,
             "skipped_language": self.skipped_language,
             "rows_written": self.rows,
             "requests": requests,

@@ -1,12 +1,13 @@
-"""Who provides the chat endpoint(s) for a regen job: the ``server`` config group.
+"""Who provides the chat endpoint(s) for a regen job: the ``server`` settings (``regen.settings``).
 
-``provide_endpoints(server_cfg)`` is a context manager yielding the base URLs (``http://host:port``) that
-are ready to serve; it owns the whole lifecycle for ``vllm`` and ``local`` and none for ``external``:
+``provide_endpoints(server)`` is a context manager yielding the endpoint addresses that are ready to
+serve; it owns the whole lifecycle for ``vllm`` and ``local`` and none for ``external``:
 
-- ``vllm``: runs ``launch/vllm.sh`` with the group's values (it starts ``vllm serve`` in its own process
-  group and returns once ``/v1/models`` answers), then stops that group (SIGTERM, SIGKILL after
+- ``vllm``: runs ``launch/vllm.sh`` with the settings (it starts ``vllm serve`` in its own process group
+  and returns once ``/health`` and ``/v1/models`` answer), then stops that group (SIGTERM, SIGKILL after
   ``stop_grace_s``) when the block ends -- on success, on an error, on Ctrl-C or SIGTERM -- unless
-  ``keep_server``.
+  ``keep_server``. With ``dp_local`` < ``dp`` it is the head of a multi-node data-parallel deployment,
+  whose other nodes run ``launch/vllm.sh --headless`` themselves.
 - ``local``: the same for the embedded CPU server (``python -m launch.chat_server``).
 - A healthy server already answering on the port with the asked model is reused and left running; one
   serving another model is an error. Hydra multiruns share one server through ``SharedServerCallback``.
@@ -16,11 +17,9 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -34,50 +33,33 @@ from launch.server_process import (
     stop_process_group,
     wait_until_ready,
 )
+from regen.endpoint_pool import EndpointAddress
+from regen.errors import reported_to_user, signals_interrupt
+from regen.settings import (
+    LOCAL_ARCH_KEYS,
+    ExternalServer,
+    LocalServer,
+    RegenSettings,
+    ServerSettings,
+    VllmServer,
+)
 
 VLLM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "vllm.sh"
-MANAGED_KINDS = ("vllm", "local")
-# Keys of a server block that become the embedded server's CLI flags (values of None are left out).
-_LOCAL_FLAGS = ("checkpoint", "tokenizer", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "num_experts", "num_experts_per_tok", "vocab_size", "host", "port",
-                "max_batch_size", "max_prefill_tokens", "max_model_len", "reasoning_parser", "threads")
 
 
 @contextmanager
-def provide_endpoints(server_cfg: Mapping) -> Iterator[list[str]]:
-    """Yield ready base URLs for ``server_cfg`` and release what was started when the block exits."""
-    kind = server_cfg.get("kind")
-    if kind == "external":
-        endpoints = server_cfg.get("endpoints")
-        if isinstance(endpoints, str):
-            endpoints = [endpoints]
-        if not endpoints:
-            raise ValueError("server.endpoints is empty: give one or more base URLs, e.g. [http://127.0.0.1:8000]")
-        yield [str(e).rstrip("/") for e in endpoints]
+def provide_endpoints(server: ServerSettings) -> Iterator[tuple[EndpointAddress, ...]]:
+    """Yield ready endpoints for ``server`` and release what was started when the block exits."""
+    if isinstance(server, ExternalServer):
+        yield server.endpoints
         return
-    if kind not in MANAGED_KINDS:
-        raise ValueError(f"server.kind={kind!r} is not one of external, {', '.join(MANAGED_KINDS)}")
-    with _sigterm_as_interrupt(), _managed_server(server_cfg) as base_url:
-        yield [base_url]
-
-
-def served_model_name(server_cfg: Mapping) -> str:
-    """The model id the server lists in /v1/models: ``model``, else (local) the checkpoint path."""
-    name = server_cfg.get("model") or (server_cfg.get("checkpoint") if server_cfg.get("kind") == "local" else None)
-    if not name:
-        raise ValueError(f"server.model is not set for server.kind={server_cfg.get('kind')}")
-    return str(name)
-
-
-def server_log_path(server_cfg: Mapping) -> Path:
-    """``server.log_file``, else ``out/servers/<kind>-<port>.log``."""
-    return Path(server_cfg.get("log_file") or f"out/servers/{server_cfg['kind']}-{server_cfg['port']}.log")
+    with signals_interrupt(), _managed_server(server):
+        yield server.endpoints
 
 
 @contextmanager
-def _managed_server(server_cfg: Mapping) -> Iterator[str]:
-    base_url = f"http://{server_cfg['host']}:{server_cfg['port']}"
-    model = served_model_name(server_cfg)
+def _managed_server(server: VllmServer | LocalServer) -> Iterator[None]:
+    base_url, model = server.base_url, server.served_model
     served = probe_models(base_url)
     if served is not None:
         if model not in served:
@@ -85,46 +67,44 @@ def _managed_server(server_cfg: Mapping) -> Iterator[str]:
                                    "choose another server.port")
         print(f"[server] reusing the server already answering at {base_url} ({model}); leaving it running",
               file=sys.stderr)
-        yield base_url
+        yield
         return
-    start = _start_vllm if server_cfg["kind"] == "vllm" else _start_local
-    pid, process = start(server_cfg, base_url)
-    print(f"[server] {server_cfg['kind']} server ready at {base_url} (pid {pid}, log {server_log_path(server_cfg)})",
-          file=sys.stderr)
+    pid, process = _start_vllm(server) if isinstance(server, VllmServer) else _start_local(server)
+    print(f"[server] {server.kind} server ready at {base_url} (pid {pid}, log {server.log_path})", file=sys.stderr)
     try:
-        yield base_url
+        yield
     finally:
-        if server_cfg.get("keep_server"):
+        if server.keep_server:
             print(f"[server] keep_server: leaving {base_url} running; stop it with: kill -TERM -- -{pid}",
                   file=sys.stderr)
         else:
             print(f"[server] stopping the server at {base_url} (pid {pid})", file=sys.stderr)
-            stop_process_group(pid, grace_s=float(server_cfg["stop_grace_s"]), process=process)
+            stop_process_group(pid, grace_s=float(server.stop_grace_s), process=process)
 
 
-def vllm_command(server_cfg: Mapping) -> list[str]:
-    """The ``launch/vllm.sh`` command line for a ``vllm`` server block."""
-    log = server_log_path(server_cfg)
-    command = [str(VLLM_SCRIPT), str(server_cfg["model"]), "--host", str(server_cfg["host"]),
-               "--port", str(server_cfg["port"]), "--dp-size", str(server_cfg["dp"]),
-               "--tp-size", str(server_cfg["tp"]), "--log-file", str(log), "--pid-file", str(log.with_suffix(".pid")),
-               "--ready-timeout", str(int(server_cfg["ready_timeout_s"])),
-               "--stop-grace", str(int(server_cfg["stop_grace_s"]))]
-    gpus = server_cfg.get("gpus")
-    if gpus is not None:
-        command += ["--gpus", str(gpus) if isinstance(gpus, (str, int)) else ",".join(str(g) for g in gpus)]
-    for key in ("max_model_len", "reasoning_parser", "tool_call_parser"):
-        if server_cfg.get(key) is not None:
-            command += ["--" + key.replace("_", "-"), str(server_cfg[key])]
-    return command + ["--", *[str(a) for a in server_cfg.get("extra_args") or []]]
+def vllm_command(server: VllmServer) -> list[str]:
+    """The ``launch/vllm.sh`` command line for ``server=vllm`` settings."""
+    log = server.log_path
+    command = [str(VLLM_SCRIPT), server.model, "--host", server.host, "--port", str(server.port),
+               "--dp-size", str(server.dp), "--tp-size", str(server.tp), "--log-file", str(log),
+               "--pid-file", str(log.with_suffix(".pid")), "--ready-timeout", str(int(server.ready_timeout_s)),
+               "--stop-grace", str(int(server.stop_grace_s))]
+    if server.gpus is not None:
+        command += ["--gpus", ",".join(str(g) for g in server.gpus)]
+    for key in ("dp_local", "dp_address", "dp_rpc_port", "max_model_len", "reasoning_parser", "tool_call_parser"):
+        value = getattr(server, key)
+        if value is not None:
+            flag = {"dp_local": "--dp-size-local"}.get(key, "--" + key.replace("_", "-"))
+            command += [flag, str(value)]
+    return command + ["--", *server.extra_args]
 
 
-def _start_vllm(server_cfg: Mapping, base_url: str) -> tuple[int, None]:
-    log = server_log_path(server_cfg)
+def _start_vllm(server: VllmServer) -> tuple[int, None]:
+    log = server.log_path
     pid_file = log.with_suffix(".pid")
     pid_file.unlink(missing_ok=True)
     # Same process group, so Ctrl-C reaches it too; its messages are echoed live and kept for the error.
-    script = subprocess.Popen(vllm_command(server_cfg), stderr=subprocess.PIPE, text=True, errors="replace")
+    script = subprocess.Popen(vllm_command(server), stderr=subprocess.PIPE, text=True, errors="replace")
     said = []
     try:
         for line in script.stderr:
@@ -136,58 +116,39 @@ def _start_vllm(server_cfg: Mapping, base_url: str) -> tuple[int, None]:
             script.terminate()
         script.wait()
         if pid_file.is_file():
-            stop_process_group(int(pid_file.read_text()), grace_s=float(server_cfg["stop_grace_s"]))
+            stop_process_group(int(pid_file.read_text()), grace_s=float(server.stop_grace_s))
         raise
     if status != 0:
-        reasons = "".join(line for line in said if line.startswith("vllm.sh:"))
-        raise ServerStartError(f"launch/vllm.sh failed with status {status}:\n{reasons}"
+        reasons = "; ".join(line.strip().removeprefix("vllm.sh: ") for line in said if line.startswith("vllm.sh:")
+                            and "starting:" not in line and "log:" not in line)
+        raise ServerStartError(f"launch/vllm.sh failed with status {status}: {reasons} (log: {log})\n"
                                f"last lines of {log}:\n{log_tail(log)}")
     return int(pid_file.read_text()), None
 
 
-def local_command(server_cfg: Mapping) -> list[str]:
-    """The ``python -m launch.chat_server`` command line for a ``local`` server block."""
+def local_command(server: LocalServer) -> list[str]:
+    """The ``python -m launch.chat_server`` command line for ``server=local`` settings."""
     command = [sys.executable, "-m", "launch.chat_server"]
-    for key in _LOCAL_FLAGS:
-        if server_cfg.get(key) is not None:
-            command += ["--" + key.replace("_", "-"), str(server_cfg[key])]
-    command.append("--use-moe" if server_cfg.get("use_moe") else "--no-use-moe")
-    command += ["--served-model-name", served_model_name(server_cfg),
-                "--tool-call-parser", server_cfg.get("tool_call_parser") or "none"]
-    if not server_cfg.get("keep_server"):
+    for key in ("checkpoint", "tokenizer", *LOCAL_ARCH_KEYS, "host", "port", "max_batch_size",
+                "max_prefill_tokens", "max_model_len", "reasoning_parser", "threads"):
+        if getattr(server, key) is not None:
+            command += ["--" + key.replace("_", "-"), str(getattr(server, key))]
+    command.append("--use-moe" if server.use_moe else "--no-use-moe")
+    command += ["--served-model-name", server.served_model, "--tool-call-parser", server.tool_call_parser or "none"]
+    if not server.keep_server:
         command += ["--parent-pid", str(os.getpid())]  # no orphaned server if this process is killed
     return command
 
 
-def _start_local(server_cfg: Mapping, base_url: str) -> tuple[int, subprocess.Popen]:
-    log = server_log_path(server_cfg)
-    process = start_detached(local_command(server_cfg), log)
+def _start_local(server: LocalServer) -> tuple[int, subprocess.Popen]:
+    log = server.log_path
+    process = start_detached(local_command(server), log)
     try:
-        wait_until_ready(base_url, process, timeout_s=float(server_cfg["ready_timeout_s"]), log_path=log)
+        wait_until_ready(server.base_url, process, timeout_s=float(server.ready_timeout_s), log_path=log)
     except BaseException:
-        stop_process_group(process.pid, grace_s=float(server_cfg["stop_grace_s"]), process=process)
+        stop_process_group(process.pid, grace_s=float(server.stop_grace_s), process=process)
         raise
     return process.pid, process
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """While the block runs, SIGTERM raises KeyboardInterrupt (like Ctrl-C), so cleanup still happens.
-
-    Only in the main thread and only when nobody else handles SIGTERM.
-    """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"received signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class SharedServerCallback(Callback):
@@ -198,11 +159,12 @@ class SharedServerCallback(Callback):
         self._stack: ExitStack | None = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        if config.server.kind not in MANAGED_KINDS:
+        if config.server.kind == ExternalServer.kind:
             return
         self._stack = ExitStack()
         atexit.register(self._release)  # Hydra skips on_multirun_end when a job raises
-        self._stack.enter_context(provide_endpoints(config.server))
+        with reported_to_user():  # a bad server setting or a failed start: error lines, not a traceback
+            self._stack.enter_context(provide_endpoints(RegenSettings.from_config(config).server))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         self._release()

@@ -1,6 +1,6 @@
 """A stand-in for a vLLM chat server (aiohttp): the benchmark's fixed-latency target and the tests' scripted one.
 
-It speaks the parts of vLLM's dialect regen depends on: ``GET /v1/models`` and ``POST
+It speaks the parts of vLLM's dialect regen depends on: ``GET /health``, ``GET /v1/models`` and ``POST
 /v1/chat/completions`` answering with top-level ``prompt_token_ids``, ``choices[0].token_ids`` and
 ``usage``. What each request gets is decided by a *responder* (payload -> :class:`Reply`); the default
 one answers every request after a fixed latency with a deterministic text, tokenized with a real
@@ -101,6 +101,9 @@ class StandinServer:
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
 
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
     async def _models(self, request: web.Request) -> web.Response:
         if self.keep_requests:
             self.authorizations.append(request.headers.get("Authorization"))
@@ -135,6 +138,7 @@ class StandinServer:
     async def start(self, port: int = 0) -> str:
         """Listen on ``host:port`` (0 = any free port); returns the base URL."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, access_log=None)

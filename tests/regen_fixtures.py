@@ -1,10 +1,10 @@
-"""Pytest fixtures of the regen tests (loaded with ``pytest_plugins = ("tests.regen_fixtures",)``)."""
+"""Pytest fixtures of the regen tests (load them with ``pytest_plugins = ("tests.regen_fixtures",)``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.scripted_vllm_server import ServerThread
+from tests.regen_support import ServerThread, read_jsonl, regen_config, write_jsonl
 
 
 @pytest.fixture
@@ -19,3 +19,16 @@ def serve():
     yield start
     for server in servers:
         server.close()
+
+
+@pytest.fixture
+def regen(tmp_path, tokenizer_path):
+    """``run(cfg)`` on rows written to tmp_path/rows.jsonl; returns (summary, output rows, error rows)."""
+    from regen.job import run
+
+    def go(urls, rows, *overrides):
+        data = write_jsonl(tmp_path / "rows.jsonl", rows)
+        summary = run(regen_config(tmp_path, urls, data, tokenizer_path, *overrides))
+        return summary, read_jsonl(tmp_path / "out.jsonl"), read_jsonl(tmp_path / "out.errors.jsonl")
+
+    return go

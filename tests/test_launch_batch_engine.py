@@ -1,5 +1,6 @@
 """The batch engine: batched greedy output equals unbatched output and transformers' generate, forward passes
-are shared, limits and stop conditions hold, seeded sampling does not depend on the batch."""
+are shared, limits and stop conditions hold, seeded sampling does not depend on the batch, and a request that
+fails inside a shared step (sampling, prefill or decode forward) fails alone while the rest complete."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 
 import pytest
 import torch
+from transformers import Qwen3ForCausalLM
 
 from launch.batch_engine import BatchEngine
 from launch.sampling import SamplingParams
@@ -178,3 +180,57 @@ def test_cancelled_requests_are_dropped(prompts, engine):
     stats = e.stats()
     assert stats["cancelled_requests"] == 1 and stats["running"] == 0 and stats["finished_requests"] == 1
     assert stats["generated_tokens"] < 400 + 30
+
+
+POISON_POSITION = 100  # beyond every clean prompt + 12 tokens
+
+
+class PoisonedAtPosition(Qwen3ForCausalLM):
+    """A real (random) Qwen3 whose forward fails whenever any row reaches position POISON_POSITION."""
+
+    def forward(self, *args, **kwargs):
+        if (kwargs["position_ids"] == POISON_POSITION).any():
+            raise RuntimeError(f"poisoned position {POISON_POSITION}")
+        return super().forward(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def poisoned(model):
+    twin = PoisonedAtPosition(model.config).eval()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+@pytest.mark.parametrize("where", ["prefill", "decode"])
+def test_a_request_failing_inside_a_shared_forward_fails_alone(model, poisoned, prompts, where):
+    # prefill: a 105-token prompt holds the poisoned position; decode: a 98-token prompt reaches it at its third step
+    culprit = list(range(100, 205 if where == "prefill" else 198))
+    batch = [*prompts[:3], culprit, *prompts[3:7]]
+    clean = BatchEngine(model, eos_token_ids={EOS}, max_model_len=512).start()
+    try:
+        expected = [clean.submit(p, greedy(12)).result(timeout=60).token_ids for p in prompts[:7]]
+    finally:
+        clean.stop()
+    engine = BatchEngine(poisoned, eos_token_ids={EOS}, max_model_len=512)
+    futures = [engine.submit(p, greedy(12)) for p in batch]  # all wait together: one shared prefill
+    engine.start()
+    try:
+        with pytest.raises(RuntimeError, match="poisoned position"):
+            futures[3].result(timeout=60)
+        assert [f.result(timeout=60).token_ids for i, f in enumerate(futures) if i != 3] == expected
+        stats = engine.stats()
+    finally:
+        engine.stop()
+    assert stats["failed_requests"] == 1 and stats["finished_requests"] == 7
+
+
+def test_a_request_whose_sampling_fails_fails_alone(prompts, engine):
+    e = engine()
+    params = [greedy(10) for _ in prompts]
+    params[2] = SamplingParams(max_tokens=10, temperature=1.0, presence_penalty=float("nan"), ignore_eos=True)
+    expected = [e.submit(p, greedy(10)).result(timeout=60).token_ids for p in prompts]
+    futures = [e.submit(p, q) for p, q in zip(prompts, params, strict=True)]
+    with pytest.raises(RuntimeError, match="probability tensor contains"):
+        futures[2].result(timeout=60)
+    assert [f.result(timeout=60).token_ids for i, f in enumerate(futures) if i != 2] == expected[:2] + expected[3:]
+    assert e.stats()["failed_requests"] == 1

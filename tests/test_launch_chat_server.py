@@ -1,11 +1,13 @@
 """The embedded server over real HTTP (aiohttp on 127.0.0.1, ephemeral port) with a tiny random MiniMind model
 and the MiniMind tokenizer: vLLM's reply shape, token bookkeeping, stop/length, tool calls, reasoning,
-batching under concurrency, and 400/404 errors."""
+batching under concurrency, 400/404/413 errors (NaN anywhere, deep nesting, huge bodies) that never touch
+other requests, and tokenization off the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import aiohttp
 import pytest
@@ -255,3 +257,92 @@ async def test_invalid_json_and_tool_choice_without_parser(serve):
         assert response.status == 400 and "not valid JSON" in (await response.json())["error"]["message"]
     status, reply = await post(serve.session, base, {"messages": USER, "tools": TOOLS, "tool_choice": "auto"})
     assert status == 400 and "--enable-auto-tool-choice" in reply["error"]["message"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("raw,fragment,param", [
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "'temperature' is NaN", "temperature"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}', "'top_p' is Infinity", "top_p"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": -Infinity}', "'seed' is -Infinity", "seed"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 1e999}',
+     "'frequency_penalty' is 1e999", "frequency_penalty"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", '
+     b'"parameters": {"type": "object", "default": NaN}}}]}', "'tools[0].function.parameters.default' is NaN", "tools"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 100 + b"]" * 100 + b"}",
+     "nested more than 64 levels deep", None),
+    (b"[" * 50_000 + b"]" * 50_000, "nested more than 64 levels deep", None),
+])
+async def test_non_finite_numbers_and_deep_nesting_are_a_400_naming_where(serve, raw, fragment, param):
+    base, service = await serve()
+    async with serve.session.post(f"{base}/v1/chat/completions", data=raw,
+                                  headers={"Content-Type": "application/json"}) as response:
+        reply = await response.json()
+    assert response.status == 400 and fragment in reply["error"]["message"]
+    assert reply["error"]["param"] == param
+    assert service.engine.stats()["forward_passes"] == 0  # refused before it could join a batch
+
+
+@pytest.mark.asyncio
+async def test_a_body_over_the_size_limit_is_a_413(serve):
+    base, _ = await serve()
+    content = "x" * (65 * 1024 * 1024)
+    async with serve.session.post(f"{base}/v1/chat/completions",
+                                  json={"messages": [{"role": "user", "content": content}]}) as response:
+        reply = await response.json()
+    assert response.status == 413 and "larger than 67108864 bytes" in reply["error"]["message"]
+
+
+@pytest.mark.asyncio
+async def test_a_nan_request_in_a_batch_of_eight_fails_alone(serve):
+    base, service = await serve()
+    bodies = [{"messages": [{"role": "user", "content": f"Question {i}: " + "why " * i}], "max_tokens": 8,
+               "temperature": 0, "ignore_eos": True, "return_token_ids": True} for i in range(8)]
+    alone = [(await post(serve.session, base, body))[1]["choices"][0]["token_ids"] for body in bodies]
+    raws = [json.dumps(body).encode() for body in bodies]
+    raws[3] = raws[3].replace(b'"temperature": 0', b'"temperature": NaN')
+
+    async def send(raw):
+        async with serve.session.post(f"{base}/v1/chat/completions", data=raw,
+                                      headers={"Content-Type": "application/json"}) as response:
+            return response.status, await response.json()
+
+    before = service.engine.stats()["forward_passes"]
+    replies = await asyncio.gather(*(send(raw) for raw in raws))
+    assert [status for status, _ in replies] == [200] * 3 + [400] + [200] * 4
+    assert replies[3][1]["error"]["param"] == "temperature"
+    assert [r["choices"][0]["token_ids"] for i, (_, r) in enumerate(replies) if i != 3] == alone[:3] + alone[4:]
+    assert service.engine.stats()["forward_passes"] - before < 7 * 8  # the seven still shared passes
+
+
+class HeldTokenizer:
+    """The real tokenizer, except that rendering a prompt holding HOLD waits until ``release`` is set."""
+
+    HOLD = "please hold this prompt"
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.entered, self.release = tokenizer, threading.Event(), threading.Event()
+
+    def apply_chat_template(self, messages, **kwargs):
+        if any(self.HOLD in (m.get("content") or "") for m in messages):
+            self.entered.set()
+            assert self.release.wait(timeout=120)
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+@pytest.mark.asyncio
+async def test_tokenizing_a_long_prompt_does_not_hold_up_the_event_loop(serve, model, tokenizer):
+    base, service = await serve()
+    held = HeldTokenizer(tokenizer)
+    service.tokenizer = held
+    slow = asyncio.create_task(post(serve.session, base, {"messages": [{"role": "user", "content": held.HOLD}],
+                                                          "max_tokens": 2, "temperature": 0}))
+    assert await asyncio.to_thread(held.entered.wait, 120)  # the long prompt is being tokenized now
+    async with serve.session.get(f"{base}/health") as health, serve.session.get(f"{base}/v1/models") as models:
+        assert (health.status, models.status) == (200, 200)  # answered while that tokenization runs
+    assert not slow.done()
+    held.release.set()
+    status, reply = await slow
+    assert status == 200 and reply["usage"]["completion_tokens"] == 2

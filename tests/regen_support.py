@@ -1,16 +1,20 @@
-"""Test helpers: a vLLM-dialect server scripted per conversation, running on its own event-loop thread.
+"""Shared pieces of the regen tests: a vLLM-dialect server scripted per conversation (on its own event-loop
+thread, as ``regen.job.run`` calls ``asyncio.run`` itself), data files and composed configs.
 
-``regen.job.run`` calls ``asyncio.run`` itself, so the server lives on a background loop. A
-:class:`Script` maps a conversation's first user message to the replies its requests get, in order.
+A :class:`Script` maps a conversation's first user message to the replies its requests get, in order.
+The fixtures built on these are in ``tests/regen_fixtures.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from regen.standin_server import Reply, StandinServer, vllm_body
+from tests.test_configs import compose_config
 
 EOS = 2
 
@@ -59,9 +63,30 @@ class ServerThread:
     def requests(self) -> list[dict]:
         return self.server.requests
 
+    @property
+    def chat_url(self) -> str:
+        return f"{self.url}/v1/chat/completions"
+
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=30)
         self.loop.close()
 
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def regen_config(tmp_path: Path, urls: list[str], data: Path, tokenizer: Path, *overrides: str):
+    """A composed regen config: local dataset, external endpoints, fast retries, output under tmp_path."""
+    return compose_config("regen", [
+        "dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{','.join(urls)}]",
+        f"tokenizer={tokenizer}", f"output={tmp_path / 'out.jsonl'}", "retry_backoff_s=0.01", "max_backoff_s=0.05",
+        "max_retries=2", "concurrency=4", *overrides,
+    ])

@@ -1,20 +1,21 @@
-"""``python regen/main.py`` as users run it: kill -9 then resume, Hydra multirun, a torch-free client."""
+"""``python regen/main.py`` as users run it: kill -9 then resume, one run per output (a second is refused
+naming the first's pid), Hydra multirun, credentials that never reach a file, a torch-free client."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 from regen.job import run
 from tests.conftest import REPO_ROOT
-from tests.regen_helpers import read_jsonl, regen_config, write_jsonl
-from tests.scripted_vllm_server import EOS, ok
+from tests.launch_support import wait_until
+from tests.regen_support import EOS, ok, read_jsonl, regen_config, write_jsonl
 
 pytest_plugins = ("tests.regen_fixtures",)  # the `serve` fixture
 
@@ -52,16 +53,22 @@ def test_kill_9_mid_run_then_resume_finishes_every_conversation_once(serve, tmp_
                                    f"server.endpoints=[{stuck.url}]", f"tokenizer={tokenizer_path}",
                                    f"output={output}", "concurrency=16", f"hydra.run.dir={tmp_path / 'h'}"),
                                cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 90
-    while gate.count < 100 + 16 and time.monotonic() < deadline:  # every worker is waiting at the gate
-        time.sleep(0.05)
+    wait_until(lambda: gate.count >= 100 + 16, process, "every worker waits at the gate")
+    second = subprocess.run(cli("dataset=local", f"dataset.path={data}", "server=external",
+                                f"server.endpoints=[{stuck.url}]", f"tokenizer={tokenizer_path}", f"output={output}",
+                                "resume=true", f"hydra.run.dir={tmp_path / 'h2'}"),
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert second.stderr.splitlines()[-2:] == [
+        f"error: {output} is being written by another regen run (pid {process.pid}, lock {tmp_path / 'out.lock'})",
+        "error: wait for it to finish (or stop it), or choose another output="]
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
     gate.release(stuck.loop)
     before = Counter(row["primary_id"] for row in read_jsonl(output))
     assert 0 < len(before) < 300 and set(before.values()) == {2}
 
-    fresh = serve(lambda payload: ok("answer", [1, 5, 6], [7, 8, EOS]))
+    fresh = serve(lambda payload: ok("answer", [1, 5, 6], [7, 8, EOS]))  # the OS dropped the killed run's lock
     summary = run(regen_config(tmp_path, [fresh.url], data, tokenizer_path, "resume=true", "concurrency=16"))
     counts = Counter(row["primary_id"] for row in read_jsonl(output))
     assert counts == {f"k{i}": 2 for i in range(300)}
@@ -91,3 +98,23 @@ def test_client_import_chain_has_no_torch():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.replace("'", '"')) == []
+
+
+def test_credentials_in_an_endpoint_reach_no_file_and_no_console(serve, tmp_path, tokenizer_path):
+    server = serve(lambda payload: ok("hi", [1, 5], [6, EOS]), model="org/Tiny")
+    secret = "pw-3f9a2b"
+    endpoint = server.url.replace("http://", f"http://alice:{secret}@") + "/v1"
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "messages": []}])
+    result = subprocess.run(
+        cli("dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{endpoint}]",
+            f"tokenizer={tokenizer_path}", f"output={tmp_path / 'o' / 'out.jsonl'}", f"hydra.run.dir={tmp_path / 'h'}"),
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert server.server.authorizations[-1] == "Basic " + base64.b64encode(f"alice:{secret}".encode()).decode()
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != data]
+    assert {p.name for p in written} >= {"out.jsonl", "out.errors.jsonl", "out.summary.json", "out.manifest.json",
+                                         "out.lock", "config.yaml", "overrides.yaml", "hydra.yaml"}
+    assert [p for p in written if secret in p.read_text(errors="replace")] == []
+    assert secret not in result.stdout + result.stderr
+    rows = read_jsonl(tmp_path / "o" / "out.jsonl")
+    assert rows[0]["metadata"]["endpoint"] == f"{server.url}/v1/chat/completions"

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from regen.conversation import RowError, ToolResult, primary_id_of
-from regen.row_formats import check_format, to_conversation
+from regen.row_formats import FORMATS, REFUSED_FORMATS, to_conversation
 from tests.test_configs import compose_config, options
 
 SHAREGPT = {"id": "k3Qz_0", "conversations": [
@@ -61,7 +61,7 @@ def preset_format(preset: str) -> str:
      [("system", HERMES_SYSTEM), ("user", "Weather in Oslo?")]),
 ])
 def test_preset_rows_normalize(preset, row, primary_id, turns):
-    conversation = to_conversation(row, preset_format(preset), idx=7)
+    conversation = to_conversation(row, preset_format(preset), 7, primary_id_of(row))
     assert [(t["role"], t["content"]) for t in conversation.turns] == turns
     assert conversation.primary_id == (primary_id or speculators_hash(row))
     assert conversation.idx == 7
@@ -75,11 +75,7 @@ def test_preset_rows_normalize(preset, row, primary_id, turns):
 def test_every_preset_has_a_known_or_refused_format():
     for preset in options("dataset"):
         block = compose_config("regen", [f"dataset={preset}"] + (["dataset.path=x.jsonl"] if preset == "local" else [])).dataset
-        if block.format == "sharegpt4v":
-            with pytest.raises(ValueError, match="multimodal.*text-only.*prepare-data"):
-                check_format(block.format, block.name)
-        else:
-            check_format(block.format, block.name)
+        assert block.format in FORMATS or block.format in REFUSED_FORMATS, preset
 
 
 def test_sharegpt_odd_roles_and_tool_blocks():
@@ -89,7 +85,7 @@ def test_sharegpt_odd_roles_and_tool_blocks():
         {"from": "tool", "value": "<tool_response>\n{\"name\": \"a\", \"content\": 1}\n</tool_response>\n"
                                   "<tool_response>\n{\"name\": \"b\", \"content\": 2}\n</tool_response>"},
         {"from": "tool", "value": "plain result"}]}
-    conversation = to_conversation(row, "sharegpt", 0)
+    conversation = to_conversation(row, "sharegpt", 0, "k")
     assert [t["content"] for t in conversation.turns] == ["Q1", "Q3"]  # assistant turns and the empty one dropped
     assert conversation.tool_results == [
         ToolResult('{"name": "a", "content": 1}', ("a",)), ToolResult('{"name": "b", "content": 2}', ("b",)),
@@ -103,13 +99,13 @@ def test_sharegpt_odd_roles_and_tool_blocks():
     ({"conversations": [{"from": "human", "value": "C"}, {"from": "gpt", "value": "x"}]}, [("user", "C")]),
 ])
 def test_local_rows(row, turns):
-    assert [(t["role"], t["content"]) for t in to_conversation(row, "auto", 0).turns] == turns
+    assert [(t["role"], t["content"]) for t in to_conversation(row, "auto", 0, "k").turns] == turns
 
 
 def test_local_row_keeps_tools_and_named_tool_results():
     row = {"id": 5, "tools": [{"type": "function", "function": {"name": "f"}}], "messages": [
         {"role": "user", "content": "go"}, {"role": "tool", "name": "f", "content": {"v": 1}}]}
-    conversation = to_conversation(row, "auto", 0)
+    conversation = to_conversation(row, "auto", 0, primary_id_of(row))
     assert conversation.primary_id == "5"
     assert conversation.tools == row["tools"]
     assert conversation.tool_results == [ToolResult('{"v": 1}', ("f",))]
@@ -133,11 +129,4 @@ def test_local_row_keeps_tools_and_named_tool_results():
 ])
 def test_bad_local_rows_say_what_was_expected(row, message):
     with pytest.raises(RowError, match=message):
-        to_conversation(row, "auto", 0)
-
-
-def test_primary_id_prefers_id_then_uuid_then_hash():
-    assert primary_id_of({"id": "a", "uuid": "b"}) == "a"
-    assert primary_id_of({"id": "", "uuid": "b"}) == "b"
-    row = {"prompt": "p", "x": [1, 2]}
-    assert primary_id_of(row) == speculators_hash(row) == primary_id_of({"x": [1, 2], "prompt": "p"})
+        to_conversation(row, "auto", 0, "k")

@@ -1,12 +1,21 @@
-"""Crash-safe output: whole-block appends, resume repair of torn/incomplete tails, error-file compaction."""
+"""Crash-safe output: whole-block appends, resume repair of torn/incomplete tails and of duplicate blocks,
+error-file compaction, the id index, sibling permissions."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from regen.output_files import IdSet, LineAppender, OutputPaths, compact_errors, repair_and_scan
+from regen.output_files import (
+    DamagedOutput,
+    IdIndex,
+    LineAppender,
+    OutputPaths,
+    compact_errors,
+    repair_and_scan,
+)
 
 
 def rows(primary_id: str, count: int, declared: int | None = None) -> list[dict]:
@@ -26,6 +35,8 @@ def test_paths_are_siblings(tmp_path):
     paths = OutputPaths(tmp_path / "magpie_Qwen3-8B.jsonl")
     assert paths.errors == tmp_path / "magpie_Qwen3-8B.errors.jsonl"
     assert paths.summary == tmp_path / "magpie_Qwen3-8B.summary.json"
+    assert paths.manifest == tmp_path / "magpie_Qwen3-8B.manifest.json"
+    assert paths.lock == tmp_path / "magpie_Qwen3-8B.lock"
 
 
 def test_complete_file_is_left_alone(tmp_path):
@@ -64,10 +75,10 @@ def test_incomplete_last_block_is_cut_whole(tmp_path):
 def test_damage_before_the_tail_is_an_error_not_a_silent_cut(tmp_path):
     path = tmp_path / "out.jsonl"
     write(path, [rows("a", 1, 2), rows("b", 1, 1)])
-    with pytest.raises(ValueError, match="conversation a has 1 of 2 rows"):
+    with pytest.raises(DamagedOutput, match="conversation a has 1 of 2 rows"):
         repair_and_scan(path)
     path.write_text('{"id": "a_gen0", "primary_id": "a"}\nnot json\n')
-    with pytest.raises(ValueError, match=r"out.jsonl:2: not a JSON row"):
+    with pytest.raises(DamagedOutput, match=r"out.jsonl:2: not a JSON row"):
         repair_and_scan(path)
 
 
@@ -87,7 +98,7 @@ def test_error_compaction_keeps_newest_row_per_id_and_drops_recovered(tmp_path):
     write(path, [[error("a", "old")], [error("b", "x")], [error("a", "new")], [error("f.jsonl:3", "bad", "input")]])
     with path.open("ab") as handle:
         handle.write(b'{"id": "z", "meta')  # torn
-    recovered = IdSet()
+    recovered = IdIndex()
     recovered.add("b")
     assert compact_errors(path, recovered) == {"a", "f.jsonl:3"}
     assert [json.loads(line)["metadata"]["error"] for line in path.read_text().splitlines()] == ["new", "bad"]
@@ -105,11 +116,45 @@ def test_appender_writes_whole_blocks(tmp_path):
     assert json.loads(lines[0])["input_ids"][-1] == 199_999
 
 
-def test_id_set_keeps_every_id_across_merges():
-    ids = IdSet(buffer=64)
-    keys = [f"conversation-{i}" for i in range(1000)]
-    for key in keys[::2]:
-        ids.add(key)
-    ids.add(keys[0])  # a repeat is not counted twice
-    assert len(ids) == 500
+def test_id_index_keeps_every_id_and_its_first_value_across_merges():
+    ids = IdIndex(buffer=64)
+    keys = [f"conversation-{i}" for i in range(3000)]
+    for position, key in enumerate(keys[::2]):
+        ids.add(key, position)
+    ids.add(keys[0], 999)  # a repeat is not counted twice and keeps its first value
+    assert len(ids) == 1500
     assert all(key in ids for key in keys[::2]) and not any(key in ids for key in keys[1::2])
+    assert [ids.get(key) for key in keys[:6:2]] == [0, 1, 2] and ids.get(keys[2998]) == 1499
+    assert ids.get(keys[1]) is None
+
+
+def test_duplicate_blocks_are_removed_keeping_the_first(tmp_path):
+    path = tmp_path / "out.jsonl"
+    first_a, first_b = rows("a", 2, 2), rows("b", 1, 1)
+    first_a[0]["text"] = "first a"
+    write(path, [first_a, first_b, rows("a", 2, 2), rows("c", 1, 1), rows("b", 1, 1), rows("b", 1, 1)])
+    path.chmod(0o640)
+    with path.open("ab") as handle:
+        handle.write(b'{"id": "d_gen0", "primary_id": "d", "inp')  # and a torn tail
+    state = repair_and_scan(path)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["id"] for r in lines] == ["a_gen0", "a_gen1", "b_gen0", "c_gen0"] and lines[0]["text"] == "first a"
+    assert (state.removed_duplicate_blocks, state.removed_duplicate_rows, len(state.done_ids)) == (3, 4, 3)
+    assert "d" not in state.done_ids and state.dropped_bytes > 0
+    assert path.stat().st_mode & 0o777 == 0o640  # rewritten in place, permissions kept
+    before = path.read_bytes()
+    assert repair_and_scan(path).removed_duplicate_blocks == 0 and path.read_bytes() == before
+
+
+def test_siblings_get_the_outputs_permissions(tmp_path):
+    paths = OutputPaths(tmp_path / "out.jsonl")
+    previous = os.umask(0o027)
+    try:
+        LineAppender(paths.output).close()
+        LineAppender(paths.errors).close()
+    finally:
+        os.umask(previous)
+    assert paths.output.stat().st_mode & 0o777 == 0o640 == paths.errors.stat().st_mode & 0o777
+    paths.output.chmod(0o600)
+    paths.match_output_mode(paths.errors)
+    assert paths.errors.stat().st_mode & 0o777 == 0o600

@@ -1,0 +1,57 @@
+"""What regen takes from, and gives back to, the Hydra run it is part of (nothing outside a Hydra app).
+
+``multirun_suffix()`` names a multirun job's output after its overrides. ``scrub_credentials()`` removes
+``user:password@`` from the URLs in Hydra's own record of the job (``.hydra/*.yaml``, ``multirun.yaml``),
+which Hydra writes before the job starts, so credentials given in ``server.endpoints`` stay off disk.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from opd.atomic_write import atomic_write_text
+
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s'\"\],]+@")
+
+
+def _hydra_config():
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get()
+    except (ImportError, ValueError):  # not inside a Hydra app (tests call run() directly)
+        return None
+
+
+def multirun_suffix(sanitize) -> str:
+    """In a Hydra multirun, ``_`` + this job's overrides made file-name safe by ``sanitize``; else ''."""
+    hydra_cfg = _hydra_config()
+    if hydra_cfg is None:
+        return ""
+    from hydra.types import RunMode
+
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return ""
+    return "_" + sanitize(hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}")
+
+
+def strip_credentials(text: str) -> str:
+    """``text`` with every ``scheme://user:password@`` turned into ``scheme://``."""
+    return _URL_CREDENTIALS.sub(r"\g<scheme>", text)
+
+
+def scrub_credentials() -> None:
+    """Rewrite Hydra's record of this job (and of its sweep) without URL credentials."""
+    hydra_cfg = _hydra_config()
+    if hydra_cfg is None:
+        return
+    records = []
+    if hydra_cfg.output_subdir is not None:
+        records += sorted((Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir).glob("*.yaml"))
+    records.append(Path(hydra_cfg.sweep.dir) / "multirun.yaml")
+    for path in records:
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            if (clean := strip_credentials(text)) != text:
+                atomic_write_text(path, clean)

@@ -1,0 +1,49 @@
+"""One run per output: an exclusive ``flock`` on ``<stem>.lock`` beside it, held for the whole run.
+
+The OS drops the lock when the holder exits however it exits (``kill -9`` included), so a stale lock
+file never blocks a later run. A second run on the same output is refused at once, naming the pid the
+holder wrote into the lock file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+from regen.errors import UserError
+
+
+class OutputLocked(UserError):
+    """Another regen run holds this output."""
+
+
+class OutputLock:
+    """``acquire()`` takes the lock (or raises :class:`OutputLocked`); ``release()`` lets it go."""
+
+    def __init__(self, path: Path, output: Path):
+        self.path, self.output = path, output
+        self._fd: int | None = None
+
+    def acquire(self) -> OutputLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            if error.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise OutputLocked(f"{self.output} is being written by another regen run (pid {holder}, lock {self.path})",
+                               "wait for it to finish (or stop it), or choose another output=") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = None

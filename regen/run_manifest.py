@@ -1,0 +1,103 @@
+"""The run manifest (``<stem>.manifest.json``): what produced an output, so a resume cannot mix settings.
+
+It records the dataset's identity (preset or path, split/subset, format, a fingerprint of its content),
+the served model, the tokenizer that wrote ``text`` and every setting that shapes a row (sampling,
+``max_tokens``, ``extra_request_params``, the per-conversation mixes and their seed, ``carry_reasoning``,
+``language_filter``). A first run writes it; a resume compares the current settings with it and refuses,
+listing each key that differs, unless ``resume_accept_changes=true``, which continues and appends the
+change to the manifest's ``changes``. An output without a manifest (written by speculators, or by an
+older regen) is resumed with a warning and gets one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from opd.atomic_write import atomic_write_json
+from regen.errors import UserError
+from regen.output_files import OutputPaths
+from regen.settings import RegenSettings
+
+MANIFEST_VERSION = 1
+
+
+class ResumeRefused(UserError):
+    """A resume whose settings differ from the manifest's."""
+
+
+def _flat(prefix: str, value: Any, into: dict[str, Any]) -> None:
+    if isinstance(value, Mapping) and value:
+        for key in sorted(value, key=str):
+            _flat(f"{prefix}.{key}", value[key], into)
+    else:
+        into[prefix] = value
+
+
+def run_settings(settings: RegenSettings, dataset_fingerprint: str, model: str,
+                 tokenizer_fingerprint: str) -> dict[str, Any]:
+    """The settings a manifest records, as flat ``dotted.key: value`` pairs (JSON values)."""
+    dataset = settings.dataset
+    path = str(Path(dataset.path).resolve()) if dataset.source == "local" else dataset.path
+    mixes = {name: None if mix is None else {str(o): w for o, w in zip(mix.options, mix.weights, strict=True)}
+             for name, mix in (("reasoning_effort_weights", settings.reasoning_effort_weights),
+                               ("temperature_weights", settings.temperature_weights))}
+    flat: dict[str, Any] = {
+        "dataset.name": dataset.name, "dataset.source": dataset.source, "dataset.path": path,
+        "dataset.subset": dataset.subset, "dataset.split": dataset.split, "dataset.format": dataset.format,
+        "dataset.fingerprint": dataset_fingerprint, "language_filter": settings.language_filter,
+        "model": model, "tokenizer": tokenizer_fingerprint, "max_tokens": settings.max_tokens,
+        "carry_reasoning": settings.carry_reasoning, "mix_seed": settings.mix_seed,
+    }
+    for name, value in (("sampling", settings.sampling), ("extra_request_params", settings.extra_request_params),
+                        *mixes.items()):
+        _flat(name, value if value else None, flat)
+    return json.loads(json.dumps(flat))  # tuples become lists, as they read back from the file
+
+
+def _differences(saved: Mapping, current: Mapping) -> dict[str, tuple[Any, Any]]:
+    return {key: (saved.get(key), current.get(key)) for key in sorted(set(saved) | set(current))
+            if saved.get(key) != current.get(key)}
+
+
+def _write(paths: OutputPaths, manifest: dict) -> None:
+    atomic_write_json(paths.manifest, manifest)
+    paths.match_output_mode(paths.manifest)
+
+
+def check_and_record(paths: OutputPaths, current: dict[str, Any], *, resuming: bool, accept_changes: bool,
+                     warn: Callable[[str], None]) -> dict[str, tuple[Any, Any]]:
+    """Compare a resume with the manifest (refusing a difference unless ``accept_changes``) and write the
+    manifest for this run; returns the accepted differences (``{}`` when there are none)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    output_exists = paths.output.is_file() and paths.output.stat().st_size > 0
+    if not resuming or not paths.manifest.is_file():
+        if resuming and output_exists:
+            warn(f"{paths.output} has no manifest (written by speculators or an older regen): resuming without "
+                 f"checking its settings; {paths.manifest.name} now records this run's")
+        _write(paths, {"version": MANIFEST_VERSION, "created": now, "settings": current, "changes": []})
+        return {}
+    try:
+        manifest = json.loads(paths.manifest.read_text(encoding="utf-8"))
+        saved = manifest["settings"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ResumeRefused(f"{paths.manifest} cannot be read ({type(error).__name__}: {error})",
+                            "restore it, or remove it to resume without a settings check") from None
+    differences = _differences(saved, current)
+    if differences and not accept_changes:
+        listing = "\n".join(f"  {key}: saved {old!r}, now {new!r}" for key, (old, new) in differences.items())
+        raise ResumeRefused(
+            f"refusing to resume {paths.output}: the run's settings differ from {paths.manifest.name}\n{listing}",
+            "resume with the original settings, or add resume_accept_changes=true to continue with these "
+            "(the change is recorded in the manifest)")
+    if differences:
+        manifest.setdefault("changes", []).append(
+            {"at": now, "differences": {key: {"old": old, "new": new} for key, (old, new) in differences.items()}})
+        manifest["settings"] = current
+        _write(paths, manifest)
+    else:
+        paths.match_output_mode(paths.manifest)
+    return differences

@@ -1,0 +1,537 @@
+"""Every regen setting, checked once at start: typed, self-validating dataclasses filled from the config.
+
+``RegenSettings.from_config(cfg)`` turns the composed Hydra config into plain typed values and refuses,
+naming the key, anything missing (``???``), unknown, of the wrong type or out of range, before any
+server starts or any file is touched; the rest of regen takes these values as given. Each block is one
+dataclass whose ``__post_init__`` checks (and normalizes) its own fields: :class:`DatasetSettings`,
+:class:`ExternalServer` / :class:`VllmServer` / :class:`LocalServer`, and :class:`RegenSettings`.
+Per-key meanings live in the YAML comments under ``configs/``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from regen.endpoint_pool import EndpointAddress, parse_endpoint
+from regen.errors import UserError
+from regen.row_formats import FORMATS, REFUSED_FORMATS
+
+LOCAL_SUFFIXES = (".json", ".jsonl")
+# Request keys regen sets itself; extra_request_params may not touch them.
+OWN_REQUEST_KEYS = frozenset({"model", "messages", "max_tokens", "return_token_ids", "tools", "tool_choice"})
+# Request settings that would break one-row-per-generation with exact token ids: (is it refused?, why).
+REFUSED_REQUEST_PARAMS = {
+    "n": (lambda v: v not in (None, 1), "regen writes one row per generation and reads choices[0] only; "
+          "for several samples per prompt run a multirun over sampling.seed"),
+    "stream": (bool, "regen reads whole replies, and a streamed reply carries no prompt_token_ids"),
+    "include_reasoning": (lambda v: v is False, "vLLM then leaves token_ids out of the reply; reasoning is "
+                          "already kept out of later turns (carry_reasoning=false)"),
+    "echo": (bool, "vLLM then puts the last message in front of the reply's content, which would go back "
+             "into the conversation as the model's answer"),
+    "max_completion_tokens": (lambda v: True, "vLLM prefers it over max_tokens; set max_tokens=N instead"),
+}
+# Sampling keys with vLLM's ranges: (integer?, lowest, lowest excluded?, highest).
+SAMPLING_RANGES = {
+    "temperature": (False, 0.0, False, None), "top_p": (False, 0.0, True, 1.0), "top_k": (True, -1, False, None),
+    "min_p": (False, 0.0, False, 1.0), "repetition_penalty": (False, 0.0, True, None),
+    "presence_penalty": (False, -2.0, False, 2.0), "frequency_penalty": (False, -2.0, False, 2.0),
+    "seed": (True, None, False, None),
+}
+
+
+class SettingsError(UserError):
+    """A setting that is missing, unknown, of the wrong type or out of range; the message names the key."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _refuse(key: str, wanted: str, value: Any, example: str | None = None) -> None:
+    hint = None if example is None else f"set it like {key}={example}"
+    raise SettingsError(f"{key} must be {wanted}, got {value!r}", hint)
+
+
+def check_integer(key: str, value: Any, minimum: int | None = None, *, optional: bool = False,
+                  example: str | None = None) -> None:
+    if optional and value is None:
+        return
+    if not _is_int(value) or (minimum is not None and value < minimum):
+        _refuse(key, "an integer" + ("" if minimum is None else f" >= {minimum}") + (" or null" if optional else ""),
+                value, example)
+
+
+def check_number(key: str, value: Any, minimum: float | None = None, *, exclusive: bool = False,
+                 maximum: float | None = None, optional: bool = False, example: str | None = None) -> None:
+    if optional and value is None:
+        return
+    low_ok = minimum is None or (value > minimum if exclusive else value >= minimum) if _is_number(value) else False
+    if not _is_number(value) or not low_ok or (maximum is not None and value > maximum):
+        span = "" if minimum is None else f" {'>' if exclusive else '>='} {minimum:g}"
+        span += "" if maximum is None else f" and <= {maximum:g}"
+        _refuse(key, f"a finite number{span}" + (" or null" if optional else ""), value, example)
+
+
+def check_bool(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _refuse(key, "true or false", value)
+
+
+def check_text(key: str, value: Any, *, optional: bool = False, example: str | None = None) -> None:
+    if optional and value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        _refuse(key, "a non-empty string" + (" or null" if optional else ""), value, example)
+
+
+def check_choice(key: str, value: Any, options: tuple) -> None:
+    if value not in options:
+        _refuse(key, "one of " + ", ".join(str(o) for o in options), value)
+
+
+def check_finite_values(key: str, value: Any) -> None:
+    """Every number inside ``value`` (nested mappings/lists) is finite (NaN would be sent as null)."""
+    stack = [(key, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise SettingsError(f"{where} is {item}: only finite numbers can be sent in a request")
+        if isinstance(item, Mapping):
+            stack.extend((f"{where}.{k}", v) for k, v in item.items())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
+
+
+def _fill(cls, block: Mapping, prefix: str, **extra):
+    """``cls`` from the keys of ``block`` its fields name; any other key is refused."""
+    names = {f.name for f in fields(cls) if f.init} - set(extra)
+    unknown = sorted(set(block) - names - getattr(cls, "IGNORED_KEYS", frozenset()))
+    if unknown:
+        raise SettingsError(f"unknown setting {prefix}{unknown[0]}",
+                            f"{prefix.rstrip('.') or 'regen'} has no such key; see configs/ for the keys it takes")
+    return cls(**{name: block[name] for name in names if name in block}, **extra)
+
+
+@dataclass(frozen=True)
+class WeightedChoice:
+    """A per-conversation draw: ``options`` with their ``weights``."""
+
+    options: tuple
+    weights: tuple[float, ...]
+
+    @classmethod
+    def parse(cls, key: str, value: Any, parse_option) -> WeightedChoice | None:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping) or not value:
+            _refuse(key, "a mapping of value -> weight", value, "{low: 0.3, high: 0.7}")
+        options, weights = [], []
+        for option, weight in value.items():
+            try:
+                options.append(parse_option(option))
+            except ValueError:
+                raise SettingsError(f"{key}: {option!r} is not a valid value") from None
+            check_number(f"{key}.{option}", weight, 0.0)
+            weights.append(float(weight))
+        if sum(weights) <= 0:
+            raise SettingsError(f"{key}: the weights must not all be 0")
+        return cls(tuple(options), tuple(weights))
+
+
+def _temperature(option: Any) -> float:
+    value = float(option)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(option)
+    return value
+
+
+@dataclass(frozen=True)
+class DatasetSettings:
+    """Where rows come from (``dataset`` group): a hub dataset or a local ``.json``/``.jsonl`` file."""
+
+    source: str
+    path: str
+    format: str
+    name: str | None = None
+    subset: str | None = None
+    split: str | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("dataset.source", self.source, ("hf", "local"))
+        check_text("dataset.path", self.path, example="prompts.jsonl")
+        check_text("dataset.name", self.name, optional=True)
+        check_text("dataset.subset", self.subset, optional=True)
+        check_text("dataset.split", self.split, optional=True)
+        label = self.name or self.path
+        if self.format in REFUSED_FORMATS:
+            raise SettingsError(f"dataset {label} {REFUSED_FORMATS[self.format]}")
+        if self.format not in FORMATS:
+            raise SettingsError(f"dataset.format={self.format!r} is unknown",
+                                f"choose one of {', '.join(sorted(FORMATS))}")
+        if self.source == "hf" and not self.split:
+            raise SettingsError(f"dataset.split is required for the hub dataset {self.path}",
+                                "add dataset.split=train (or the split you want)")
+        if self.source == "local":
+            self._check_local_file()
+
+    def _check_local_file(self) -> None:
+        path = Path(self.path)
+        if path.suffix.lower() not in LOCAL_SUFFIXES:
+            raise SettingsError(f"dataset.path={self.path}: a local dataset must be a .json (top-level array) "
+                                "or .jsonl file", "convert it, or point dataset.path at a .jsonl file")
+        if not path.is_file():
+            raise SettingsError(f"dataset file not found: {path}", "check dataset.path= (relative paths start "
+                                "at the folder you run regen from)")
+        if not os.access(path, os.R_OK):
+            raise SettingsError(f"dataset file {path} is not readable (permission denied)",
+                                "fix its permissions or copy it somewhere you can read")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.path
+
+
+@dataclass(frozen=True)
+class _ManagedServer:
+    """What the ``vllm`` and ``local`` kinds share: where the server listens and how it is stopped."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_model_len: int | None = None
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = "hermes"
+    keep_server: bool = False
+    ready_timeout_s: float = 1800
+    stop_grace_s: float = 30
+    log_file: str | None = None
+
+    def _check_common(self) -> None:
+        check_text("server.host", self.host)
+        check_integer("server.port", self.port, 1, example="8000")
+        if self.port > 65535:
+            _refuse("server.port", "a TCP port (1..65535)", self.port, "8000")
+        check_integer("server.max_model_len", self.max_model_len, 1, optional=True)
+        check_text("server.reasoning_parser", self.reasoning_parser, optional=True, example="qwen3")
+        check_text("server.tool_call_parser", self.tool_call_parser, optional=True, example="hermes")
+        check_bool("server.keep_server", self.keep_server)
+        check_number("server.ready_timeout_s", self.ready_timeout_s, 0, exclusive=True)
+        check_number("server.stop_grace_s", self.stop_grace_s, 0)
+        check_text("server.log_file", self.log_file, optional=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def endpoints(self) -> tuple[EndpointAddress, ...]:
+        return (parse_endpoint(self.base_url),)
+
+    @property
+    def log_path(self) -> Path:
+        """``server.log_file``, else ``out/servers/<kind>-<port>.log``."""
+        return Path(self.log_file or f"out/servers/{self.kind}-{self.port}.log")
+
+
+@dataclass(frozen=True)
+class ExternalServer:
+    """``server=external``: endpoints that already run; regen starts and stops nothing."""
+
+    kind: ClassVar[str] = "external"
+    endpoints: tuple[EndpointAddress, ...] = ()
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        given = self.endpoints
+        if isinstance(given, str):
+            given = [given]
+        if not isinstance(given, (list, tuple)) or not given:
+            raise SettingsError("server.endpoints is empty",
+                                "give one or more base URLs, e.g. 'server.endpoints=[http://127.0.0.1:8000]'")
+        addresses = []
+        for position, text in enumerate(given):
+            if isinstance(text, EndpointAddress):
+                addresses.append(text)
+                continue
+            try:
+                addresses.append(parse_endpoint(text))
+            except ValueError as error:
+                raise SettingsError(f"server.endpoints[{position}]: {error}",
+                                    "write it like http://host:8000 (or .../v1, .../v1/chat/completions)") from None
+        urls = [a.chat_url for a in addresses]
+        if len(set(urls)) != len(urls):
+            duplicate = next(u for u in urls if urls.count(u) > 1)
+            raise SettingsError(f"server.endpoints names {duplicate} twice", "list each server once")
+        object.__setattr__(self, "endpoints", tuple(addresses))
+        check_text("server.model", self.model, optional=True)
+
+    @property
+    def served_model(self) -> str | None:
+        return self.model
+
+
+@dataclass(frozen=True)
+class VllmServer(_ManagedServer):
+    """``server=vllm``: ``launch/vllm.sh`` starts ``vllm serve`` (single node, or the head of a multi-node DP run)."""
+
+    kind: ClassVar[str] = "vllm"
+    model: str = ""
+    dp: int = 1
+    tp: int = 1
+    dp_local: int | None = None
+    dp_address: str | None = None
+    dp_rpc_port: int | None = None
+    gpus: tuple[int, ...] | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_text("server.model", self.model, example="Qwen/Qwen3-8B")
+        self._check_common()
+        check_integer("server.dp", self.dp, 1, example="4")
+        check_integer("server.tp", self.tp, 1, example="2")
+        check_integer("server.dp_local", self.dp_local, 0, optional=True)
+        if self.dp_local is not None and self.dp_local > self.dp:
+            raise SettingsError(f"server.dp_local={self.dp_local} is more than server.dp={self.dp}",
+                                "dp_local is how many of the dp ranks run on this (the head) node")
+        check_text("server.dp_address", self.dp_address, optional=True, example="10.0.0.1")
+        check_integer("server.dp_rpc_port", self.dp_rpc_port, 1, optional=True, example="13345")
+        if self.dp_local is not None and self.dp_local < self.dp and not (self.dp_address and self.dp_rpc_port):
+            raise SettingsError("a multi-node head (server.dp_local < server.dp) needs server.dp_address and "
+                                "server.dp_rpc_port", "add server.dp_address=<this node's IP> server.dp_rpc_port=13345")
+        object.__setattr__(self, "gpus", self._gpu_list(self.gpus))
+        if not isinstance(self.extra_args, (list, tuple)):
+            _refuse("server.extra_args", "a list of vllm serve arguments", self.extra_args,
+                    "[--gpu-memory-utilization,0.9]")
+        object.__setattr__(self, "extra_args", tuple(str(a) for a in self.extra_args))
+
+    @staticmethod
+    def _gpu_list(gpus: Any) -> tuple[int, ...] | None:
+        if gpus is None:
+            return None
+        items = gpus.split(",") if isinstance(gpus, str) else [gpus] if _is_int(gpus) else gpus
+        try:
+            ids = tuple(int(str(g).strip()) for g in items)
+        except (TypeError, ValueError):
+            ids = ()
+        if not ids or min(ids) < 0:
+            _refuse("server.gpus", "GPU indices (a list, or 0,1,2)", gpus, "[0,1,2,3]")
+        return ids
+
+    @property
+    def served_model(self) -> str:
+        return self.model
+
+
+# Architecture flags a teacher preset brings to server=local (passed to the embedded server's CLI).
+LOCAL_ARCH_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                   "num_experts", "num_experts_per_tok", "vocab_size")
+
+
+@dataclass(frozen=True)
+class LocalServer(_ManagedServer):
+    """``server=local``: the embedded CPU server (``launch/chat_server.py``) on a teacher preset or HF model."""
+
+    kind: ClassVar[str] = "local"
+    IGNORED_KEYS: ClassVar[frozenset] = frozenset({"name"})  # the preset's own label
+    checkpoint: str = ""
+    tokenizer: str | None = None
+    use_moe: bool = False
+    model: str | None = None
+    max_batch_size: int = 32
+    max_prefill_tokens: int = 8192
+    threads: int | None = None
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    num_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_text("server.checkpoint", self.checkpoint, example="out/tiny/tiny_teacher.pth")
+        check_text("server.tokenizer", self.tokenizer, optional=True)
+        check_bool("server.use_moe", self.use_moe)
+        check_text("server.model", self.model, optional=True)
+        self._check_common()
+        check_integer("server.max_batch_size", self.max_batch_size, 1)
+        check_integer("server.max_prefill_tokens", self.max_prefill_tokens, 1)
+        check_integer("server.threads", self.threads, 1, optional=True)
+        for key in LOCAL_ARCH_KEYS:
+            check_integer(f"server.{key}", getattr(self, key), 1, optional=True)
+
+    @property
+    def served_model(self) -> str:
+        """The id /v1/models lists: ``model``, else the checkpoint path (as vLLM names a model by its path)."""
+        return self.model or self.checkpoint
+
+
+ServerSettings = ExternalServer | VllmServer | LocalServer
+SERVER_KINDS = {cls.kind: cls for cls in (ExternalServer, VllmServer, LocalServer)}
+
+
+def server_settings(block: Mapping) -> ServerSettings:
+    """The ``server`` block as its kind's dataclass."""
+    block = dict(block)
+    kind = block.pop("kind", None)
+    if kind not in SERVER_KINDS:
+        _refuse("server.kind", "one of " + ", ".join(SERVER_KINDS), kind)
+    return _fill(SERVER_KINDS[kind], block, "server.")
+
+
+@dataclass(frozen=True)
+class RegenSettings:
+    """One regen run's settings (``configs/regen.yaml``), checked and normalized."""
+
+    dataset: DatasetSettings
+    server: ServerSettings
+    sampling: dict = field(default_factory=dict)
+    tokenizer: str | None = None
+    output: str | None = None
+    output_dir: str = "out/regen"
+    resume: bool = False
+    resume_accept_changes: bool = False
+    limit: int | None = None
+    language_filter: str | None = None
+    max_tokens: int = 8192
+    concurrency: int = 64
+    request_timeout_s: float = 1800
+    max_retries: int = 6
+    retry_backoff_s: float = 1.0
+    max_backoff_s: float = 60
+    endpoint_max_failures: int = 3
+    endpoint_reprobe_s: float = 30
+    all_endpoints_down_wait_s: float = 120
+    carry_reasoning: bool = False
+    api_key_env: str | None = None
+    extra_request_params: dict = field(default_factory=dict)
+    reasoning_effort_weights: WeightedChoice | None = None
+    temperature_weights: WeightedChoice | None = None
+    mix_seed: int = 0
+    progress_log_s: float = 60
+
+    def __post_init__(self) -> None:
+        check_text("tokenizer", self.tokenizer, optional=True)
+        check_text("output", self.output, optional=True, example="out/regen/my_run.jsonl")
+        check_text("output_dir", self.output_dir)
+        check_bool("resume", self.resume)
+        check_bool("resume_accept_changes", self.resume_accept_changes)
+        check_integer("limit", self.limit, 0, optional=True, example="1000")
+        if self.language_filter is not None and not isinstance(self.language_filter, str):
+            _refuse("language_filter", "a string (the row's language column, e.g. EN) or null",
+                    self.language_filter, "EN")
+        check_integer("max_tokens", self.max_tokens, 1, example="8192")
+        check_integer("concurrency", self.concurrency, 1, example="64")
+        check_number("request_timeout_s", self.request_timeout_s, 0, exclusive=True, example="1800")
+        check_integer("max_retries", self.max_retries, 0, example="6")
+        check_number("retry_backoff_s", self.retry_backoff_s, 0)
+        check_number("max_backoff_s", self.max_backoff_s, 0)
+        check_integer("endpoint_max_failures", self.endpoint_max_failures, 1)
+        check_number("endpoint_reprobe_s", self.endpoint_reprobe_s, 0, exclusive=True)
+        check_number("all_endpoints_down_wait_s", self.all_endpoints_down_wait_s, 0)
+        check_bool("carry_reasoning", self.carry_reasoning)
+        check_integer("mix_seed", self.mix_seed)
+        check_number("progress_log_s", self.progress_log_s, 0, exclusive=True)
+        self._check_sampling()
+        self._check_extra_request_params()
+        if not isinstance(self.reasoning_effort_weights, (WeightedChoice, type(None))):
+            object.__setattr__(self, "reasoning_effort_weights", WeightedChoice.parse(
+                "reasoning_effort_weights", self.reasoning_effort_weights, str))
+        if not isinstance(self.temperature_weights, (WeightedChoice, type(None))):
+            object.__setattr__(self, "temperature_weights", WeightedChoice.parse(
+                "temperature_weights", self.temperature_weights, _temperature))
+        if self.api_key_env is not None:
+            check_text("api_key_env", self.api_key_env, example="VLLM_API_KEY")
+            if not os.environ.get(self.api_key_env):
+                raise SettingsError(f"api_key_env={self.api_key_env}: that environment variable is not set",
+                                    f"export {self.api_key_env}=<your key> first, or drop api_key_env")
+
+    def _check_sampling(self) -> None:
+        if not isinstance(self.sampling, Mapping):
+            _refuse("sampling", "a mapping of sampling parameters", self.sampling)
+        for key, value in self.sampling.items():
+            integer, low, exclusive, high = SAMPLING_RANGES.get(key, (False, None, False, None))
+            if integer:
+                check_integer(f"sampling.{key}", value, low, optional=True)
+            else:
+                check_number(f"sampling.{key}", value, low, exclusive=exclusive, maximum=high, optional=True)
+
+    def _check_extra_request_params(self) -> None:
+        extra = self.extra_request_params
+        if extra is None:
+            object.__setattr__(self, "extra_request_params", {})
+            return
+        if not isinstance(extra, Mapping):
+            _refuse("extra_request_params", "a mapping merged into every request", extra,
+                    "'{chat_template_kwargs: {enable_thinking: false}}'")
+        clash = sorted(OWN_REQUEST_KEYS & set(extra))
+        if clash:
+            raise SettingsError(f"extra_request_params may not set {clash}: regen owns those request keys",
+                                "use max_tokens=, server.model= and the dataset's own tools instead")
+        for key, (refused, reason) in REFUSED_REQUEST_PARAMS.items():
+            if key in extra and refused(extra[key]):
+                raise SettingsError(f"extra_request_params.{key}={extra[key]!r} is refused: {reason}")
+        check_finite_values("extra_request_params", extra)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig | Mapping) -> RegenSettings:
+        """Check the composed config (``configs/regen.yaml``) and return its settings."""
+        plain = _plain_config(cfg)
+        dataset = plain.pop("dataset", None)
+        server = plain.pop("server", None)
+        if not isinstance(dataset, Mapping):
+            raise SettingsError("no dataset chosen", "add dataset=<preset> (e.g. dataset=magpie) or "
+                                "dataset=local dataset.path=FILE.jsonl")
+        if not isinstance(server, Mapping):
+            _refuse("server", "a server block (server=vllm, external or local)", server)
+        return _fill(cls, plain, "", dataset=_fill(DatasetSettings, dataset, "dataset."),
+                     server=server_settings(server))
+
+    @property
+    def served_model(self) -> str | None:
+        """The model id requests use, when the settings alone tell it (else the endpoints' /v1/models does)."""
+        return self.server.served_model
+
+
+def _plain_config(cfg: DictConfig | Mapping) -> dict:
+    """The config as plain values; a missing required value (``???``) or a broken interpolation is refused."""
+    if not isinstance(cfg, DictConfig):
+        return dict(cfg)
+    plain: dict = {}
+    for key in cfg:
+        if key == "hydra":
+            continue
+        try:
+            value = cfg[key]
+            if OmegaConf.is_config(value):
+                value = OmegaConf.to_container(value, resolve=True, throw_on_missing=True)
+        except MissingMandatoryValue as error:
+            full_key = str(error.full_key or key)
+            raise SettingsError(f"{full_key} is required", _missing_hint(full_key, cfg)) from None
+        except OmegaConfBaseException as error:
+            raise SettingsError(f"{error.full_key or key}: {str(error).splitlines()[0]}") from None
+        plain[key] = value
+    return plain
+
+
+def _missing_hint(key: str, cfg: DictConfig) -> str:
+    if key == "server.model":
+        return ("add server.model=<hub id or model folder> (e.g. server.model=Qwen/Qwen3-8B) for "
+                f"server={cfg.server.get('kind', 'vllm')}, or use server=external 'server.endpoints=[URL]'")
+    if key == "dataset.path":
+        return "add dataset.path=FILE.jsonl"
+    if key == "server.endpoints":
+        return "add 'server.endpoints=[http://127.0.0.1:8000]'"
+    return f"add {key}=<value>"

@@ -1,0 +1,114 @@
+"""Reading local files line by line with line numbers (BOM, blank lines, bad lines), a .json array checked when
+it is opened, fingerprints, and the real Hugging Face path (a local dataset folder with named configs)."""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+
+import pytest
+
+from regen.row_sources import SourceError, open_source
+from regen.settings import DatasetSettings
+
+
+def local(path) -> list:
+    return list(open_source(DatasetSettings(source="local", path=str(path), format="auto")).records())
+
+
+def test_jsonl_rows_and_malformed_lines_keep_their_line_numbers(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n\n{"prompt": \n[1, 2]\n{"prompt": "\xff"}\n' + b'{"prompt": "\xc3\xa9"}')
+    records = local(path)
+    assert [(r.idx, r.where) for r in records] == [
+        (0, f"{path}:1"), (2, f"{path}:3"), (3, f"{path}:4"), (4, f"{path}:5"), (5, f"{path}:6")]
+    assert records[0].row == {"prompt": "a"} and records[0].error is None
+    assert records[1].error.startswith("invalid JSON: Expecting value")
+    assert records[2].row == [1, 2] and records[2].primary_id is None  # valid JSON, not an object: rejected later
+    assert records[3].error.startswith("not UTF-8")
+    assert records[4].row == {"prompt": "é"}  # last line without a newline is still a row
+
+
+def test_a_utf8_bom_is_accepted_in_jsonl_and_json(tmp_path):
+    jsonl, array = tmp_path / "rows.jsonl", tmp_path / "rows.json"
+    jsonl.write_bytes(codecs.BOM_UTF8 + b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n')
+    array.write_bytes(codecs.BOM_UTF8 + b'[{"id": "a", "prompt": "x"}]')
+    assert [(r.row, r.primary_id, r.error) for r in local(jsonl)] == [
+        ({"id": "a", "prompt": "x"}, "a", None), ({"id": "b", "prompt": "y"}, "b", None)]
+    assert [(r.row, r.where) for r in local(array)] == [({"id": "a", "prompt": "x"}, f"{array}:1 (element 0)")]
+
+
+def test_json_array_rows_carry_their_line_and_index(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text('[\n  {"prompt": "a"},\n\n  {"prompt": "b",\n   "id": 2}, "not an object"\n]\n')
+    records = local(path)
+    assert [(r.idx, r.where) for r in records] == [
+        (0, f"{path}:2 (element 0)"), (1, f"{path}:4 (element 1)"), (2, f"{path}:5 (element 2)")]
+    assert [r.primary_id for r in records][1:] == ["2", None]
+
+
+@pytest.mark.parametrize("content,message", [
+    (b'{"prompt": "a"}', "is not a top-level JSON array of rows"),
+    (b"", "is empty"),
+    (b"  \n\t", "is empty"),
+    (b'[{"prompt": "caf\xe9"}]', r"is not UTF-8 \(invalid continuation byte at byte 16\)"),
+])
+def test_a_json_file_that_is_not_one_utf8_array_is_refused_when_opened(tmp_path, content, message):
+    path = tmp_path / "rows.json"
+    path.write_bytes(content)
+    with pytest.raises(SourceError, match=f"{path}.* {message}"):
+        open_source(DatasetSettings(source="local", path=str(path), format="auto"))
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[{"prompt": "a"},\n {"prompt": }]', r":2: invalid JSON"),
+    ('[{"prompt": "a"} {"prompt": "b"}]', "expected ',' or ']' after element 0"),
+])
+def test_broken_json_array_is_a_clear_error(tmp_path, text, message):
+    path = tmp_path / "rows.json"
+    path.write_text(text)
+    with pytest.raises(SourceError, match=message):
+        local(path)
+
+
+def test_local_fingerprint_is_the_content_hash(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "a"}\n')
+    source = open_source(DatasetSettings(source="local", path=str(path), format="auto"))
+    assert source.fingerprint == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    assert source.locate(4) == f"{path}:5"
+
+
+@pytest.fixture
+def hub_like(tmp_path):
+    """A dataset folder with two named configs (as on the hub), each with train/test splits."""
+    folder = tmp_path / "hub_like"
+    for config in ("main", "other"):
+        (folder / config).mkdir(parents=True)
+        for split, count in (("train", 3), ("test", 1)):
+            (folder / config / f"{split}.jsonl").write_text("".join(
+                json.dumps({"id": f"{config}-{split}-{i}", "question": f"{config} q{i}"}) + "\n" for i in range(count)))
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n" + "".join(
+            f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train.jsonl\n"
+            f"  - split: test\n    path: {c}/test.jsonl\n" for c in ("main", "other")) + "---\n")
+    return folder
+
+
+def test_hub_dataset_streams_the_chosen_config_and_split(hub_like):
+    def read(subset, split):
+        source = open_source(DatasetSettings(source="hf", path=str(hub_like), format="gsm8k", subset=subset, split=split))
+        return source, list(source.records())
+
+    source, records = read("other", "train")
+    assert [(r.idx, r.primary_id, r.row["question"]) for r in records] == [
+        (0, "other-train-0", "other q0"), (1, "other-train-1", "other q1"), (2, "other-train-2", "other q2")]
+    assert records[0].where == f"{hub_like}[other/train] row 0" and source.fingerprint.startswith("builder:")
+    _, test_rows = read("main", "test")
+    assert [r.primary_id for r in test_rows] == ["main-test-0"]
+
+
+def test_an_unreadable_hub_dataset_is_a_clear_error(hub_like):
+    with pytest.raises(SourceError, match=r"cannot open the hub dataset .*\[nope/train\]"):
+        open_source(DatasetSettings(source="hf", path=str(hub_like), format="gsm8k", subset="nope", split="train"))
