@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from opd.config import register_model_groups
 from opd.minimind.model import ModelSpec
 from tests.conftest import CONFIG_DIR, REPO_ROOT
-from tests.opd_helpers import entry_config
+from tests.opd_support import entry_config
 
 GROUPS = {
     "regen": ("dataset", "server", "sampling"),

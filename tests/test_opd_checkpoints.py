@@ -17,7 +17,7 @@ from opd.data_order import DataCursor
 from opd.minimind.model import load_native
 from opd.minimind.precision import resolve_precision
 from opd.optimization import Optimization
-from tests.opd_helpers import TINY_STUDENT, tiny_model
+from tests.opd_support import TINY_STUDENT, tiny_model
 
 CPU = resolve_precision("cpu", "float32")
 SIGNATURE = {"seed": 1, "optim.learning_rate": 0.1}

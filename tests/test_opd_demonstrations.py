@@ -10,7 +10,7 @@ from opd.agent_records import RecordError
 from opd.chat_format import ChatFormat
 from opd.demonstrations import demonstration_episode, load_demonstrations, parse_demonstration
 from opd.episodes import ANSWER, MAX_TURNS, pack_episodes
-from tests.opd_helpers import call_text, encode, observation_text
+from tests.opd_support import call_text, encode, observation_text
 from tools.mock_tools import tool_schemas
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant.",

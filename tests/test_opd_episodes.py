@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opd.episodes import Episode, shared_prefix_length
-from tests.opd_helpers import agent_record
+from tests.opd_support import agent_record
 
 
 def test_shared_prefix_length_stops_before_every_target():

@@ -18,7 +18,7 @@ from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from opd.minimind.tokenizer import load_tokenizer
 from opd.synthetic_task import write_task
 from tests.conftest import REPO_ROOT
-from tests.opd_helpers import agent_record
+from tests.opd_support import agent_record
 
 
 def model_override(name: str, checkpoint, role: str) -> str:
@@ -121,7 +121,7 @@ def test_minimind_agent_rl_rows_roll_out_and_evaluate(tmp_path, tokenizer, token
     from opd.rollout import AgentRollout
     from opd.sampling import ScriptedSampler
     from opd.scoring import score_episode
-    from tests.opd_helpers import call_text, encode, tiny_model
+    from tests.opd_support import call_text, encode, tiny_model
     from tests.test_opd_agent_records import MINIMIND_ROWS
 
     data = tmp_path / "agent_rl.jsonl"

@@ -15,7 +15,7 @@ from opd.minimind.model import MiniMindArch
 from opd.minimind.precision import resolve_precision
 from opd.rollout import AgentRollout
 from opd.sampling import ScriptedSampler
-from tests.opd_helpers import TINY_TEACHER, agent_record, call_text, encode, tiny_model
+from tests.opd_support import TINY_TEACHER, agent_record, call_text, encode, tiny_model
 
 CPU = resolve_precision("cpu", "float32")
 

@@ -21,7 +21,7 @@ from opd.episodes import (
 )
 from opd.rollout import AgentRollout
 from opd.sampling import ScriptedSampler, TokenSampler
-from tests.opd_helpers import agent_record, call_text, encode, observation_text, tiny_model
+from tests.opd_support import agent_record, call_text, encode, observation_text, tiny_model
 
 LIMITS = RolloutConfig(max_turns=3, max_gen_len=200, max_total_len=4096, open_thinking=False)
 

@@ -8,7 +8,7 @@ import torch
 from opd.config import SamplingConfig
 from opd.episodes import Episode
 from opd.sampling import TokenSampler
-from tests.opd_helpers import agent_record
+from tests.opd_support import agent_record
 
 
 def test_sampling_distribution_against_hand_calculation():

@@ -11,7 +11,7 @@ from opd.config import RolloutConfig
 from opd.rollout import AgentRollout
 from opd.sampling import ScriptedSampler
 from opd.scoring import EpisodeScore, aggregate, score_episode
-from tests.opd_helpers import agent_record, call_text, encode, tiny_model
+from tests.opd_support import agent_record, call_text, encode, tiny_model
 
 
 def with_gt(record: AgentRecord, *gt: str) -> AgentRecord:

@@ -15,7 +15,7 @@ from opd.minimind.tiny_checkpoints import tiny_arch
 from opd.sft import train
 from opd.synthetic_task import write_task
 from tests.conftest import REPO_ROOT
-from tests.opd_helpers import entry_config
+from tests.opd_support import entry_config
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.minimind.tiny_checkpoints import write_tiny_checkpoints
 from opd.synthetic_task import write_task
 from opd.train import train
-from tests.opd_helpers import entry_config
+from tests.opd_support import entry_config
 
 
 @pytest.fixture(scope="module")

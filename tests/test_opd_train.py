@@ -16,7 +16,7 @@ from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from opd.train import train
 from opd.user_errors import UserError
 from tests.conftest import REPO_ROOT
-from tests.opd_helpers import entry_config, write_agent_data
+from tests.opd_support import entry_config, write_agent_data
 
 
 @pytest.fixture(scope="module")
