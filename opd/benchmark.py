@@ -32,6 +32,7 @@ from opd.atomic_write import atomic_write_json
 from opd.chat_format import ChatFormat
 from opd.config import LossConfig, OptimConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes
+from opd.loss import TargetLogits
 from opd.minimind.model import MiniMindArch, build_model, cache_keyword
 from opd.minimind.precision import resolve_precision
 from opd.minimind.tiny_checkpoints import tiny_arch
@@ -124,7 +125,7 @@ def train_throughput(student, teacher, chat_format: ChatFormat, records: list[Ag
         episodes = rollout.run(records[step * batch:(step + 1) * batch])
         rolled = time.perf_counter()
         packed = pack_episodes(episodes, chat_format.pad_token_id)
-        kl_sum, _ = distill_loss_step(student, teacher, episodes, packed, loss, precision)
+        kl_sum, _ = distill_loss_step(TargetLogits(student), teacher, episodes, packed, loss, precision)
         optimization.backward(kl_sum / packed.target_count)
         optimization.step()
         rollout_s += rolled - began

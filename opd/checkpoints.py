@@ -2,7 +2,8 @@
 
 In ``out_dir``: ``{prefix}_{hidden}{_moe}.pth`` (native MiniMind fp16 state dict, ``save_native``'s format)
 and ``{prefix}_{hidden}{_moe}_resume.pth`` holding the fp32 weights, optimizer / scheduler / grad-scaler
-state, the step, the next data cursor, every RNG state the run consumes, the run signature (the settings
+state, the step, the next global data cursor, every RNG state the run consumes (one set per training process,
+in rank order; only rank 0 writes files), the run signature (the settings
 a continuation must share), the sha256 of the weights file written with it, and a sha256 over all its
 own tensors.
 
@@ -28,7 +29,7 @@ from opd.data_order import DataCursor
 from opd.minimind.model import native_state_dict
 from opd.user_errors import UserError
 
-RESUME_FORMAT = "opd-resume/2"
+RESUME_FORMAT = "opd-resume/3"
 RESUME_KEYS = ("format", "model", "optimization", "step", "cursor", "rng", "signature", "weights_sha256",
                "tensors_sha256")
 
@@ -139,15 +140,18 @@ def rng_state(sampler) -> dict:
 
 
 def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, optimization, step: int,
-                    cursor: DataCursor, sampler, signature: dict) -> tuple[Path, Path]:
-    """Write the inference weights and the resume file of ``step`` (see the module doc); returns both paths."""
+                    cursor: DataCursor, rng_states: list[dict], signature: dict) -> tuple[Path, Path]:
+    """Write the inference weights and the resume file of ``step`` (see the module doc); returns both paths.
+
+    ``rng_states`` holds every training process's ``rng_state``, in rank order (one entry on one process).
+    """
     weights_path, resume_path = checkpoint_paths(out_dir, stem)
     weights = io.BytesIO()
     torch.save(native_state_dict(model), weights)
     state = {"format": RESUME_FORMAT,
              "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
              "optimization": optimization.state_dict(), "step": step, "cursor": asdict(cursor),
-             "rng": rng_state(sampler), "signature": signature,
+             "rng": rng_states, "signature": signature,
              "weights_sha256": hashlib.sha256(weights.getbuffer()).hexdigest()}
     state["tensors_sha256"] = _tensors_sha256(state)
     staged_weights = stage(weights_path, lambda stream: stream.write(weights.getbuffer()))
@@ -184,10 +188,10 @@ def load_resume(path: str | Path) -> dict:
     return state
 
 
-def restore(path: str | Path, signature: dict, *, model: torch.nn.Module, optimization,
-            sampler) -> tuple[int, DataCursor]:
+def restore(path: str | Path, signature: dict, *, model: torch.nn.Module, optimization, sampler,
+            rank: int = 0) -> tuple[int, DataCursor]:
     """Load a verified resume file into the run's objects after checking its signature and the weights file
-    beside it; returns (step, next cursor)."""
+    beside it; this process takes the RNG states of its ``rank``. Returns (step, next cursor)."""
     state = load_resume(path)
     path = Path(path).expanduser()
     weights_path = path.with_name(path.name.removesuffix("_resume.pth") + ".pth")
@@ -199,7 +203,7 @@ def restore(path: str | Path, signature: dict, *, model: torch.nn.Module, optimi
             "away and resume again")
     model.load_state_dict(state["model"], strict=True)
     optimization.load_state_dict(state["optimization"])
-    rng = state["rng"]
+    rng = state["rng"][rank]
     if sampler is not None:
         sampler.set_state(rng["sampler"])
     torch.set_rng_state(rng["torch"])

@@ -122,6 +122,10 @@ class SamplingConfig:
         _check_count("sampling.top_k", self.top_k, minimum=0)
         _require(0 <= self.min_p <= 1, "sampling.min_p", "in [0, 1]", self.min_p)
 
+    def seed_or(self, run_seed: int) -> int:
+        """The sampling seed: ``sampling.seed`` when set, else the run's seed."""
+        return self.seed if self.seed is not None else run_seed
+
 
 @dataclass
 class RolloutConfig:
@@ -206,6 +210,7 @@ class TrainingRunConfig(_Precision):
     epochs: int
     max_steps: int | None
     save_interval: int
+    gradient_checkpointing: bool  # recompute activations in the backward pass instead of keeping them
     optim: OptimConfig
 
     def __post_init__(self) -> None:

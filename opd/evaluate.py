@@ -119,7 +119,7 @@ def evaluate_checkpoint(name: str, spec: ModelSpec, cfg: EvalConfig, *, isolated
     records, _ = load_agent_records(cfg.data)
     torch.manual_seed(cfg.seed)
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
-    rollout = AgentRollout(model, chat_format, TokenSampler(cfg.sampling, precision.device, cfg.seed), cfg.rollout,
+    rollout = AgentRollout(model, chat_format, TokenSampler(cfg.sampling, precision.device, cfg.sampling.seed_or(cfg.seed)), cfg.rollout,
                            autocast=precision.autocast)
     episodes, scores = [], []
     progress = Progress(TextColumn(f"[bold]eval {name}"), BarColumn(), MofNCompleteColumn(),

@@ -44,6 +44,21 @@ def logits_at_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 
     return logits[batch.target_mask[:, positions]], output
 
 
+class TargetLogits(torch.nn.Module):
+    """A trained model's forward as its gradients see it — fp32 logits at the targets (``logits_at_targets``)
+    — as one module, so that ``DistributedDataParallel`` can wrap the whole computation (shared-prefix
+    prefill included) and synchronize the gradients of its one backward."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor,
+                prefix: int = 0, router_logits: bool = False):
+        return logits_at_targets(self.model, PackedBatch(input_ids, attention_mask, target_mask), prefix,
+                                 router_logits=router_logits)
+
+
 def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, settings: LossConfig) -> torch.Tensor:
     """Per-position T²-scaled KL for ``[..., vocab]`` logits; returns ``[...]`` in fp32."""
     if student_logits.shape != teacher_logits.shape:

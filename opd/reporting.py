@@ -29,17 +29,23 @@ def run_dir_of(out_dir: str) -> Path:
     return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(out_dir)
 
 
-def episode_figures(episodes: list[Episode], chat_format: ChatFormat) -> dict:
-    """What a step's episodes looked like: turns, tool calls and errors, generated tokens, truncation, and the
-    share answered correctly (``opd.scoring``: MiniMind's answer check) among those whose record has ``gt``."""
+def episode_counts(episodes: list[Episode], chat_format: ChatFormat) -> dict[str, int]:
+    """Sums over a step's episodes (on one rank): episodes, turns, tool calls and errors, generated tokens,
+    truncated episodes, and those with ``gt`` graded by MiniMind's answer check (``opd.scoring``)."""
     graded = [score_episode(e, chat_format).correct for e in episodes if e.record.gt]
-    return {
-        "mean_turns": sum(len(e.turns) for e in episodes) / len(episodes),
-        "tool_calls": sum(e.tool_calls for e in episodes), "tool_errors": sum(e.tool_errors for e in episodes),
-        "assistant_tokens": sum(e.assistant_tokens for e in episodes), "episodes": len(episodes),
-        "truncated_fraction": sum(e.truncated for e in episodes) / len(episodes),
-        "answer_accuracy": sum(graded) / len(graded) if graded else None,
-    }
+    return {"episodes": len(episodes), "turns": sum(len(e.turns) for e in episodes),
+            "tool_calls": sum(e.tool_calls for e in episodes), "tool_errors": sum(e.tool_errors for e in episodes),
+            "assistant_tokens": sum(e.assistant_tokens for e in episodes),
+            "truncated": sum(e.truncated for e in episodes), "graded": len(graded), "correct": sum(graded)}
+
+
+def episode_figures(counts: dict) -> dict:
+    """What a step's episodes looked like, from their counts summed over ranks (``episode_counts``)."""
+    episodes = counts["episodes"]
+    return {"mean_turns": counts["turns"] / episodes, "tool_calls": int(counts["tool_calls"]),
+            "tool_errors": int(counts["tool_errors"]), "assistant_tokens": int(counts["assistant_tokens"]),
+            "episodes": int(episodes), "truncated_fraction": counts["truncated"] / episodes,
+            "answer_accuracy": counts["correct"] / counts["graded"] if counts["graded"] else None}
 
 
 def run_summary(*, step: int, start_step: int, losses: list[float], tokens: int, wall: float, precision,
@@ -56,9 +62,9 @@ class TrainLog:
     """Context manager around the step loop; ``metrics_path`` receives one JSON object per step."""
 
     def __init__(self, metrics_path: Path, *, total_steps: int, start_step: int, console: Console | None = None,
-                 label: str = "opd"):
+                 label: str = "opd", enabled: bool = True):
+        self.enabled = enabled  # False on every training process but rank 0: nothing shown, nothing written
         self.metrics_path = Path(metrics_path)
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         self.console = console or Console()
         self.label = label
         self.progress = Progress(
@@ -70,16 +76,21 @@ class TrainLog:
                                            loss="-", tokens_per_s="-", turns="-", truncated="-")
 
     def __enter__(self) -> TrainLog:
-        self._stream = self.metrics_path.open("a", encoding="utf-8")
-        self.progress.start()
+        if self.enabled:
+            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            self._stream = self.metrics_path.open("a", encoding="utf-8")
+            self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
-        self._stream.close()
+        if self.enabled:
+            self.progress.stop()
+            self._stream.close()
 
     def step(self, metrics: dict) -> None:
         """Record one optimizer step's metrics (a flat dict with at least the figures the bar shows)."""
+        if not self.enabled:
+            return
         self._stream.write(json.dumps(metrics) + "\n")
         self._stream.flush()
         self.progress.update(self.task, completed=metrics["step"], loss=f"{metrics['loss']:.4f}",

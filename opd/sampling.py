@@ -21,9 +21,10 @@ class TokenSampler:
     """Samples one token per row from filtered softmax probabilities (temperature 0: argmax)."""
 
     def __init__(self, settings: SamplingConfig, device: torch.device | str, seed: int) -> None:
+        """``seed`` seeds the generator (callers resolve it: ``settings.seed_or(run_seed)``)."""
         self.settings = settings
         self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(settings.seed if settings.seed is not None else seed)
+        self.generator.manual_seed(seed)
         self.record_generators: dict[str, torch.Generator] | None = None
 
     @classmethod

@@ -118,7 +118,7 @@ def teacher_episodes(cache: TeacherRolloutCache, records: list[AgentRecord], nee
     missing = sorted(set(needed) - episodes.keys())
     if not missing:
         return episodes
-    base_seed = sampling.seed if sampling.seed is not None else seed
+    base_seed = sampling.seed_or(seed)
     progress = Progress(TextColumn("[bold]teacher rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with progress:
         task = progress.add_task("rollouts", total=len(missing))

@@ -28,6 +28,7 @@ from opd.checkpoints import (
     checkpoint_stem,
     file_fingerprint,
     restore,
+    rng_state,
     run_signature,
     save_checkpoint,
     vocabulary_fingerprint,
@@ -35,13 +36,14 @@ from opd.checkpoints import (
 from opd.config import LossConfig, OPDConfig, parse_config, register_model_groups
 from opd.data_order import DataCursor, DataOrder
 from opd.demonstrations import demonstration_episode, load_demonstrations
+from opd.distributed import check_batch_divides, data_parallel, gradient_sync, idle_loss, start, stop, unwrap
 from opd.episodes import Episode, PackedBatch, pack_episodes, shared_prefix_length
-from opd.loss import logits_at_targets, router_aux_coef, router_loss, token_kl
+from opd.loss import TargetLogits, logits_at_targets, router_aux_coef, router_loss, token_kl
 from opd.minimind.model import load_model
 from opd.minimind.precision import Precision
 from opd.minimind.tokenizer import check_same_tokenizer
 from opd.optimization import Optimization
-from opd.reporting import TrainLog, episode_figures, run_dir_of, run_summary
+from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler
 from opd.teacher_rollouts import TeacherRolloutCache, rollout_cache_key, teacher_episodes
@@ -57,8 +59,16 @@ def main(cfg: DictConfig) -> None:
 
 
 def train(cfg: OPDConfig) -> dict:
-    """Distil the teacher into the student as configured (continuing ``cfg.resume``); returns the run summary."""
-    precision, device = cfg.precision, cfg.precision.device
+    """Distil the teacher into the student as configured (continuing ``cfg.resume``); returns the run summary.
+
+    Under ``torchrun`` every process rolls out its share of each global micro-batch with its own sampler
+    stream, scores it with its own frozen teacher, and the student is ``DistributedDataParallel``: the update
+    is the one a single process makes on the whole global batch. Only rank 0 logs and writes files.
+    """
+    precision = cfg.precision
+    ranks = start(precision.device)
+    device = ranks.device(precision.device)
+    check_batch_divides(cfg.batch_size, ranks)
     torch.manual_seed(cfg.seed)
     # --- data and models, checked before any compute
     records, data_sha256, fixed = read_data(cfg)
@@ -71,67 +81,87 @@ def train(cfg: OPDConfig) -> dict:
     order = DataOrder(len(records), batch_size=cfg.batch_size, accumulation_steps=cfg.accumulation_steps,
                       epochs=cfg.epochs, seed=cfg.seed, max_steps=cfg.max_steps)
     schedule_steps = cfg.optim.lr_schedule_steps or order.total_steps
-    signature = opd_signature(cfg, teacher, student, tokenizer, data_sha256, schedule_steps)
+    signature = opd_signature(cfg, teacher, student, tokenizer, data_sha256, schedule_steps, ranks.world_size)
     stem = checkpoint_stem(student, "agent_opd")
     check_out_dir(cfg.out_dir, stem, resume=cfg.resume, overwrite=cfg.overwrite)
     student.to(device)
     teacher.to(device).eval().requires_grad_(False)
-    sampler = TokenSampler(cfg.sampling, device, cfg.seed)
+    sampler = TokenSampler(cfg.sampling, device, ranks.seed(cfg.sampling.seed_or(cfg.seed)))
     rollout = AgentRollout(student, chat_format, sampler, cfg.rollout, autocast=precision.autocast)
-    if cfg.mode == "offline" and fixed is None:
+    if cfg.mode == "offline" and fixed is None:  # rank 0 generates and caches them, the others read the cache
         cache = TeacherRolloutCache(cfg.offline.cache_dir, cfg.data, rollout_cache_key(signature, device))
-        fixed = teacher_episodes(cache, records, order.record_indices(), teacher=teacher, chat_format=chat_format,
-                                 sampling=cfg.sampling, seed=cfg.seed, limits=cfg.rollout, batch_size=cfg.batch_size,
-                                 device=device, autocast=precision.autocast)
+        for turn in ("main", "others"):
+            if (turn == "main") == ranks.is_main:
+                fixed = teacher_episodes(cache, records, order.record_indices(), teacher=teacher,
+                                         chat_format=chat_format, sampling=cfg.sampling, seed=cfg.seed,
+                                         limits=cfg.rollout, batch_size=cfg.batch_size, device=device,
+                                         autocast=precision.autocast)
+            ranks.barrier()
+    if cfg.gradient_checkpointing:
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    student_forward = data_parallel(TargetLogits(student), ranks, device)
     optimization = Optimization(student, cfg.optim, schedule_steps, precision)
     step, cursor = 0, DataCursor()
     if cfg.resume:
         step, cursor = restore(cfg.resume, signature, model=student, optimization=optimization,
-                               sampler=sampler if cfg.mode == "on_policy" else None)
-    run_dir, start_step, paths, losses, tokens = run_dir_of(cfg.out_dir), step, (None, None), [], 0
+                               sampler=sampler if cfg.mode == "on_policy" else None, rank=ranks.rank)
+    run_dir, start_step, paths, losses, tokens, rolled = run_dir_of(cfg.out_dir), step, (None, None), [], 0, 0
     started = time.perf_counter()
-    with TrainLog(run_dir / "metrics.jsonl", total_steps=order.total_steps, start_step=step, label="opd") as log:
+    with TrainLog(run_dir / "metrics.jsonl", total_steps=order.total_steps, start_step=step, label="opd",
+                  enabled=ranks.is_main) as log:
         for window in order.windows(cursor, step):
-            # --- episodes: the student's own rollouts, or the baseline's fixed sequences
+            # --- episodes: this rank's share of the student's own rollouts, or of the baseline's fixed sequences
             began = time.perf_counter()
+            shares = [ranks.share(batch) for batch in window.batches]
             if cfg.mode == "on_policy":
-                micro_batches = [rollout.run([records[i] for i in batch]) for batch in window.batches]
+                micro_batches = [rollout.run([records[i] for i in share]) if share else [] for share in shares]
             else:
-                micro_batches = [[fixed[i] for i in batch] for batch in window.batches]
+                micro_batches = [[fixed[i] for i in share] for share in shares]
             fetched = time.perf_counter()
-            # --- the teacher scores exactly the student's tokens; KL over every target of the window
-            packed = [pack_episodes(episodes, tokenizer.pad_token_id) for episodes in micro_batches]
-            targets = sum(batch.target_count for batch in packed)
+            # --- the teacher scores exactly the student's tokens; KL over every target of the global window
+            packed = [pack_episodes(episodes, tokenizer.pad_token_id) if episodes else None for episodes in micro_batches]
+            (targets,) = ranks.sum([sum(batch.target_count for batch in packed if batch is not None)])
             kl, aux = 0.0, 0.0
             student.train()
-            for batch_episodes, batch in zip(micro_batches, packed, strict=True):
-                kl_sum, router = distill_loss_step(student, teacher, batch_episodes, batch.to(device), cfg.loss,
-                                                   precision)
-                loss = kl_sum / targets
-                if router is not None:
-                    router = router * (batch.target_count / targets)
-                    loss, aux = loss + router, aux + router.item()
-                optimization.backward(loss)
-                kl += kl_sum.item() / targets
+            for index, (batch_episodes, batch) in enumerate(zip(micro_batches, packed, strict=True)):
+                with gradient_sync(student_forward, last=index == len(packed) - 1):
+                    if batch is None:  # this rank's share of a short micro-batch is empty: join the gradient sum
+                        optimization.backward(idle_loss(student_forward, tokenizer.pad_token_id, device))
+                        continue
+                    kl_sum, router = distill_loss_step(student_forward, teacher, batch_episodes, batch.to(device),
+                                                       cfg.loss, precision, share_prefix=not cfg.gradient_checkpointing)
+                    # DDP averages the ranks' gradients: scaled by the world size they add up to the window's mean
+                    loss = kl_sum / targets * ranks.world_size
+                    if router is not None:
+                        router = router * (batch.target_count / targets * ranks.world_size)
+                        loss, aux = loss + router, aux + router.item() / ranks.world_size
+                    optimization.backward(loss)
+                    kl += kl_sum.item() / targets
             # --- optimizer step, log, checkpoint
             lr, grad_norm = optimization.lr, optimization.step()
             step, cursor = window.step, window.next_cursor
-            episodes = [episode for batch in micro_batches for episode in batch]
-            figures = episode_figures(episodes, chat_format)
+            counts = episode_counts([episode for batch in micro_batches for episode in batch], chat_format)
+            totals = dict(zip([*counts, "kl", "aux"], ranks.sum([*counts.values(), kl, aux]), strict=True))
+            kl, aux, figures = totals.pop("kl"), totals.pop("aux"), episode_figures(totals)
+            rolled += counts["episodes"]
             log.step({"step": step, "epoch": window.epoch, "loss": kl + aux, "kl": kl, "aux_loss": aux,
-                      "grad_norm": grad_norm, "target_tokens": targets, **figures,
+                      "grad_norm": grad_norm, "target_tokens": int(targets), **figures,
                       "tokens_per_s": figures["assistant_tokens"] / (time.perf_counter() - began), "lr": lr,
                       "rollout_s" if cfg.mode == "on_policy" else "data_s": fetched - began,
                       "update_s": time.perf_counter() - fetched})
             losses.append(kl + aux)
             tokens += figures["assistant_tokens"]
             if step % cfg.save_interval == 0 or step == order.total_steps:
-                paths = save_checkpoint(cfg.out_dir, stem, student, optimization=optimization, step=step,
-                                        cursor=cursor, sampler=sampler if cfg.mode == "on_policy" else None,
-                                        signature=signature)
+                rng_states = ranks.gather(rng_state(sampler if cfg.mode == "on_policy" else None))
+                if ranks.is_main:
+                    paths = save_checkpoint(cfg.out_dir, stem, student, optimization=optimization, step=step,
+                                            cursor=cursor, rng_states=rng_states, signature=signature)
     summary = run_summary(step=step, start_step=start_step, losses=losses, tokens=tokens,
                           wall=time.perf_counter() - started, precision=precision, paths=paths, run_dir=run_dir)
-    log.summary(summary, [run_dir / "summary.json", Path(cfg.out_dir) / f"{stem}_summary.json"])
+    summary.update(world_size=ranks.world_size, episodes_per_rank=ranks.gather(rolled))
+    if ranks.is_main:
+        log.summary(summary, [run_dir / "summary.json", Path(cfg.out_dir) / f"{stem}_summary.json"])
+    stop(ranks)
     return summary
 
 
@@ -144,11 +174,14 @@ def read_data(cfg: OPDConfig) -> tuple[list[AgentRecord], str, list | None]:
     return records, data_sha256, None
 
 
-def opd_signature(cfg: OPDConfig, teacher, student, tokenizer, data_sha256: str, schedule_steps: int) -> dict:
+def opd_signature(cfg: OPDConfig, teacher, student, tokenizer, data_sha256: str, schedule_steps: int,
+                  world_size: int) -> dict:
     """What a resumed run must share with the one it continues (``max_steps``, ``epochs``, ``save_interval``,
-    ``out_dir`` and ``device`` may change; the schedule's span is compared resolved)."""
+    ``out_dir``, ``device`` and ``gradient_checkpointing`` may change; the schedule's span is compared
+    resolved; the number of processes must stay, since each rank's sampler stream continues)."""
     signature = run_signature(
         {"mode": cfg.mode, "seed": cfg.seed, "batch_size": cfg.batch_size, "accumulation_steps": cfg.accumulation_steps,
+         "world_size": world_size,
          "dtype": cfg.precision.dtype_name, "lr_schedule_steps": schedule_steps, "optim": cfg.optim,
          "rollout": cfg.rollout, "loss": cfg.loss, "sampling": cfg.sampling,
          **({"offline.source": cfg.offline.source} if cfg.mode == "offline" else {})},
@@ -174,20 +207,23 @@ def load_student_and_teacher(cfg: OPDConfig):
     return student, teacher, tokenizer
 
 
-def distill_loss_step(student: torch.nn.Module, teacher: torch.nn.Module, episodes: list[Episode],
-                      batch: PackedBatch, settings: LossConfig, precision: Precision):
-    """One micro-batch: fp32 logits of the frozen teacher and of the student at exactly the student's target
-    tokens; returns (the T²-scaled KL summed over those targets, the student's weighted router loss or None).
+def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module, episodes: list[Episode],
+                      batch: PackedBatch, settings: LossConfig, precision: Precision, *, share_prefix: bool = True):
+    """One micro-batch: fp32 logits of the frozen teacher and of the student (``student_forward``: its
+    ``TargetLogits``, DDP-wrapped under torchrun) at exactly the student's target tokens; returns (the T²-scaled
+    KL summed over those targets, the student's weighted router loss or None).
 
-    A prompt prefix every episode shares runs once; a MoE student runs every token (its router loss averages
-    over all of them).
+    A prompt prefix every episode shares runs once (for the student unless ``share_prefix`` is off, as under
+    gradient checkpointing); a MoE student runs every token (its router loss averages over all of them).
     """
+    student = unwrap(student_forward)
     prefix = shared_prefix_length(episodes)
     moe = router_aux_coef(student) is not None
     with torch.no_grad(), precision.autocast():
         teacher_logits, _ = logits_at_targets(teacher, batch, prefix)
     with precision.autocast():
-        student_logits, output = logits_at_targets(student, batch, 0 if moe else prefix, router_logits=moe)
+        student_logits, output = student_forward(batch.input_ids, batch.attention_mask, batch.target_mask,
+                                                 prefix if share_prefix and not moe else 0, router_logits=moe)
     kl_sum = token_kl(student_logits, teacher_logits, settings).sum()
     return kl_sum, router_loss(student, output, batch.attention_mask) if moe else None
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from opd.checkpoints import ResumeRefusedError, load_resume, restore, save_checkpoint
+from opd.checkpoints import ResumeRefusedError, load_resume, restore, rng_state, save_checkpoint
 from opd.config import OptimConfig
 from opd.data_order import DataCursor
 from opd.minimind.model import load_native
@@ -34,7 +34,7 @@ def trained(seed: int = 0):
 
 def save(out_dir, model, optimization, step: int):
     return save_checkpoint(out_dir, "agent_opd_64", model, optimization=optimization, step=step,
-                           cursor=DataCursor(0, step), sampler=None, signature=SIGNATURE)
+                           cursor=DataCursor(0, step), rng_states=[rng_state(None)], signature=SIGNATURE)
 
 
 def test_round_trip_restores_weights_optimizer_and_cursor(tmp_path):

@@ -1,0 +1,131 @@
+"""Data parallelism: two torchrun processes (gloo, CPU) make the update one process makes on the global batch,
+resume exactly after a kill, refuse another world size, and only rank 0 writes files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from opd.checkpoints import ResumeRefusedError, load_resume
+from opd.distributed import Ranks
+from opd.minimind.tiny_checkpoints import write_tiny_checkpoints
+from opd.train import train
+from tests.conftest import REPO_ROOT
+from tests.opd_helpers import entry_config, write_agent_data
+
+
+def test_shares_split_a_micro_batch_in_rank_order():
+    batch = [7, 3, 9, 1, 4]
+    assert [Ranks(r, 2).share(batch) for r in range(2)] == [[7, 3, 9], [1, 4]]
+    assert [Ranks(r, 3).share(batch) for r in range(3)] == [[7, 3], [9, 1], [4]]
+    assert [Ranks(r, 2).share([5]) for r in range(2)] == [[5], []]  # a short last micro-batch can leave a rank idle
+    assert Ranks().share(batch) == batch and Ranks().seed(42) == 42
+    assert len({Ranks(r, 4).seed(42) for r in range(4)}) == 4
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, tokenizer_path):
+    root = tmp_path_factory.mktemp("ddp")
+    checkpoints = write_tiny_checkpoints(root / "tiny")
+    data = write_agent_data(root / "agent.jsonl", 5)
+    base = ["teacher=tiny_teacher", "student=tiny_student", f"data={data}", f"tokenizer={tokenizer_path}",
+            f"teacher.checkpoint={checkpoints['teacher']}", f"student.checkpoint={checkpoints['student']}",
+            "rollout.max_turns=2", "rollout.max_gen_len=6", "rollout.max_total_len=1024", "optim.learning_rate=1e-3",
+            "device=cpu", "batch_size=4", "epochs=2", "max_steps=3", "optim.lr_schedule_steps=6"]
+    return {"root": root, "base": base}
+
+
+def torchrun(workspace, name: str, *overrides: str, processes: int = 2, start_only: bool = False):
+    """``torchrun --nproc_per_node N opd/train.py`` with one thread per process; returns the run's folders."""
+    out, run = workspace["root"] / name, workspace["root"] / f"{name}-run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+               "opd/train.py", *workspace["base"], f"out_dir={out}", f"hydra.run.dir={run}", *overrides]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if start_only:
+        return subprocess.Popen(command, cwd=REPO_ROOT, env=environment, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out, run
+    done = subprocess.run(command, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out, run
+
+
+def single(workspace, name: str, *overrides: str):
+    torch.set_num_threads(1)
+    try:
+        train(entry_config("opd", [*workspace["base"], f"out_dir={workspace['root'] / name}", *overrides]))
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+    return workspace["root"] / name
+
+
+def weights(out) -> dict:
+    return load_resume(out / "agent_opd_64_resume.pth")["model"]
+
+
+def max_difference(first: dict, second: dict) -> float:
+    return max((first[k] - second[k]).abs().max().item() for k in first)
+
+
+def metrics(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", [["mode=offline", "offline.source=dataset"], ["sampling=greedy"]])
+def test_two_processes_make_the_single_process_update(workspace, mode):
+    """3 steps of a global batch of 4 over 5 records: the second epoch's first micro-batch holds 1 record, so one
+    rank is idle for it; fixed sequences, and greedy on-policy rollouts (identical episodes either way)."""
+    name = mode[0].replace("=", "-")
+    two, two_run = torchrun(workspace, f"{name}-two", *mode)
+    one = single(workspace, f"{name}-one", *mode)
+    difference = max_difference(weights(two), weights(one))
+    print(f"max |difference| of student parameters after 3 steps ({name}): {difference:.3g}")
+    assert difference < 5e-6
+    steps_two, steps_one = metrics(two_run), metrics(one)
+    assert [m["episodes"] for m in steps_two] == [m["episodes"] for m in steps_one] == [4, 1, 4]
+    for a, b in zip(steps_two, steps_one, strict=True):
+        assert (a["assistant_tokens"], a["target_tokens"], a["tool_calls"]) == (
+            b["assistant_tokens"], b["target_tokens"], b["tool_calls"])
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    summary = json.loads((two_run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["episodes_per_rank"] == [5, 4]
+    assert sorted(p.name for p in two.iterdir()) == ["agent_opd_64.pth", "agent_opd_64_resume.pth",
+                                                     "agent_opd_64_summary.json"]
+    assert len(load_resume(two / "agent_opd_64_resume.pth")["rng"]) == 2  # every rank's RNG states
+
+
+def test_killed_and_resumed_two_process_run_equals_the_straight_one(workspace):
+    sampled = ["max_steps=6", "save_interval=1"]
+    straight, _ = torchrun(workspace, "straight", *sampled)
+    process, killed, killed_run = torchrun(workspace, "killed", *sampled, start_only=True)
+    deadline = time.monotonic() + 300
+    while not (killed_run / "metrics.jsonl").is_file() or len(metrics(killed_run)) < 2:
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    resume = killed / "agent_opd_64_resume.pth"
+    reached = load_resume(resume)["step"]
+    assert 1 <= reached < 6  # killed mid-run
+    torchrun(workspace, "killed", *sampled, f"resume={resume}")
+    final_straight, final_resumed = weights(straight), weights(killed)
+    assert all(torch.equal(final_straight[k], v) for k, v in final_resumed.items())
+    with pytest.raises(ResumeRefusedError, match="world_size: saved 2, now 1"):
+        single(workspace, "killed", *sampled, f"resume={resume}", "max_steps=7")
+
+
+def test_a_global_batch_that_does_not_split_is_refused(workspace):
+    out, run = workspace["root"] / "odd", workspace["root"] / "odd-run"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "opd/train.py",
+         *workspace["base"], "batch_size=3", f"out_dir={out}", f"hydra.run.dir={run}"],
+        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "error: batch_size=3 does not divide by the 2 processes" in done.stderr
+    assert not out.exists()
