@@ -18,7 +18,7 @@ from opd.distributed import Ranks
 from opd.minimind.tiny_checkpoints import write_tiny_checkpoints
 from opd.train import train
 from tests.conftest import REPO_ROOT
-from tests.opd_helpers import entry_config, write_agent_data
+from tests.opd_support import entry_config, write_agent_data
 
 
 def test_shares_split_a_micro_batch_in_rank_order():
