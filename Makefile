@@ -10,7 +10,7 @@ BENCH_REGEN_ARGS ?=
 RECIPE_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all demo tiny lint bench bench-regen bench-serve bench-opd recipe
+.PHONY: help setup test test-all demo tiny lint bench bench-regen bench-serve bench-opd gpu-check recipe
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -45,8 +45,14 @@ bench-regen: setup ## regen client vs speculators 0.9.0 (BENCH_REGEN_ARGS="--siz
 bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (tiny and 768x8 random models)
 	$(PY) -m launch.benchmark
 
-bench-opd: setup ## OPD rollout vs plain decode, and training steps/s, on CPU (tiny and 768x8 pairs)
+bench-opd: setup ## OPD rollout vs plain decode, training steps/s, peak memory, 1 vs 2 processes (CPU; tiny and 768x8)
 	$(PY) -m opd.benchmark --out out/bench/opd_benchmark.json
+	$(PY) -m opd.benchmark --memory --sizes 768 --batch-sizes 8 --out out/bench/opd_memory.json
+	$(PY) -m opd.benchmark --processes --steps 2 --out out/bench/opd_processes.json
+
+gpu-check: setup ## on a CUDA machine: the 768x8 pair in bf16 at batch 8 and 32 (tokens/s per phase, memory, MFU), gpu tests
+	$(PY) -m opd.gpu_check --out out/bench/gpu_check.json
+	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 recipe: tiny ## CPU recipe: synthetic task, SFT teacher + weaker student, OPD vs fixed-data baseline, evaluation (out/recipe)
 	$(PY) -m pip install -q -e '.[chart]' && $(PY) opd/recipe.py tokenizer=$(TOKENIZER) $(RECIPE_ARGS)

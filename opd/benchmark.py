@@ -1,6 +1,8 @@
-"""CPU throughput of the OPD rollout and trainer (``make bench-opd``).
+"""CPU throughput and memory of the OPD rollout and trainer, on one process and on two (``make bench-opd``).
 
     python -m opd.benchmark [--sizes tiny,768] [--batch-sizes 1,8] [--steps 2] [--out out/bench/opd.json]
+    python -m opd.benchmark --memory [--sizes 768] [--batch-sizes 8]     # peak RSS of a step, checkpointing off/on
+    python -m opd.benchmark --processes [--sizes tiny,768]              # 1 vs 2 torchrun processes, 1 thread each
 
 decode: rollout tokens/s (one turn of ``turns * gen_len`` sampled tokens, temperature 1) against a plain
 KV-cached decode loop (``[batch, 1]`` forwards on one cache, same sampling) of the same model and batch size,
@@ -10,6 +12,11 @@ student update) with fixed episode shapes: the student's turns are scripted (a t
 final answer; each exactly ``gen_len`` tokens) while every forward, observation and update is real. Records
 share one system prompt and tool list (computed once per batch); at batch sizes above 1 the same is also
 timed with a different system prompt per record (nothing shared). The decode comparison uses the latter.
+memory: the peak resident set (``ru_maxrss``) of a process that builds the pair and makes one such training
+step, once with the student's activation checkpointing off and once on, each in a fresh spawned process.
+processes: rollout and training tokens/s of ``opd/train.py`` itself, as one process and as ``torchrun
+--nproc_per_node 2``, one thread per process, on the same global batch of prompts (random-init native
+checkpoints; sampled turns of a random model run to ``--gen-len``); the first step is a warm-up.
 Models are random-init MiniMind architectures (weights do not change the cost); the tokenizer is
 $MINIMIND_TOKENIZER, ../shared/minimind3-tokenizer, or the stand-in.
 """
@@ -17,7 +24,12 @@ $MINIMIND_TOKENIZER, ../shared/minimind3-tokenizer, or the stand-in.
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +45,13 @@ from opd.chat_format import ChatFormat
 from opd.config import LossConfig, OptimConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes
 from opd.loss import TargetLogits
-from opd.minimind.model import MiniMindArch, build_model, cache_keyword
+from opd.minimind.model import (
+    MiniMindArch,
+    build_model,
+    cache_keyword,
+    enable_activation_checkpointing,
+    save_native,
+)
 from opd.minimind.precision import resolve_precision
 from opd.minimind.tiny_checkpoints import tiny_arch
 from opd.minimind.tokenizer import build_standin_tokenizer, load_tokenizer
@@ -110,8 +128,10 @@ def rollout_decode(model, chat_format: ChatFormat, records: list[AgentRecord], n
 
 
 def train_throughput(student, teacher, chat_format: ChatFormat, records: list[AgentRecord],
-                     script: list[list[int]], batch: int, steps: int) -> dict:
+                     script: list[list[int]], batch: int, steps: int, *, checkpointing: bool = False) -> dict:
     """Full OPD steps on scripted-shape episodes: steps/s, assistant tokens/s, and where the time went."""
+    if checkpointing:
+        enable_activation_checkpointing(student)
     sampler = ScriptedSampler({record.source: script for record in records})
     limits = RolloutConfig(len(script), max(len(turn) for turn in script), 1 << 15, open_thinking=False)
     rollout = AgentRollout(student, chat_format, sampler, limits)
@@ -125,7 +145,8 @@ def train_throughput(student, teacher, chat_format: ChatFormat, records: list[Ag
         episodes = rollout.run(records[step * batch:(step + 1) * batch])
         rolled = time.perf_counter()
         packed = pack_episodes(episodes, chat_format.pad_token_id)
-        kl_sum, _ = distill_loss_step(TargetLogits(student), teacher, episodes, packed, loss, precision)
+        kl_sum, _ = distill_loss_step(TargetLogits(student), teacher, episodes, packed, loss, precision,
+                                      share_prefix=not checkpointing)
         optimization.backward(kl_sum / packed.target_count)
         optimization.step()
         rollout_s += rolled - began
@@ -136,6 +157,111 @@ def train_throughput(student, teacher, chat_format: ChatFormat, records: list[Ag
     return {"steps_per_s": steps / total, "assistant_tokens_per_s": tokens / total,
             "rollout_tokens_per_s": tokens / rollout_s, "rollout_share": rollout_s / total,
             "mean_turns": turns / (steps * batch), "seconds": total}
+
+
+def _step_peak_rss(connection, size: str, batch: int, turns: int, gen_len: int, checkpointing: bool,
+                   tokenizer_path: str | None) -> None:
+    tokenizer, _ = bench_tokenizer(tokenizer_path)
+    student_arch, teacher_arch = PAIRS[size]
+    torch.manual_seed(0)
+    student, teacher = build_model(student_arch), build_model(teacher_arch).eval().requires_grad_(False)
+    train_throughput(student, teacher, ChatFormat(tokenizer), bench_records(batch, shared_system_prompt=True),
+                     scripted_turns(tokenizer, turns, gen_len), batch, 1, checkpointing=checkpointing)
+    connection.send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20))  # KiB -> GiB
+    connection.close()
+
+
+def step_peak_rss(size: str, batch: int, turns: int, gen_len: int, checkpointing: bool, tokenizer: str | None) -> float:
+    """Peak RSS (GiB) of a fresh process that builds the pair and makes one training step."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_step_peak_rss, args=(sender, size, batch, turns, gen_len, checkpointing,
+                                                            tokenizer))
+    process.start()
+    sender.close()
+    try:
+        peak = receiver.recv()
+    except EOFError:
+        raise RuntimeError(f"the process measuring {size} batch {batch} failed (its error is above)") from None
+    finally:
+        process.join()
+    return peak
+
+
+def memory(args, console: Console) -> dict:
+    """Peak RSS of one training step per size and batch, activation checkpointing off and on."""
+    table = Table(title=f"peak RSS of one OPD step (CPU, fp32, {args.turns} turns x {args.gen_len} tokens)")
+    for column in ("pair", "batch", "checkpointing off GiB", "checkpointing on GiB", "on / off"):
+        table.add_column(column, justify="right")
+    runs = []
+    for size in args.sizes.split(","):
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            with console.status(f"{size} batch {batch}: one step, checkpointing off and on"):
+                off, on = (step_peak_rss(size, batch, args.turns, args.gen_len, flag, args.tokenizer)
+                           for flag in (False, True))
+            runs.append({"pair": size, "batch_size": batch, "peak_rss_gib_off": off, "peak_rss_gib_on": on})
+            table.add_row(size, str(batch), f"{off:.2f}", f"{on:.2f}", f"{on / off:.2f}")
+    console.print(table)
+    return {"kind": "memory", "turns": args.turns, "gen_len": args.gen_len, "runs": runs}
+
+
+def write_native_pair(size: str, folder: Path) -> dict[str, Path]:
+    """Random-init native checkpoints of a pair, for runs of ``opd/train.py``."""
+    paths = {}
+    for offset, (role, arch) in enumerate(zip(("student", "teacher"), PAIRS[size], strict=True)):
+        torch.manual_seed(offset)
+        paths[role] = save_native(build_model(arch), folder / f"{size}_{role}.pth")
+    return paths
+
+
+def train_command(size: str, paths: dict, data: Path, out: Path, args, tokenizer: str) -> list[str]:
+    student_arch, teacher_arch = PAIRS[size]
+    return [*(f"{role}.{key}={getattr(arch, key)}" for role, arch in (("student", student_arch), ("teacher", teacher_arch))
+              for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")),
+            f"student.checkpoint={paths['student']}", f"teacher.checkpoint={paths['teacher']}", f"data={data}",
+            f"tokenizer={tokenizer}", "device=cpu", f"batch_size={args.process_batch}", f"max_steps={args.steps + 1}",
+            "rollout.max_turns=1", f"rollout.max_gen_len={args.gen_len}", "rollout.max_total_len=4096",
+            f"out_dir={out}", f"hydra.run.dir={out / 'run'}", "save_interval=1000000"]
+
+
+def processes(args, console: Console) -> dict:
+    """Rollout and training tokens/s of opd/train.py as 1 process and as 2 torchrun processes (1 thread each)."""
+    tokenizer = args.tokenizer or bench_tokenizer(None)[1]
+    if tokenizer == "stand-in":
+        tokenizer = str(build_standin_tokenizer(tempfile.mkdtemp(prefix="opd-bench-tok-")))
+    table = Table(title=f"opd/train.py on 1 vs 2 processes (CPU, 1 thread each, global batch {args.process_batch}, "
+                        f"one sampled turn of {args.gen_len} tokens)")
+    for column in ("pair", "processes", "rollout tok/s", "train tok/s", "speed-up"):
+        table.add_column(column, justify="right")
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="opd-bench-processes-") as folder:
+        root = Path(folder)
+        data = root / "prompts.jsonl"
+        rows = [{"messages": record.messages, "tools": record.tools}
+                for record in bench_records(args.process_batch * (args.steps + 1), shared_system_prompt=True)]
+        data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        for size in args.sizes.split(","):
+            paths, base = write_native_pair(size, root), None
+            for count in (1, 2):
+                out = root / f"{size}-{count}"
+                launcher = [sys.executable, "opd/train.py"] if count == 1 else [
+                    sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={count}",
+                    "opd/train.py"]
+                with console.status(f"{size}: {count} process(es)"):
+                    subprocess.run([*launcher, *train_command(size, paths, data, out, args, tokenizer)], cwd=REPO_ROOT,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True)
+                steps = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()][1:]
+                tokens = sum(step["assistant_tokens"] for step in steps)
+                rollout_s = sum(step["rollout_s"] for step in steps)
+                train_s = sum(step["rollout_s"] + step["update_s"] for step in steps)
+                run = {"pair": size, "processes": count, "rollout_tokens_per_s": tokens / rollout_s,
+                       "train_tokens_per_s": tokens / train_s, "steps": len(steps)}
+                base = base or run
+                runs.append(run)
+                table.add_row(size, str(count), f"{run['rollout_tokens_per_s']:.1f}", f"{run['train_tokens_per_s']:.1f}",
+                              f"{run['train_tokens_per_s'] / base['train_tokens_per_s']:.2f}")
+    console.print(table)
+    return {"kind": "processes", "global_batch": args.process_batch, "gen_len": args.gen_len, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -149,10 +275,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--out", default="out/bench/opd_benchmark.json")
+    parser.add_argument("--memory", action="store_true", help="peak RSS of a step, activation checkpointing off/on")
+    parser.add_argument("--processes", action="store_true", help="opd/train.py on 1 vs 2 torchrun processes")
+    parser.add_argument("--process-batch", type=int, default=8, help="global batch of the --processes runs")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console(width=120)
+    if args.memory or args.processes:
+        results = memory(args, console) if args.memory else processes(args, console)
+        atomic_write_json(Path(args.out), results)
+        console.print(f"written {args.out}")
+        return results
     tokenizer, tokenizer_name = bench_tokenizer(args.tokenizer)
     chat_format = ChatFormat(tokenizer)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

@@ -31,7 +31,7 @@ def logits_at_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 
     positions = target_positions(batch)
     extra = {"output_router_logits": True} if router_logits else {}
     if not prefix:
-        output = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **extra)
+        output = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **extra)
     else:
         rows, length = batch.input_ids.shape
         cache = prefill_shared_prefix(model, batch.input_ids[0, :prefix].tolist(), rows)

@@ -37,7 +37,7 @@ from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.distributed import check_batch_divides, data_parallel, gradient_sync, idle_loss, start, stop, unwrap
 from opd.episodes import Episode, PackedBatch, pack_episodes, shared_prefix_length
 from opd.loss import TargetLogits, router_aux_coef, router_loss, target_cross_entropy
-from opd.minimind.model import build_model, check_tokenizer_fits, load_model
+from opd.minimind.model import build_model, check_tokenizer_fits, enable_activation_checkpointing, load_model
 from opd.minimind.precision import Precision
 from opd.minimind.tokenizer import load_tokenizer
 from opd.optimization import Optimization
@@ -84,7 +84,7 @@ def train(cfg: SFTConfig) -> dict:
     check_out_dir(cfg.out_dir, stem, resume=cfg.resume, overwrite=cfg.overwrite)
     model.to(device)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     model_forward = data_parallel(TargetLogits(model), ranks, device)
     optimization = Optimization(model, cfg.optim, schedule_steps, precision)
     step, cursor = 0, DataCursor()

@@ -39,7 +39,7 @@ from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.distributed import check_batch_divides, data_parallel, gradient_sync, idle_loss, start, stop, unwrap
 from opd.episodes import Episode, PackedBatch, pack_episodes, shared_prefix_length
 from opd.loss import TargetLogits, logits_at_targets, router_aux_coef, router_loss, token_kl
-from opd.minimind.model import load_model
+from opd.minimind.model import enable_activation_checkpointing, load_model
 from opd.minimind.precision import Precision
 from opd.minimind.tokenizer import check_same_tokenizer
 from opd.optimization import Optimization
@@ -98,7 +98,7 @@ def train(cfg: OPDConfig) -> dict:
                                          autocast=precision.autocast)
             ranks.barrier()
     if cfg.gradient_checkpointing:
-        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(student)
     student_forward = data_parallel(TargetLogits(student), ranks, device)
     optimization = Optimization(student, cfg.optim, schedule_steps, precision)
     step, cursor = 0, DataCursor()

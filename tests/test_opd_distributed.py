@@ -42,16 +42,32 @@ def workspace(tmp_path_factory, tokenizer_path):
     return {"root": root, "base": base}
 
 
+def launch(arguments: list[str]) -> subprocess.Popen:
+    """``torchrun --standalone`` with one thread per process, in its own process group (so a kill reaches all)."""
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", *arguments], cwd=REPO_ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Wait for a launch; on timeout kill its whole process group (no orphaned ranks) and fail with its output."""
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout} s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 def torchrun(workspace, name: str, *overrides: str, processes: int = 2, start_only: bool = False):
-    """``torchrun --nproc_per_node N opd/train.py`` with one thread per process; returns the run's folders."""
+    """``torchrun --nproc_per_node N opd/train.py ...``; returns the run's folders (and the process if start_only)."""
     out, run = workspace["root"] / name, workspace["root"] / f"{name}-run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               "opd/train.py", *workspace["base"], f"out_dir={out}", f"hydra.run.dir={run}", *overrides]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = launch([f"--nproc_per_node={processes}", "opd/train.py", *workspace["base"], f"out_dir={out}",
+                      f"hydra.run.dir={run}", *overrides])
     if start_only:
-        return subprocess.Popen(command, cwd=REPO_ROOT, env=environment, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out, run
-    done = subprocess.run(command, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=600)
+        return process, out, run
+    done = finish(process)
     assert done.returncode == 0, done.stderr[-4000:]
     return out, run
 
@@ -109,7 +125,7 @@ def test_killed_and_resumed_two_process_run_equals_the_straight_one(workspace):
         assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    process.communicate()
     resume = killed / "agent_opd_64_resume.pth"
     reached = load_resume(resume)["step"]
     assert 1 <= reached < 6  # killed mid-run
@@ -122,10 +138,8 @@ def test_killed_and_resumed_two_process_run_equals_the_straight_one(workspace):
 
 def test_a_global_batch_that_does_not_split_is_refused(workspace):
     out, run = workspace["root"] / "odd", workspace["root"] / "odd-run"
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "opd/train.py",
-         *workspace["base"], "batch_size=3", f"out_dir={out}", f"hydra.run.dir={run}"],
-        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    done = finish(launch(["--nproc_per_node=2", "opd/train.py", *workspace["base"], "batch_size=3", f"out_dir={out}",
+                          f"hydra.run.dir={run}"]))
     assert done.returncode != 0
     assert "error: batch_size=3 does not divide by the 2 processes" in done.stderr
     assert not out.exists()

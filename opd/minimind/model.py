@@ -368,3 +368,12 @@ def prefill_shared_prefix(model: torch.nn.Module, prefix_ids: list[int], rows: i
           **{cache_keyword(model): cache})
     cache.batch_repeat_interleave(rows)
     return cache
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer's activations in the backward pass (non-reentrant checkpoints, DDP-safe)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
