@@ -16,6 +16,7 @@ from pathlib import Path
 from opd.user_errors import UserError
 
 ROLES = ("system", "user", "assistant", "tool")
+MESSAGE_COLUMNS = ("messages", "conversations")  # regen reads rows the same way
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "name", "tool_call_id")
 
 
@@ -38,19 +39,33 @@ class AgentRecord:
         return frozenset(_tool_name(tool) for tool in self.tools or [])
 
 
+def message_column(row: dict) -> str | None:
+    """The column a chat row keeps its messages in (``MESSAGE_COLUMNS``, in order of preference), if any."""
+    return next((column for column in MESSAGE_COLUMNS if column in row), None)
+
+
+def parse_tools_field(value) -> list[dict]:
+    """A row's tools: a list of OpenAI tool schemas, or a JSON string of one; ``ValueError`` says what is wrong."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"a string that is not JSON ({error.msg} at char {error.pos})") from None
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        raise ValueError(f"expected a list of tool schemas (or a JSON string of one), got {type(value).__name__}")
+    return value
+
+
 def _tool_name(tool: dict) -> str:
     function = tool.get("function", tool)
     return function.get("name") if isinstance(function, dict) else None
 
 
 def _parse_tools(value, where: str) -> list[dict]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise RecordError(f"{where}: not valid JSON ({error.msg})") from None
-    if not isinstance(value, list):
-        raise RecordError(f"{where}: expected a list of tool schemas, got {type(value).__name__}")
+    try:
+        value = parse_tools_field(value)
+    except ValueError as error:
+        raise RecordError(f"{where}: {error}") from None
     for index, tool in enumerate(value):
         if not isinstance(tool, dict) or not isinstance(_tool_name(tool), str) or not _tool_name(tool):
             raise RecordError(f"{where}[{index}]: a tool needs a string 'name' (or 'function.name')")
@@ -74,10 +89,10 @@ def parse_record(row, source: str) -> AgentRecord:
     """Validate one decoded JSON row; ``source`` ("file:line") prefixes every error."""
     if not isinstance(row, dict):
         raise RecordError(f"{source}: expected a JSON object, got {type(row).__name__}")
-    key = "conversations" if "conversations" in row else "messages"
+    key = message_column(row) or MESSAGE_COLUMNS[0]
     raw_messages = row.get(key)
     if not isinstance(raw_messages, list) or not raw_messages:
-        raise RecordError(f"{source}: needs a non-empty 'conversations' or 'messages' list")
+        raise RecordError(f"{source}: needs a non-empty 'messages' or 'conversations' list")
     messages = [parse_message(m, f"{source}: {key}[{i}]") for i, m in enumerate(raw_messages)]
     tools = _parse_tools(row["tools"], f"{source}: tools") if row.get("tools") else None
     for index, message in enumerate(raw_messages):

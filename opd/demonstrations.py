@@ -14,7 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from opd.agent_records import AgentRecord, RecordError, parse_message, parse_record, read_rows
+from opd.agent_records import (
+    MESSAGE_COLUMNS,
+    AgentRecord,
+    RecordError,
+    message_column,
+    parse_message,
+    parse_record,
+    read_rows,
+)
 from opd.chat_format import ChatFormat
 from opd.episodes import ANSWER, MAX_TURNS, Episode, Turn
 from tools.tool_calls import split_tool_calls
@@ -31,10 +39,10 @@ class Demonstration:
 
 def parse_demonstration(row, source: str) -> Demonstration:
     """Validate one row as a demonstration; errors name ``source`` and the offending field."""
-    key = "conversations" if isinstance(row, dict) and "conversations" in row else "messages"
+    key = (message_column(row) if isinstance(row, dict) else None) or MESSAGE_COLUMNS[0]
     raw = row.get(key) if isinstance(row, dict) else None
     if not isinstance(raw, list) or not raw:
-        raise RecordError(f"{source}: needs a non-empty 'conversations' or 'messages' list")
+        raise RecordError(f"{source}: needs a non-empty 'messages' or 'conversations' list")
     messages = [parse_message(message, f"{source}: {key}[{i}]") for i, message in enumerate(raw)]
     first = next((i for i, message in enumerate(messages) if message["role"] == "assistant"), None)
     if first is None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from opd.agent_records import MESSAGE_COLUMNS
 from regen.conversation import Conversation, RowError, ToolResult, read_messages, read_tools
 
 Turns = tuple[list[dict[str, str]], list[ToolResult]]
 
-CONVERSATION_COLUMNS = ("messages", "conversations", "prompt")
+CONVERSATION_COLUMNS = (*MESSAGE_COLUMNS, "prompt")
 # Columns other tools read prompts from; regen names them in the error instead of guessing.
 UNREAD_PROMPT_COLUMNS = ("instruction", "question", "text", "input", "query")
 

@@ -124,8 +124,8 @@ def test_local_row_keeps_tools_and_named_tool_results():
     ({"messages": [{"content": "x"}]}, "no string 'role' or 'from'"),
     ({"messages": [{"role": "assistant", "content": "only me"}]}, "no user turn with text"),
     ({"prompt": "  "}, "'prompt' is an empty string"),
-    ({"prompt": "x", "tools": "{not json"}, "'tools' is a string that is not JSON"),
-    ({"prompt": "x", "tools": {"a": 1}}, "'tools' must be a list"),
+    ({"prompt": "x", "tools": "{not json"}, "'tools': a string that is not JSON"),
+    ({"prompt": "x", "tools": {"a": 1}}, "'tools': expected a list of tool schemas"),
 ])
 def test_bad_local_rows_say_what_was_expected(row, message):
     with pytest.raises(RowError, match=message):
