@@ -88,15 +88,9 @@ def train(cfg: OPDConfig) -> dict:
     teacher.to(device).eval().requires_grad_(False)
     sampler = TokenSampler(cfg.sampling, device, ranks.seed(cfg.sampling.seed_or(cfg.seed)))
     rollout = AgentRollout(student, chat_format, sampler, cfg.rollout, autocast=precision.autocast)
-    if cfg.mode == "offline" and fixed is None:  # rank 0 generates and caches them, the others read the cache
-        cache = TeacherRolloutCache(cfg.offline.cache_dir, cfg.data, rollout_cache_key(signature, device))
-        for turn in ("main", "others"):
-            if (turn == "main") == ranks.is_main:
-                fixed = teacher_episodes(cache, records, order.record_indices(), teacher=teacher,
-                                         chat_format=chat_format, sampling=cfg.sampling, seed=cfg.seed,
-                                         limits=cfg.rollout, batch_size=cfg.batch_size, device=device,
-                                         autocast=precision.autocast)
-            ranks.barrier()
+    if cfg.mode == "offline" and fixed is None:
+        fixed = cached_teacher_episodes(cfg, records, order.record_indices(), teacher, chat_format, signature, ranks,
+                                        device)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(student)
     student_forward = data_parallel(TargetLogits(student), ranks, device)
@@ -190,6 +184,22 @@ def opd_signature(cfg: OPDConfig, teacher, student, tokenizer, data_sha256: str,
                       "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)})
     signature.pop("optim.lr_schedule_steps")
     return signature
+
+
+def cached_teacher_episodes(cfg: OPDConfig, records: list[AgentRecord], needed: list[int], teacher, chat_format,
+                            signature: dict, ranks, device: torch.device) -> dict[int, Episode]:
+    """The baseline's teacher episodes of the ``needed`` records: rank 0 rolls out what the cache lacks and
+    caches it, then every other rank reads the cache."""
+    cache = TeacherRolloutCache(cfg.offline.cache_dir, cfg.data, rollout_cache_key(signature, device))
+
+    def episodes() -> dict[int, Episode]:
+        return teacher_episodes(cache, records, needed, teacher=teacher, chat_format=chat_format, sampling=cfg.sampling,
+                                seed=cfg.seed, limits=cfg.rollout, batch_size=cfg.batch_size, device=device,
+                                autocast=cfg.precision.autocast)
+
+    result = episodes() if ranks.is_main else None
+    ranks.barrier()
+    return result if ranks.is_main else episodes()
 
 
 def load_student_and_teacher(cfg: OPDConfig):
