@@ -37,7 +37,7 @@ class ServerLoad:
     preemptions: int
 
 
-def _sample(line: str) -> tuple[str, float] | None:
+def parse_sample(line: str) -> tuple[str, float] | None:
     """``(metric name, value)`` of one exposition line; ``None`` for comments, blank or unreadable lines."""
     line = line.strip()
     if not line or line.startswith("#"):
@@ -65,7 +65,7 @@ def parse_load(text: str) -> ServerLoad:
     """The :class:`ServerLoad` in a ``/metrics`` body; raises :class:`MetricsMissing` without vLLM's gauges."""
     values: dict[str, list[float]] = defaultdict(list)
     for line in text.splitlines():
-        sample = _sample(line)
+        sample = parse_sample(line)
         if sample is not None and math.isfinite(sample[1]):
             values[sample[0]].append(sample[1])
     kv = next((values[name] for name in KV_USAGE if values.get(name)), None)

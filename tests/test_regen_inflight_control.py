@@ -1,10 +1,17 @@
-"""The in-flight rules of ``concurrency=auto`` on scripted readings: when they raise, hold and lower (pure: no
-server, no clock)."""
+"""``concurrency=auto``: its rules on scripted readings -- when they raise, hold and lower (pure: no server, no
+clock) -- and whole runs on scripted servers on 127.0.0.1: one without /metrics, a stalled endpoint beside a
+healthy one."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 from regen.inflight_control import KV_TARGET, MetricsRule, Observation, ThroughputRule
 from regen.vllm_metrics import ServerLoad
+from tests.regen_support import EOS, first_user, ok
+
+pytest_plugins = ("tests.regen_fixtures",)  # the `serve` and `regen` fixtures
 
 
 def load(kv: float, running: int = 0, waiting: int = 0, preemptions: int = 0) -> ServerLoad:
@@ -87,3 +94,40 @@ def test_without_metrics_the_limit_never_goes_below_its_start():
     assert throughput_reading(rule, 20, 1500) == 16  # slower at 32: back to 16
     assert throughput_reading(rule, 30, 1600) == 18  # 16 measured again, then a step up
     assert throughput_reading(rule, 40, 1610) == 16
+
+
+def test_a_run_without_metrics_steers_by_throughput(serve, regen):
+    server = serve(lambda payload: ok("fine", [1, 5, 6], [7, 8, EOS]))  # no /metrics route: HTTP 404
+    rows = [{"id": f"p{i}", "prompt": f"q{i}"} for i in range(30)]
+    summary, out, errors = regen([server.url], rows, "concurrency=auto", "concurrency_start=2",
+                                 "concurrency_interval_s=0.01")
+    assert sorted(r["primary_id"] for r in out) == sorted(f"p{i}" for i in range(30)) and errors == []
+    [endpoint] = summary["endpoints"].values()
+    assert endpoint["concurrency_control"] == "throughput" and endpoint["in_flight_limit"] >= 2
+
+
+def test_a_stalled_endpoint_does_not_pin_the_others(serve, regen):
+    rows = [{"id": f"p{i}", "prompt": f"q{i}"} for i in range(24)]
+    stalled_on, released, served = [], threading.Event(), []
+
+    async def stalled(payload):  # holds every request until the healthy endpoint has done all the rest
+        stalled_on.append(first_user(payload))
+        for _ in range(6000):
+            if released.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return ok("late", [1, 5], [9, EOS])
+
+    def healthy(payload):
+        served.append(first_user(payload))
+        if len(served) + len(stalled_on) == len(rows):
+            released.set()
+        return ok("on time", [1, 5], [6, EOS])
+
+    stuck, steady = serve(stalled), serve(healthy)
+    summary, out, errors = regen([stuck.url, steady.url], rows, "concurrency=auto", "concurrency_start=3",
+                                 "request_timeout_s=120")
+    assert released.is_set() and len(stalled_on) == 3  # released by the condition, not by the 60 s backstop
+    assert sorted(served + stalled_on) == sorted(r["prompt"] for r in rows) and errors == []
+    assert [r["metadata"]["endpoint"] for r in out[-3:]] == [stuck.chat_url] * 3  # the stalled ones end last
+    assert summary["endpoints"][steady.chat_url]["conversations"] == 21
