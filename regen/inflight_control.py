@@ -151,7 +151,7 @@ async def steer(session: aiohttp.ClientSession, pool: EndpointPool, endpoint: En
     """Forever: every ``interval_s``, read ``endpoint``'s load and set its limit in ``pool`` by its rule
     (:class:`MetricsRule`; :class:`ThroughputRule` from the first reading that finds no vLLM metrics)."""
     rule: MetricsRule | ThroughputRule = MetricsRule(endpoint.limit, maximum)
-    endpoint.control = rule.mode
+    endpoint.control = "pending"  # until the first reading tells metrics from throughput
     while True:
         await asyncio.sleep(interval_s)
         if not endpoint.live:
@@ -162,6 +162,7 @@ async def steer(session: aiohttp.ClientSession, pool: EndpointPool, endpoint: En
                 load = await read_load(session, endpoint.address.base, endpoint.headers, min(10.0, 2 * interval_s))
             except MetricsMissing:
                 rule = ThroughputRule(rule.limit, maximum, time.monotonic(), endpoint.completion_tokens)
+            if load is not None or isinstance(rule, ThroughputRule):
                 endpoint.control = rule.mode
         mean_s = endpoint.mean_conversation_s()
         observation = Observation(time.monotonic(), endpoint.active, None if mean_s is None else mean_s / 2,

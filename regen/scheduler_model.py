@@ -27,6 +27,7 @@ hardware. The rules follow vLLM's scheduler:
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -256,8 +257,6 @@ def fixed_concurrency_rate(settings: SchedulerSettings, concurrency: int, worklo
     prompts and answers) plus a new user message, submitted the moment the previous answer is done; a
     finished conversation is replaced at once. Only steps after ``warm_up_s`` count.
     """
-    import random
-
     rng = random.Random(seed)
     model = SchedulerModel(settings)
     in_flight: dict[int, list] = {}  # id(request) -> [conversation tokens so far, turns left]
