@@ -7,13 +7,14 @@ STAMP := $(VENV)/.installed
 TOKENIZER ?= $(or $(MINIMIND_TOKENIZER),$(firstword $(wildcard ../shared/minimind3-tokenizer)),out/tiny/standin-tokenizer)
 PYTEST_ARGS ?=
 BENCH_REGEN_ARGS ?=
+BENCH_CONCURRENCY_ARGS ?=
 RECIPE_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all demo tiny lint bench bench-regen bench-serve bench-opd gpu-check recipe
+.PHONY: help setup test test-all demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd gpu-check recipe
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## create .venv: CPU torch from the local wheel when pip can, then this package with [dev]
 
@@ -37,10 +38,13 @@ tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMi
 lint: setup ## ruff over the code
 	$(PY) -m ruff check regen opd tools launch tests
 
-bench: bench-regen bench-serve bench-opd ## every benchmark below, one after another
+bench: bench-regen bench-concurrency bench-serve bench-opd ## every benchmark below, one after another
 
 bench-regen: setup ## regen client vs speculators 0.9.0 (BENCH_REGEN_ARGS="--sizes 2000" for a quick run)
 	$(PY) -m regen.benchmark $(BENCH_REGEN_ARGS)
+
+bench-concurrency: setup ## concurrency=auto vs fixed 16/64/256/1024 on the capacity-model stand-in (two servers, curve PNG)
+	$(PY) -m regen.concurrency_benchmark $(BENCH_CONCURRENCY_ARGS)
 
 bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (tiny and 768x8 random models)
 	$(PY) -m launch.benchmark

@@ -108,6 +108,14 @@ def _server_message(body: bytes) -> str:
     return text[:500]
 
 
+def _completion_tokens(data: Any) -> int:
+    """The reply's ``usage.completion_tokens`` (0 if absent), for its endpoint's generation rate; the reply
+    itself is checked later, when it becomes a row."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
+
+
 class ChatClient:
     """One shared aiohttp session sending chat requests to the pool's endpoints."""
 
@@ -190,5 +198,5 @@ class ChatClient:
                     self.retry_wait_s += wait
                     await asyncio.sleep(wait)
                 continue
-            self.pool.record_success(endpoint)
+            self.pool.record_success(endpoint, _completion_tokens(data))
             return data, endpoint.url

@@ -3,12 +3,19 @@
 An endpoint may be written ``http://host:port``, ``.../v1`` or ``.../v1/chat/completions`` (speculators'
 ``--endpoint`` form); all name the same server, and rows record its chat-completions URL. Credentials in
 the URL (``http://user:password@host``) are sent as basic auth and never appear in a name, a row or a
-message. A conversation sticks to the endpoint it was given (prefix-cache friendly) until that endpoint
-is taken out; then its next request goes to the live endpoint with the fewest active conversations. An
-endpoint is taken out after ``max_failures`` connection-level failures in a row (refused, reset, no
+message.
+
+A conversation starts only when :meth:`EndpointPool.claim` finds room for it. With a fixed
+``concurrency`` the room is that many conversations over all endpoints and a new one goes to the live
+endpoint with the fewest; with ``concurrency=auto`` every endpoint has its own in-flight limit (set by
+``regen.inflight_control``) and a new conversation goes to the live endpoint with the most free slots
+(limit minus conversations on it). A conversation sticks to its endpoint (prefix-cache friendly) until
+that endpoint is taken out; then its next request goes to the live endpoint with the fewest active
+conversations (fixed) or the most free slots (auto). An endpoint is taken out after ``max_failures`` connection-level failures in a row (refused, reset, no
 connection within the connect timeout) or a failed probe, never for a slow reply; a background probe
 (``/health``, then ``/v1/models``) puts it back when it answers again. ``all_down_since`` tells the
-client how long there has been no endpoint at all.
+client how long there has been no endpoint at all. Each endpoint also keeps what the summary reports:
+completion tokens, and time-weighted means of its in-flight count and limit.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import asyncio
 import base64
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -84,19 +92,70 @@ class Endpoint:
     reinstated: int = 0
     active: int = 0
     last_error: str | None = None
+    limit: int | None = None  # conversations allowed in flight here (concurrency=auto); None: fixed
+    control: str = "fixed"  # what sets the limit: fixed, metrics or throughput (regen.inflight_control)
+    completion_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.url = self.address.chat_url
         self.chat_target = URL(self.url)  # parsed once, not per request
         self.headers = self.address.auth_headers()
         self.request_headers = {"Content-Type": "application/json", **self.headers}
+        self.started = self._since = time.monotonic()
+        self._active_area = self._limit_area = 0.0  # integrals over time, for the means
+        self.conversation_s: deque[float] = deque(maxlen=256)  # how long recent conversations stayed here
+
+    @property
+    def free(self) -> int:
+        """Conversations this endpoint can still take (auto mode)."""
+        return (self.limit or 0) - self.active
+
+    def _advance(self) -> None:
+        now = time.monotonic()
+        self._active_area += self.active * (now - self._since)
+        self._limit_area += (self.limit or 0) * (now - self._since)
+        self._since = now
+
+    def change_active(self, delta: int) -> None:
+        self._advance()
+        self.active += delta
+
+    def set_limit(self, limit: int) -> None:
+        self._advance()
+        self.limit = limit
+
+    def mean_in_flight(self) -> float:
+        self._advance()
+        elapsed = self._since - self.started
+        return self._active_area / elapsed if elapsed > 0 else float(self.active)
+
+    def mean_limit(self) -> float | None:
+        if self.limit is None:
+            return None
+        self._advance()
+        elapsed = self._since - self.started
+        return self._limit_area / elapsed if elapsed > 0 else float(self.limit)
+
+    def mean_conversation_s(self) -> float | None:
+        """The mean time recent conversations stayed on this endpoint (None before one finished)."""
+        return sum(self.conversation_s) / len(self.conversation_s) if self.conversation_s else None
+
+    def generation_rate(self) -> float:
+        """Completion tokens per second since the run started."""
+        elapsed = time.monotonic() - self.started
+        return self.completion_tokens / elapsed if elapsed > 0 else 0.0
 
     def counts(self) -> dict:
-        return {
+        counts = {
             "requests": self.requests, "failures": self.failures, "conversations": self.conversations,
             "live": self.live, "taken_out": self.taken_out, "reinstated": self.reinstated,
-            "last_error": self.last_error,
+            "last_error": self.last_error, "completion_tokens": self.completion_tokens,
+            "generation_tokens_per_s": round(self.generation_rate(), 1), "concurrency_control": self.control,
+            "in_flight": self.active, "in_flight_mean": round(self.mean_in_flight(), 1),
         }
+        if self.limit is not None:
+            counts |= {"in_flight_limit": self.limit, "in_flight_limit_mean": round(self.mean_limit(), 1)}
+        return counts
 
 
 @dataclass
@@ -105,16 +164,79 @@ class Affinity:
 
     endpoint: Endpoint | None = None
     used: set[str] = field(default_factory=set)
+    since: float = field(default_factory=time.monotonic)  # when it arrived on its endpoint
 
 
 class EndpointPool:
-    """Live/dead bookkeeping for the endpoints of one run."""
+    """Live/dead bookkeeping and in-flight room for the endpoints of one run.
 
-    def __init__(self, addresses: list[EndpointAddress], max_failures: int = 3):
+    ``concurrency``: conversations in flight over all endpoints (fixed), or ``None`` for per-endpoint
+    limits that start at ``start_limit`` (auto).
+    """
+
+    def __init__(self, addresses: list[EndpointAddress], max_failures: int = 3, concurrency: int | None = 64,
+                 start_limit: int = 16):
         self.endpoints = [Endpoint(address) for address in addresses]
         self.max_failures = max_failures
+        self.concurrency = concurrency
+        if concurrency is None:
+            for endpoint in self.endpoints:
+                endpoint.limit = start_limit
+        self.in_flight = 0  # conversations claimed and not released
+        self._changed = asyncio.Event()  # room may have appeared
         self._tie_break = itertools.count()
         self.all_down_since: float | None = None  # time.monotonic() when the last live endpoint went
+
+    def _least_loaded(self, live: list[Endpoint]) -> Endpoint:
+        turn = next(self._tie_break)
+        if self.concurrency is None:
+            return max(live, key=lambda e: (e.free, -((self.endpoints.index(e) - turn) % len(self.endpoints))))
+        return min(live, key=lambda e: (e.active, (self.endpoints.index(e) - turn) % len(self.endpoints)))
+
+    def _bind(self, affinity: Affinity, endpoint: Endpoint) -> None:
+        if affinity.endpoint is not None:
+            self._leave(affinity)
+        endpoint.change_active(1)
+        affinity.endpoint, affinity.since = endpoint, time.monotonic()
+        if endpoint.url not in affinity.used:
+            affinity.used.add(endpoint.url)
+            endpoint.conversations += 1
+
+    def _leave(self, affinity: Affinity) -> None:
+        endpoint = affinity.endpoint
+        endpoint.change_active(-1)
+        endpoint.conversation_s.append(time.monotonic() - affinity.since)
+        affinity.endpoint = None
+        self._changed.set()
+
+    def _claim_now(self) -> Affinity | None:
+        live = [endpoint for endpoint in self.endpoints if endpoint.live]
+        if self.concurrency is not None:
+            room = self.in_flight < self.concurrency
+        elif live:
+            room = any(endpoint.free > 0 for endpoint in live)
+        else:  # every endpoint is out: the conversation waits for one in ChatClient, bounded by the limits
+            room = self.in_flight < sum(endpoint.limit for endpoint in self.endpoints)
+        if not room:
+            return None
+        affinity = Affinity()
+        self.in_flight += 1
+        if live:
+            self._bind(affinity, self._least_loaded(live))
+        return affinity
+
+    async def claim(self) -> Affinity:
+        """Wait for room for one more conversation; returns its :class:`Affinity` (bound to an endpoint
+        unless every endpoint is out). Pair it with :meth:`release`."""
+        while (affinity := self._claim_now()) is None:
+            self._changed.clear()
+            await self._changed.wait()
+        return affinity
+
+    def set_limit(self, endpoint: Endpoint, limit: int) -> None:
+        """A new in-flight limit for ``endpoint`` (auto mode); room it makes is used at once."""
+        endpoint.set_limit(limit)
+        self._changed.set()
 
     def down_for_s(self) -> float:
         """How long every endpoint has been out (0 while one is live)."""
@@ -129,26 +251,21 @@ class EndpointPool:
         if not live:
             raise NoLiveEndpoint("no endpoint left: " + "; ".join(
                 f"{e.url} taken out after {e.failures} failures (last: {e.last_error})" for e in self.endpoints))
-        turn = next(self._tie_break)
-        chosen = min(live, key=lambda e: (e.active, (self.endpoints.index(e) - turn) % len(self.endpoints)))
-        if current is not None:
-            current.active -= 1
-        chosen.active += 1
-        affinity.endpoint = chosen
-        if chosen.url not in affinity.used:
-            affinity.used.add(chosen.url)
-            chosen.conversations += 1
+        chosen = self._least_loaded(live)
+        self._bind(affinity, chosen)
         return chosen
 
     def release(self, affinity: Affinity) -> None:
-        """The conversation is finished: it no longer loads its endpoint."""
+        """The conversation is finished: it no longer loads its endpoint, and its room is free."""
         if affinity.endpoint is not None:
-            affinity.endpoint.active -= 1
-            affinity.endpoint = None
+            self._leave(affinity)
+        self.in_flight -= 1
+        self._changed.set()
 
-    def record_success(self, endpoint: Endpoint) -> None:
+    def record_success(self, endpoint: Endpoint, completion_tokens: int = 0) -> None:
         endpoint.requests += 1
         endpoint.consecutive_failures = 0
+        endpoint.completion_tokens += completion_tokens
 
     def record_failure(self, endpoint: Endpoint, error: str, *, unreachable: bool) -> None:
         """Count a failed request; ``unreachable`` (connection refused/reset, timeout) may take it out."""
@@ -166,12 +283,14 @@ class EndpointPool:
         endpoint.taken_out += 1
         if not any(e.live for e in self.endpoints):
             self.all_down_since = time.monotonic()
+        self._changed.set()
 
     def put_back(self, endpoint: Endpoint) -> None:
         self.all_down_since = None
         endpoint.live = True
         endpoint.consecutive_failures = 0
         endpoint.reinstated += 1
+        self._changed.set()
 
     async def probe_dead(self, session: aiohttp.ClientSession, interval_s: float) -> None:
         """Forever: every ``interval_s``, put back taken-out endpoints that answer ``/health`` and ``/v1/models``."""

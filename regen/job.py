@@ -30,6 +30,7 @@ from regen.detokenizer import Detokenizer, load_detokenizer
 from regen.endpoint_pool import EndpointAddress, EndpointPool
 from regen.errors import Interrupted, UserError, signals_interrupt
 from regen.hydra_runtime import multirun_suffix, scrub_credentials
+from regen.inflight_control import steer
 from regen.output_files import (
     LineAppender,
     OutputPaths,
@@ -181,7 +182,14 @@ def _print_summary(console: Console, summary: dict[str, Any], paths: OutputPaths
                   f"{summary['elapsed_s']} s; summary: {escape(str(paths.summary))}")
     for url, counts in summary["endpoints"].items():
         console.print(f"  {url}: {counts['requests']} requests, {counts['failures']} failures, "
-                      f"{counts['conversations']} conversations{'' if counts['live'] else ' (taken out)'}")
+                      f"{counts['conversations']} conversations{'' if counts['live'] else ' (taken out)'}; "
+                      f"{counts['generation_tokens_per_s']} tok/s, {counts['in_flight_mean']} in flight on average"
+                      + (f", limit {counts['in_flight_limit']} (mean {counts['in_flight_limit_mean']}, "
+                         f"by {counts['concurrency_control']})" if "in_flight_limit" in counts else ""))
+    if summary["concurrency_chosen"] is not None:
+        console.print(f"  concurrency=auto settled on {summary['concurrency_chosen']} conversations in flight "
+                      "(the sum of the endpoints' limits): a fixed run would set concurrency="
+                      f"{summary['concurrency_chosen']}")
 
 
 @contextmanager
@@ -210,7 +218,7 @@ def _signals_cancel(task: asyncio.Task, caught: list[int]) -> Iterator[None]:
 
 async def _run_async(settings: RegenSettings, source: Source, addresses: list[EndpointAddress],
                      run_files: RunFiles | None, stack: ExitStack, console: Console) -> dict[str, Any]:
-    pool = EndpointPool(addresses, settings.endpoint_max_failures)
+    pool = EndpointPool(addresses, settings.endpoint_max_failures, settings.fixed_concurrency, settings.concurrency_start)
     params = RequestParams.from_settings(settings)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, headers=_bearer_headers(settings.api_key_env)) as session:
@@ -228,14 +236,16 @@ async def _run_async(settings: RegenSettings, source: Source, addresses: list[En
         if resume_state.removed_duplicate_blocks:
             _warn(console, f"removed {resume_state.removed_duplicate_blocks} duplicate conversation blocks "
                            f"({resume_state.removed_duplicate_rows} rows) from {paths.output}; the first of each stays")
-        view = ProgressView(stats, lambda: sum(e.requests for e in pool.endpoints), settings.limit, console,
-                            settings.progress_log_s)
+        view = ProgressView(stats, pool.endpoints, settings.limit, console, settings.progress_log_s)
         pipeline = Pipeline(source.records(), source.locate, settings.dataset.format, client,
                             RequestShape(model, settings.max_tokens, settings.carry_reasoning), params,
                             run_files.detokenizer, run_files.output, run_files.errors, stats, view,
-                            resume_state.done_ids, settings.concurrency, settings.limit, settings.language_filter,
+                            resume_state.done_ids, settings.limit, settings.language_filter,
                             run_files.previous_error_ids)
-        probe = asyncio.create_task(pool.probe_dead(session, settings.endpoint_reprobe_s))
+        background = [asyncio.create_task(pool.probe_dead(session, settings.endpoint_reprobe_s))]
+        if settings.fixed_concurrency is None:
+            background += [asyncio.create_task(steer(session, pool, endpoint, settings.concurrency_max,
+                                                     settings.concurrency_interval_s)) for endpoint in pool.endpoints]
         work = asyncio.create_task(pipeline.run())
         caught: list[int] = []
         status = "interrupted"
@@ -253,7 +263,8 @@ async def _run_async(settings: RegenSettings, source: Source, addresses: list[En
             status = f"failed: {type(error).__name__}: {error}"
             raise
         finally:
-            probe.cancel()
+            for task in background:
+                task.cancel()
             run_files.output.close()
             run_files.errors.close()
             remaining_errors = compact_errors(paths.errors, pipeline.recovered_ids)
@@ -290,6 +301,8 @@ def _summary(settings: RegenSettings, status: str, model: str, pool: EndpointPoo
         "sampling_params": params.base,
         "max_tokens": settings.max_tokens,
         "concurrency": settings.concurrency,
+        "concurrency_chosen": None if settings.fixed_concurrency is not None else sum(
+            e.limit for e in pool.endpoints),
         "tokenizer": detokenizer.source,
         "tokenizer_warning": pipeline.tokenizer_warning,
     }

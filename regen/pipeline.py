@@ -1,12 +1,15 @@
 """The streaming pipeline: source records -> conversations -> bounded workers -> output/error lines.
 
 A producer reads the source in small chunks (in a thread, so a slow hub stream never stalls requests)
-into a queue of at most ``2 * concurrency`` conversations; ``concurrency`` workers regenerate them.
-Nothing grows with the dataset except the index of ids already seen (a 64-bit digest and the row's
+into a queue of at most ``CHUNK`` conversations; a dispatcher takes them in order, waits until the
+endpoint pool has room for one more (``EndpointPool.claim``: a fixed ``concurrency`` over all endpoints,
+or each endpoint's own limit with ``concurrency=auto``) and starts it as a task of its own. A
+conversation that fails ends in the error file; any other error in one (a wrong tokenizer, no file
+descriptors left) stops the run. Nothing grows with the dataset except the index of ids already seen (a 64-bit digest and the row's
 position each). The first row with an id claims it: a later row with the same id, good or bad, becomes
 an error-file row naming both rows, so no conversation is ever in both files. When the client has given
-up on every endpoint, reading stops: conversations already admitted end in the error file, the rest stay
-unread for a resumed run.
+up on every endpoint, reading stops: conversations in flight end in the error file, the rest are not
+started and stay for a resumed run.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from regen.row_sources import SourceRecord
 from regen.run_stats import RunStats
 
 CHUNK = 256
+ALL_DOWN = "every endpoint is down; conversations not started yet are left for resume=true"
 
 
 @dataclass
@@ -47,7 +51,6 @@ class Pipeline:
     stats: RunStats
     progress: ProgressView
     done_ids: IdIndex
-    concurrency: int = 64
     limit: int | None = None
     language_filter: str | None = None
     previous_error_ids: frozenset[str] = frozenset()
@@ -58,6 +61,8 @@ class Pipeline:
         self.tokenizer_warning: str | None = None
         self._tokenizer_checked = False
         self.stopped: str | None = None  # why reading stopped before the end of the source
+        self._conversations: set[asyncio.Task] = set()
+        self._fatal: asyncio.Future | None = None  # the first error that stops the run
 
     def _record_error(self, key: str, idx: int, where: str, error: str, stage: str,
                       generations_completed: int = 0, endpoint: str | None = None) -> None:
@@ -107,16 +112,14 @@ class Pipeline:
         while not self.stopped and (chunk := await asyncio.to_thread(lambda: list(itertools.islice(eligible, CHUNK)))):
             for record in chunk:
                 if self.client.gave_up_on_endpoints:
-                    self.stopped = "every endpoint is down; rows not read yet are left for resume=true"
+                    self.stopped = ALL_DOWN
                     break
                 conversation = self._admit(record)
                 if conversation is not None:
                     await queue.put((conversation, record.where))
-        for _ in range(self.concurrency):
-            await queue.put(None)
+        await queue.put(None)
 
-    async def _regenerate_one(self, conversation: Conversation, where: str) -> None:
-        affinity = Affinity()
+    async def _regenerate_one(self, conversation: Conversation, where: str, affinity: Affinity) -> None:
         params = self.params.for_conversation(conversation.primary_id)
         try:
             outcome = await regenerate(conversation, lambda payload: self.client.complete(payload, affinity),
@@ -126,8 +129,6 @@ class Pipeline:
             self._record_error(conversation.primary_id, conversation.idx, where, str(failure), "generation",
                                failure.generations_completed, failure.endpoint)
             return
-        finally:
-            self.client.pool.release(affinity)
         self.output.append(outcome.rows)
         self.stats.done += 1
         self.stats.rows += len(outcome.rows)
@@ -150,19 +151,48 @@ class Pipeline:
                 f"{self.detokenizer.source} may not be the served model's (row text would be wrong)")
             self.progress.console.print(f"[yellow]warning:[/] {self.tokenizer_warning}")
 
-    async def _work(self, queue: asyncio.Queue) -> None:
+    async def _converse(self, conversation: Conversation, where: str, affinity: Affinity) -> None:
+        """One conversation's task: its room is given back however it ends; an error other than a failed
+        conversation becomes the run's."""
+        try:
+            await self._regenerate_one(conversation, where, affinity)
+        except Exception as error:  # noqa: BLE001 - handed to run(), which raises it
+            if not self._fatal.done():
+                self._fatal.set_exception(error)
+        finally:
+            self.client.pool.release(affinity)
+            self._conversations.discard(asyncio.current_task())
+
+    async def _dispatch(self, queue: asyncio.Queue) -> None:
+        """Start each queued conversation as soon as the pool has room for it; return when all are done."""
+        pool = self.client.pool
         while (item := await queue.get()) is not None:
-            await self._regenerate_one(*item)
+            affinity = await pool.claim()
+            if self.client.gave_up_on_endpoints:  # not started: left for resume, like the rows not read
+                pool.release(affinity)
+                self.stopped = ALL_DOWN
+                continue
+            self._conversations.add(asyncio.create_task(self._converse(*item, affinity)))
+        while self._conversations:
+            await asyncio.wait(self._conversations)
 
     async def run(self) -> None:
         """Regenerate every admitted conversation; a fatal error cancels the rest and propagates."""
-        queue: asyncio.Queue = asyncio.Queue(maxsize=2 * self.concurrency)
-        tasks = [asyncio.create_task(self._produce(queue))]
-        tasks += [asyncio.create_task(self._work(queue)) for _ in range(self.concurrency)]
+        self._fatal = asyncio.get_running_loop().create_future()
+        queue: asyncio.Queue = asyncio.Queue(maxsize=CHUNK)
+        tasks = [asyncio.create_task(self._produce(queue)), asyncio.create_task(self._dispatch(queue))]
         follower = asyncio.create_task(self.progress.follow())
+        finished = asyncio.gather(*tasks)
         try:
-            await asyncio.gather(*tasks)
+            await asyncio.wait([finished, self._fatal], return_when=asyncio.FIRST_COMPLETED)
+            if self._fatal.done():
+                self._fatal.result()
+            finished.result()
         finally:
-            for task in [*tasks, follower]:
+            finished.cancel()
+            pending = [*tasks, *self._conversations, follower]
+            for task in pending:
                 task.cancel()
-            await asyncio.gather(*tasks, follower, return_exceptions=True)
+            await asyncio.gather(*pending, return_exceptions=True)
+            if not self._fatal.done():
+                self._fatal.cancel()

@@ -406,7 +406,10 @@ class RegenSettings:
     limit: int | None = None
     language_filter: str | None = None
     max_tokens: int = 8192
-    concurrency: int = 64
+    concurrency: int | str = "auto"
+    concurrency_start: int = 16
+    concurrency_max: int = 1024
+    concurrency_interval_s: float = 2.0
     request_timeout_s: float = 1800
     max_retries: int = 6
     retry_backoff_s: float = 1.0
@@ -433,7 +436,15 @@ class RegenSettings:
             _refuse("language_filter", "a string (the row's language column, e.g. EN) or null",
                     self.language_filter, "EN")
         check_integer("max_tokens", self.max_tokens, 1, example="8192")
-        check_integer("concurrency", self.concurrency, 1, example="64")
+        if self.concurrency != "auto" and not (_is_int(self.concurrency) and self.concurrency >= 1):
+            raise SettingsError(f"concurrency must be auto or an integer >= 1, got {self.concurrency!r}",
+                                "set it like concurrency=auto (adapts to each endpoint) or concurrency=64")
+        check_integer("concurrency_start", self.concurrency_start, 1, example="16")
+        check_integer("concurrency_max", self.concurrency_max, 1, example="1024")
+        if self.concurrency_start > self.concurrency_max:
+            raise SettingsError(f"concurrency_start={self.concurrency_start} is more than "
+                                f"concurrency_max={self.concurrency_max}", "lower concurrency_start or raise concurrency_max")
+        check_number("concurrency_interval_s", self.concurrency_interval_s, 0, exclusive=True, example="2")
         check_number("request_timeout_s", self.request_timeout_s, 0, exclusive=True, example="1800")
         check_integer("max_retries", self.max_retries, 0, example="6")
         check_number("retry_backoff_s", self.retry_backoff_s, 0)
@@ -503,6 +514,11 @@ class RegenSettings:
     def served_model(self) -> str | None:
         """The model id requests use, when the settings alone tell it (else the endpoints' /v1/models does)."""
         return self.server.served_model
+
+    @property
+    def fixed_concurrency(self) -> int | None:
+        """``concurrency`` as a number, or ``None`` for ``auto`` (each endpoint's in-flight count adapts)."""
+        return None if self.concurrency == "auto" else self.concurrency
 
 
 def _plain_config(cfg: DictConfig | Mapping) -> dict:

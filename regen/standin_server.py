@@ -2,9 +2,10 @@
 
 It speaks the parts of vLLM's dialect regen depends on: ``GET /health``, ``GET /v1/models`` and ``POST
 /v1/chat/completions`` answering with top-level ``prompt_token_ids``, ``choices[0].token_ids`` and
-``usage``. What each request gets is decided by a *responder* (payload -> :class:`Reply`); the default
-one answers every request after a fixed latency with a deterministic text, tokenized with a real
-``tokenizer.json`` when given one.
+``usage``; with a ``metrics`` callable also ``GET /metrics`` (Prometheus text). What each request gets is
+decided by a *responder* (payload -> :class:`Reply`); the default one answers every request after a fixed
+latency with a deterministic text, tokenized with a real ``tokenizer.json`` when given one.
+``regen.capacity_standin`` builds the capacity-model server on it.
 
     python -m regen.standin_server --port 0 --latency-ms 20 --tokenizer PATH   # prints "READY http://..."
 """
@@ -16,6 +17,7 @@ import asyncio
 import inspect
 import json
 import os
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,11 +60,13 @@ def vllm_body(content: str | None, prompt_ids: list[int], token_ids: list[int], 
 
 
 class SyntheticResponder:
-    """Answers every request with a fixed-length deterministic text; ids from ``tokenizer_file`` if given."""
+    """Answers every request with a deterministic text of ``completion_words`` words (each answer's length
+    drawn within +-``length_spread`` of it from a hash of the messages); ids from ``tokenizer_file`` if given."""
 
     WORDS = "the model writes a fresh answer here so the client has real tokens to carry".split()
 
-    def __init__(self, tokenizer_file: str | None = None, completion_words: int = 48, model: str = "standin"):
+    def __init__(self, tokenizer_file: str | None = None, completion_words: int = 48, model: str = "standin",
+                 length_spread: float = 0.0):
         self.tokenizer = None
         if tokenizer_file:
             from tokenizers import Tokenizer
@@ -70,6 +74,7 @@ class SyntheticResponder:
             self.tokenizer = Tokenizer.from_file(tokenizer_file)
         self.completion_words = completion_words
         self.model = model
+        self.length_spread = length_spread
 
     def _ids(self, text: str) -> list[int]:
         if self.tokenizer is not None:
@@ -80,7 +85,9 @@ class SyntheticResponder:
         messages = payload.get("messages") or []
         prompt = "".join(f"<|im_start|>{m.get('role')}\n{m.get('content') or ''}<|im_end|>\n" for m in messages)
         turn = sum(1 for m in messages if m.get("role") == "assistant")
-        words = [self.WORDS[(turn + i) % len(self.WORDS)] for i in range(self.completion_words)]
+        draw = zlib.crc32(prompt.encode("utf-8")) / 0xFFFFFFFF  # the same prompt, the same length
+        count = max(1, round(self.completion_words * (1 + self.length_spread * (2 * draw - 1))))
+        words = [self.WORDS[(turn + i) % len(self.WORDS)] for i in range(count)]
         content = f"Answer {turn}: " + " ".join(words)
         prompt_ids = self._ids(prompt + "<|im_start|>assistant\n")
         token_ids = self._ids(content + "<|im_end|>")
@@ -91,8 +98,10 @@ class StandinServer:
     """An aiohttp server on 127.0.0.1 answering with ``responder``; ``requests`` holds the payloads seen."""
 
     def __init__(self, responder: Responder | None = None, *, model: str = "standin", latency_s: float = 0.0,
-                 host: str = "127.0.0.1", keep_requests: bool = True, die_after: int | None = None):
+                 host: str = "127.0.0.1", keep_requests: bool = True, die_after: int | None = None,
+                 metrics: Callable[[], str] | None = None):
         self.responder = responder or SyntheticResponder(model=model)
+        self.metrics = metrics
         self.model, self.latency_s, self.host = model, latency_s, host
         self.keep_requests, self.die_after = keep_requests, die_after
         self.requests: list[dict] = []
@@ -110,6 +119,9 @@ class StandinServer:
         return web.json_response({"object": "list", "data": [
             {"id": self.model, "object": "model", "created": 1760000000, "owned_by": "vllm", "root": self.model,
              "parent": None, "max_model_len": 32768}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics(), content_type="text/plain", charset="utf-8")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -141,6 +153,8 @@ class StandinServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
+        if self.metrics is not None:
+            app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, port)

@@ -3,6 +3,7 @@ exit), every endpoint dying, the probe that puts one back."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -177,3 +178,25 @@ def test_a_taken_out_endpoint_is_probed_and_put_back(tmp_path, tokenizer_path):
     assert sorted(r["primary_id"] for r in read_jsonl(tmp_path / "out.jsonl")) == [f"p{i}" for i in range(5)]
     counts = summary["endpoints"][first.chat]
     assert (counts["live"], counts["taken_out"], counts["reinstated"]) == (True, 1, 1)
+
+
+def test_auto_mode_sends_a_new_conversation_where_most_slots_are_free_and_waits_when_none_are():
+    async def go():
+        pool = EndpointPool([parse_endpoint("http://a"), parse_endpoint("http://b")], concurrency=None, start_limit=1)
+        a, b = pool.endpoints
+        pool.set_limit(a, 10)
+        pool.set_limit(b, 2)
+        first = [await pool.claim() for _ in range(4)]
+        assert [c.endpoint.url for c in first] == [A, A, A, A]  # a has more free slots though more in flight
+        assert (a.active, b.active, a.free, b.free) == (4, 0, 6, 2)
+        more = [await pool.claim() for _ in range(8)]
+        assert (a.active, b.active) == (10, 2) and {c.endpoint.url for c in more} == {A, B}
+        waiting = asyncio.create_task(pool.claim())
+        await asyncio.sleep(0)
+        assert not waiting.done()  # every slot taken: the next conversation waits
+        pool.release(next(c for c in more if c.endpoint is b))
+        assert (await waiting).endpoint is b and pool.in_flight == 12
+        pool.set_limit(b, 3)
+        assert (await pool.claim()).endpoint is b
+
+    asyncio.run(go())

@@ -47,8 +47,8 @@ def test_the_readme_command_without_a_model_says_what_to_add(tmp_path):
 
 
 @pytest.mark.parametrize("setup,overrides,expected", [
-    (None, ["concurrency=0"], ["error: concurrency must be an integer >= 1, got 0",
-                               "error: set it like concurrency=64"]),
+    (None, ["concurrency=0"], ["error: concurrency must be auto or an integer >= 1, got 0",
+                               "error: set it like concurrency=auto (adapts to each endpoint) or concurrency=64"]),
     (None, ["extra_request_params={n: 4}"], ["error: extra_request_params.n=4 is refused: regen writes one row per "
                                              "generation and reads choices[0] only; for several samples per prompt "
                                              "run a multirun over sampling.seed"]),

@@ -34,8 +34,15 @@ def test_a_composed_config_becomes_typed_settings(settings_of):
 
 
 @pytest.mark.parametrize("override,message,hint", [
-    ("concurrency=0", "concurrency must be an integer >= 1, got 0", "set it like concurrency=64"),
-    ("concurrency=2.5", "concurrency must be an integer >= 1, got 2.5", None),
+    ("concurrency=0", "concurrency must be auto or an integer >= 1, got 0",
+     "set it like concurrency=auto (adapts to each endpoint) or concurrency=64"),
+    ("concurrency=2.5", "concurrency must be auto or an integer >= 1, got 2.5", None),
+    ("concurrency=many", "concurrency must be auto or an integer >= 1, got 'many'", None),
+    ("concurrency_max=0", "concurrency_max must be an integer >= 1, got 0", "set it like concurrency_max=1024"),
+    ("concurrency_start=2000", "concurrency_start=2000 is more than concurrency_max=1024",
+     "lower concurrency_start or raise concurrency_max"),
+    ("concurrency_interval_s=0", "concurrency_interval_s must be a finite number > 0, got 0",
+     "set it like concurrency_interval_s=2"),
     ("max_retries=-1", "max_retries must be an integer >= 0", None),
     ("request_timeout_s=0", "request_timeout_s must be a finite number > 0", None),
     ("request_timeout_s=nan", "request_timeout_s must be a finite number > 0, got nan", None),

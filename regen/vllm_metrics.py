@@ -1,0 +1,92 @@
+"""Reading a vLLM server's load from its Prometheus endpoint (``GET /metrics``, text exposition format).
+
+vLLM (V1) exports, per engine (labels ``model_name`` and ``engine``; a data-parallel server has one series
+per engine): ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (gauges),
+``vllm:kv_cache_usage_perc`` (gauge, 0..1; older servers: ``vllm:gpu_cache_usage_perc``) and the counter
+``vllm:num_preemptions``, which Prometheus' client exposes as ``vllm:num_preemptions_total``. A
+:class:`ServerLoad` sums the counts over engines and averages the KV usage. The format is simple enough
+for the small parser here (one sample per line: ``name{label="value",...} value [timestamp]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import aiohttp
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # current name first
+PREEMPTIONS = "vllm:num_preemptions_total"
+
+
+class MetricsMissing(Exception):
+    """The endpoint has no vLLM metrics (no ``/metrics`` route, or one without vLLM's scheduler gauges)."""
+
+
+@dataclass(frozen=True)
+class ServerLoad:
+    """One reading of a server's scheduler: requests running and waiting, KV-cache use, preemptions so far."""
+
+    running: int
+    waiting: int
+    kv_usage: float
+    preemptions: int
+
+
+def parse_sample(line: str) -> tuple[str, float] | None:
+    """``(metric name, value)`` of one exposition line; ``None`` for comments, blank or unreadable lines."""
+    line = line.strip()
+    if not line or line.startswith("#"):
+        return None
+    brace = line.find("{")
+    if brace == -1:
+        name, _, rest = line.partition(" ")
+    else:
+        name, position, quoted = line[:brace], brace + 1, False
+        while position < len(line) and (quoted or line[position] != "}"):  # a label value may hold "}"
+            if line[position] == "\\":
+                position += 1
+            elif line[position] == '"':
+                quoted = not quoted
+            position += 1
+        rest = line[position + 1:]
+    fields = rest.split()
+    try:
+        return name.strip(), float(fields[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def parse_load(text: str) -> ServerLoad:
+    """The :class:`ServerLoad` in a ``/metrics`` body; raises :class:`MetricsMissing` without vLLM's gauges."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for line in text.splitlines():
+        sample = parse_sample(line)
+        if sample is not None and math.isfinite(sample[1]):
+            values[sample[0]].append(sample[1])
+    kv = next((values[name] for name in KV_USAGE if values.get(name)), None)
+    if not values.get(RUNNING) or kv is None:
+        raise MetricsMissing(f"no {RUNNING} or {KV_USAGE[0]} in /metrics")
+    return ServerLoad(running=round(sum(values[RUNNING])), waiting=round(sum(values.get(WAITING, []))),
+                      kv_usage=sum(kv) / len(kv), preemptions=round(sum(values.get(PREEMPTIONS, []))))
+
+
+async def read_load(session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
+                    timeout_s: float) -> ServerLoad | None:
+    """The server's load now; ``None`` when it did not answer this time (slow, refused, 5xx). Raises
+    :class:`MetricsMissing` when it answers without vLLM metrics (404 included)."""
+    try:
+        async with session.get(base_url + "/metrics", headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
+            if reply.status >= 500:
+                return None
+            if reply.status != 200:
+                raise MetricsMissing(f"GET /metrics answered HTTP {reply.status}")
+            text = await reply.text(errors="replace")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+    return parse_load(text)
