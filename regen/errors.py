@@ -1,7 +1,8 @@
 """What a person running regen sees when it stops: one or two ``error:`` lines, never a traceback.
 
-:class:`UserError` is a problem the person can fix (a setting, an input file, an output that exists, a
-server that would not start); its message says what is wrong and its ``hint`` what to type instead.
+:class:`UserError` (the repo's one, ``opd.user_errors``) is a problem the person can fix (a setting, an input
+file, an output that exists, a server that would not start); its message says what is wrong and its
+``hint`` what to type instead.
 :class:`Interrupted` is Ctrl-C or SIGTERM. ``reported_to_user()`` wraps an entry point: it prints
 those and exits (1 for an error, 128 + the signal number for an interrupt); ``HYDRA_FULL_ERROR=1``
 shows the traceback of an error as well.
@@ -17,14 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from launch.server_process import ServerStartError
-
-
-class UserError(Exception):
-    """A problem the person running regen can fix; ``hint`` says what to do (``None``: the message does)."""
-
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
+from opd.user_errors import UserError, error_lines
 
 
 class Interrupted(KeyboardInterrupt):
@@ -41,13 +35,12 @@ class Interrupted(KeyboardInterrupt):
 
 def _error_lines(error: BaseException) -> list[str]:
     if isinstance(error, UserError):
-        lines = [error.message] + ([error.hint] if error.hint else [])
-    else:  # ServerStartError: the first line says what happened, the rest is the server's log tail
-        first, _, tail = str(error).partition("\n")
-        if tail.strip():
-            print(tail.rstrip(), file=sys.stderr)
-        lines = [first]
-    return [f"error: {line}" for part in lines for line in part.splitlines() if line.strip()]
+        return error_lines(error)
+    # ServerStartError: the first line says what happened, the rest is the server's log tail
+    first, _, tail = str(error).partition("\n")
+    if tail.strip():
+        print(tail.rstrip(), file=sys.stderr)
+    return error_lines(UserError(first))
 
 
 @contextmanager

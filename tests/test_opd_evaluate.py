@@ -57,7 +57,7 @@ def test_evaluate_cli_refuses_an_empty_model_list(tmp_path, tokenizer_path):
     result = subprocess.run(
         [sys.executable, "opd/evaluate.py", "data=x.jsonl", "models={}", f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 1, result.stderr
     assert "error: models must be a mapping of name -> model block" in result.stderr
     assert "Traceback" not in result.stderr
 

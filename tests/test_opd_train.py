@@ -147,7 +147,7 @@ def test_cli_user_errors_are_one_error_line_without_traceback(workspace, tmp_pat
     result = subprocess.run(
         [sys.executable, "opd/train.py", *workspace["base"], f"out_dir={tmp_path / 'out'}",
          f"hydra.run.dir={tmp_path / 'run'}", override], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.splitlines()[0] == shown and "Traceback" not in result.stderr
 
 
