@@ -94,7 +94,12 @@ def start(device: torch.device) -> Ranks:
 
 
 def stop(ranks: Ranks) -> None:
-    """Leave the process group (a no-op on one process)."""
+    """Leave the process group (a no-op on one process).
+
+    Delete the ``DistributedDataParallel`` wrapper first: its reducer holds the process group and frees it
+    holding the GIL, while gloo's worker thread may still need the GIL to release the tensors of the last
+    collective, and the process hangs in ``~ProcessGroupGloo`` forever. Freed here, with the reducer gone,
+    the group is destroyed with the GIL released."""
     if ranks.distributed and dist.is_initialized():
         dist.destroy_process_group()
 

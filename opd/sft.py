@@ -140,6 +140,7 @@ def train(cfg: SFTConfig) -> dict:
                    architecture=asdict(cfg.model.arch))
     if ranks.is_main:
         log.summary(summary, [run_dir / "summary.json", Path(cfg.out_dir) / f"{stem}_summary.json"])
+    del model_forward  # DDP's reducer before the process group (see distributed.stop)
     stop(ranks)
     return summary
 

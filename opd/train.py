@@ -155,6 +155,7 @@ def train(cfg: OPDConfig) -> dict:
     summary.update(world_size=ranks.world_size, episodes_per_rank=ranks.gather(rolled))
     if ranks.is_main:
         log.summary(summary, [run_dir / "summary.json", Path(cfg.out_dir) / f"{stem}_summary.json"])
+    del student_forward  # DDP's reducer before the process group (see distributed.stop)
     stop(ranks)
     return summary
 

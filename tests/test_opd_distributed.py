@@ -3,12 +3,14 @@ resume exactly after a kill, refuse another world size, and only rank 0 writes f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,18 +45,32 @@ def workspace(tmp_path_factory, tokenizer_path):
 
 
 def launch(arguments: list[str]) -> subprocess.Popen:
-    """``torchrun --standalone`` with one thread per process, in its own process group (so a kill reaches all)."""
+    """``torchrun --standalone`` with one thread per process."""
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", *arguments], cwd=REPO_ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def kill_job(process: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every process under it: its workers run in sessions of their own, so a kill of
+    torchrun's process group alone would leave them running, holding the output pipes open."""
+    pids, frontier = [], [process.pid]
+    while frontier:
+        pid = frontier.pop()
+        pids.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            frontier += [int(child) for child in task.read_text().split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def finish(process: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Wait for a launch; on timeout kill its whole process group (no orphaned ranks) and fail with its output."""
+    """Wait for a launch; on timeout kill it and its workers and fail with its output."""
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_job(process)
         stdout, stderr = process.communicate()
         pytest.fail(f"torchrun did not finish in {timeout} s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
@@ -124,7 +140,7 @@ def test_killed_and_resumed_two_process_run_equals_the_straight_one(workspace):
     while not (killed_run / "metrics.jsonl").is_file() or len(metrics(killed_run)) < 2:
         assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
         time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
+    kill_job(process)
     process.communicate()
     resume = killed / "agent_opd_64_resume.pth"
     reached = load_resume(resume)["step"]
