@@ -48,5 +48,5 @@ bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (
 bench-opd: setup ## OPD rollout vs plain decode, and training steps/s, on CPU (tiny and 768x8 pairs)
 	$(PY) -m opd.benchmark --out out/bench/opd_benchmark.json
 
-recipe: tiny ## CPU recipe: synthetic task, SFT teacher + weaker student, OPD vs fixed-data baseline, evaluation (out/recipe)
+recipe: tiny ## CPU recipe: task, SFT teacher, weaker student, OPD / KD / SFT arms as learning curves, report (out/recipe)
 	$(PY) -m pip install -q -e '.[chart]' && $(PY) opd/recipe.py tokenizer=$(TOKENIZER) $(RECIPE_ARGS)
