@@ -9,11 +9,14 @@ its fixed sequences (``mode=offline``: the records' own demonstrations, or the t
 once and cached); runs the frozen teacher on exactly those token ids; and minimizes the T²-scaled
 full-vocabulary KL between the two on every generated token, averaged over the window's targets (plus a
 MoE student's router loss). Then it clips, steps, logs, and checkpoints every ``save_interval`` steps and
-at the end. Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``); reference: ``opd/README.md``.
+at the end. ``mixture.teacher_share`` (GKD's mixture) takes that share of every on-policy micro-batch from
+the teacher's own cached rollouts instead. Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``);
+reference: ``opd/README.md``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -78,9 +81,11 @@ def train(cfg: OPDConfig) -> dict:
     teacher.to(device).eval().requires_grad_(False)
     sampler = TokenSampler(cfg.sampling, device, cfg.seed)
     rollout = AgentRollout(student, chat_format, sampler, cfg.rollout, autocast=precision.autocast)
-    if cfg.mode == "offline" and fixed is None:
+    share = cfg.mixture.teacher_share if cfg.mode == "on_policy" else 1.0  # the batch share the teacher's episodes take
+    if fixed is None and share > 0:
         cache = TeacherRolloutCache(cfg.offline.cache_dir, cfg.data, rollout_cache_key(signature, device))
-        fixed = teacher_episodes(cache, records, order.record_indices(), teacher=teacher, chat_format=chat_format,
+        needed = [i for window in order.windows() for batch in window.batches for i in batch[:teacher_count(batch, share)]]
+        fixed = teacher_episodes(cache, records, needed, teacher=teacher, chat_format=chat_format,
                                  sampling=cfg.sampling, seed=cfg.seed, limits=cfg.rollout, batch_size=cfg.batch_size,
                                  device=device, autocast=precision.autocast)
     optimization = Optimization(student, cfg.optim, schedule_steps, precision)
@@ -94,10 +99,11 @@ def train(cfg: OPDConfig) -> dict:
         for window in order.windows(cursor, step):
             # --- episodes: the student's own rollouts, or the baseline's fixed sequences
             began = time.perf_counter()
-            if cfg.mode == "on_policy":
-                micro_batches = [rollout.run([records[i] for i in batch]) for batch in window.batches]
-            else:
-                micro_batches = [[fixed[i] for i in batch] for batch in window.batches]
+            micro_batches = []
+            for batch in window.batches:  # the teacher's share first (mixture), the rest rolled out by the student
+                taken = teacher_count(batch, share)
+                micro_batches.append([fixed[i] for i in batch[:taken]]
+                                     + (rollout.run([records[i] for i in batch[taken:]]) if taken < len(batch) else []))
             fetched = time.perf_counter()
             # --- the teacher scores exactly the student's tokens; KL over every target of the window
             packed = [pack_episodes(episodes, tokenizer.pad_token_id) for episodes in micro_batches]
@@ -135,6 +141,11 @@ def train(cfg: OPDConfig) -> dict:
     return summary
 
 
+def teacher_count(batch: list[int], share: float) -> int:
+    """How many episodes of a micro-batch come from the teacher's rollouts: ``share`` of it, rounded down."""
+    return math.floor(share * len(batch) + 1e-9)  # 0.29 * 100 is 28.999...: still 29
+
+
 def read_data(cfg: OPDConfig) -> tuple[list[AgentRecord], str, list | None]:
     """The records, the data file's sha256, and (``offline.source=dataset``) its demonstrations."""
     if cfg.mode == "offline" and cfg.offline.source == "dataset":
@@ -151,7 +162,9 @@ def opd_signature(cfg: OPDConfig, teacher, student, tokenizer, data_sha256: str,
         {"mode": cfg.mode, "seed": cfg.seed, "batch_size": cfg.batch_size, "accumulation_steps": cfg.accumulation_steps,
          "dtype": cfg.precision.dtype_name, "lr_schedule_steps": schedule_steps, "optim": cfg.optim,
          "rollout": cfg.rollout, "loss": cfg.loss, "sampling": cfg.sampling,
-         **({"offline.source": cfg.offline.source} if cfg.mode == "offline" else {})},
+         **({"offline.source": cfg.offline.source} if cfg.mode == "offline" else {}),
+         **({"mixture.teacher_share": cfg.mixture.teacher_share} if cfg.mode == "on_policy" and cfg.mixture.teacher_share
+            else {})},
         models={"teacher": teacher, "student": student},
         fingerprints={"data.sha256": data_sha256, "teacher.checkpoint_sha256": file_fingerprint(cfg.teacher.checkpoint),
                       "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)})
