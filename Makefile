@@ -58,5 +58,5 @@ gpu-check: setup ## on a CUDA machine: the 768x8 pair in bf16 at batch 8 and 32 
 	$(PY) -m opd.gpu_check --out out/bench/gpu_check.json
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
-recipe: tiny ## CPU recipe: synthetic task, SFT teacher + weaker student, OPD vs fixed-data baseline, evaluation (out/recipe)
+recipe: tiny ## CPU recipe: task, SFT teacher, weaker student, OPD / KD / SFT arms as learning curves, report (out/recipe)
 	$(PY) -m pip install -q -e '.[chart]' && $(PY) opd/recipe.py tokenizer=$(TOKENIZER) $(RECIPE_ARGS)

@@ -187,6 +187,17 @@ class OfflineConfig:
         _check_choice("offline.source", self.source, OFFLINE_SOURCES)
 
 
+@dataclass
+class MixtureConfig:
+    """GKD's mixture (``mode=on_policy``): a share of every micro-batch from the teacher's own cached rollouts."""
+
+    teacher_share: float  # episodes per micro-batch taken from the teacher (rounded down); the rest are the student's
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.teacher_share < 1, "mixture.teacher_share", "in [0, 1) (all teacher episodes is mode=offline)",
+                 self.teacher_share)
+
+
 def _model_with_tokenizer(spec: ModelSpec, tokenizer: str | None) -> ModelSpec:
     if spec.tokenizer is None:
         spec.tokenizer = tokenizer
@@ -230,11 +241,14 @@ class OPDConfig(TrainingRunConfig):
     rollout: RolloutConfig
     loss: LossConfig
     offline: OfflineConfig
+    mixture: MixtureConfig
     mode: str
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_choice("mode", self.mode, MODES)
+        _require(self.mode == "on_policy" or not self.mixture.teacher_share, "mixture.teacher_share",
+                 "0 with mode=offline (the mixture mixes into on-policy batches)", self.mixture.teacher_share)
         for spec in (self.teacher, self.student):
             _model_with_tokenizer(spec, self.tokenizer)
 

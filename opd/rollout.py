@@ -9,6 +9,9 @@ a row's real tokens, so every row computes exactly what a forward on its own unp
 A row whose tools ran waits (feeding nothing) while others decode; waiting observations are prefilled
 together once no row is decoding or at least half of the live rows wait. Finished rows leave the cache.
 A prompt prefix every row shares (system prompt, tool list) is prefilled once (``prefill_shared_prefix``).
+
+The model body may run under bf16/fp16 autocast; the output projection whose logits are sampled from (and
+whose log-probabilities are kept) runs in fp32, as the loss's does (``opd.loss.logits_at_targets``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ class _Row:
         return self.episode.stop_reason is not None
 
 
+def fp32_output_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's output projection of ``hidden`` in fp32, outside any autocast region."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        return model.lm_head(hidden.float())
+
+
 class AgentRollout:
     """Runs the student on a batch of agent records and returns one ``Episode`` per record, in order."""
 
@@ -52,7 +61,7 @@ class AgentRollout:
         self.sampler = sampler
         self.limits = limits
         self.autocast = autocast
-        self._cache_keyword = cache_keyword(model)
+        self._cache_keyword = cache_keyword(model.model)
 
     def run(self, records: list[AgentRecord]) -> list[Episode]:
         """Roll out every record; raises ``PromptTooLongError`` (naming the record) before any compute."""
@@ -92,11 +101,11 @@ class AgentRollout:
                 block_mask.append([0] * holes + [1] * len(feed))
                 positions.append([row.fed] * holes + list(range(row.fed, row.fed + len(feed))))
             attention = torch.cat([attention, torch.tensor(block_mask, device=device)], dim=1)
-            logits = self.model(
+            hidden = self.model.model(
                 input_ids=torch.tensor(block_ids, device=device), attention_mask=attention,
-                position_ids=torch.tensor(positions, device=device), use_cache=True, logits_to_keep=1,
-                **{self._cache_keyword: cache},
-            ).logits[:, -1]
+                position_ids=torch.tensor(positions, device=device), use_cache=True, **{self._cache_keyword: cache},
+            ).last_hidden_state[:, -1]
+            logits = fp32_output_logits(self.model, hidden)
             fed_rows = [index for index, feed in enumerate(feeds) if feed]
             row_logits = logits[fed_rows]
             episodes = [live[index].episode for index in fed_rows]

@@ -9,11 +9,14 @@ its fixed sequences (``mode=offline``: the records' own demonstrations, or the t
 once and cached); runs the frozen teacher on exactly those token ids; and minimizes the T²-scaled
 full-vocabulary KL between the two on every generated token, averaged over the window's targets (plus a
 MoE student's router loss). Then it clips, steps, logs, and checkpoints every ``save_interval`` steps and
-at the end. Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``); reference: ``opd/README.md``.
+at the end. ``mixture.teacher_share`` (GKD's mixture) takes that share of every on-policy micro-batch from
+the teacher's own cached rollouts instead. Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``);
+reference: ``opd/README.md``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -88,9 +91,10 @@ def train(cfg: OPDConfig) -> dict:
     teacher.to(device).eval().requires_grad_(False)
     sampler = TokenSampler(cfg.sampling, device, ranks.seed(cfg.sampling.seed_or(cfg.seed)))
     rollout = AgentRollout(student, chat_format, sampler, cfg.rollout, autocast=precision.autocast)
-    if cfg.mode == "offline" and fixed is None:
-        fixed = cached_teacher_episodes(cfg, records, order.record_indices(), teacher, chat_format, signature, ranks,
-                                        device)
+    share = cfg.mixture.teacher_share if cfg.mode == "on_policy" else 1.0  # the batch share the teacher's episodes take
+    if fixed is None and share > 0:
+        needed = [i for window in order.windows() for batch in window.batches for i in batch[:teacher_count(batch, share)]]
+        fixed = cached_teacher_episodes(cfg, records, needed, teacher, chat_format, signature, ranks, device)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(student)
     student_forward = data_parallel(TargetLogits(student), ranks, device)
@@ -106,11 +110,13 @@ def train(cfg: OPDConfig) -> dict:
         for window in order.windows(cursor, step):
             # --- episodes: this rank's share of the student's own rollouts, or of the baseline's fixed sequences
             began = time.perf_counter()
-            shares = [ranks.share(batch) for batch in window.batches]
-            if cfg.mode == "on_policy":
-                micro_batches = [rollout.run([records[i] for i in share]) if share else [] for share in shares]
-            else:
-                micro_batches = [[fixed[i] for i in share] for share in shares]
+            micro_batches = []
+            for batch in window.batches:  # the teacher's share first (mixture), the rest rolled out by the student
+                taken = teacher_count(batch, share)
+                mine = ranks.share(list(range(len(batch))))  # this rank's positions in the global micro-batch
+                episodes = [fixed[batch[p]] for p in mine if p < taken]
+                rolled_out = [records[batch[p]] for p in mine if p >= taken]
+                micro_batches.append(episodes + (rollout.run(rolled_out) if rolled_out else []))
             fetched = time.perf_counter()
             # --- the teacher scores exactly the student's tokens; KL over every target of the global window
             packed = [pack_episodes(episodes, tokenizer.pad_token_id) if episodes else None for episodes in micro_batches]
@@ -160,6 +166,11 @@ def train(cfg: OPDConfig) -> dict:
     return summary
 
 
+def teacher_count(batch: list[int], share: float) -> int:
+    """How many episodes of a micro-batch come from the teacher's rollouts: ``share`` of it, rounded down."""
+    return math.floor(share * len(batch) + 1e-9)  # 0.29 * 100 is 28.999...: still 29
+
+
 def read_data(cfg: OPDConfig) -> tuple[list[AgentRecord], str, list | None]:
     """The records, the data file's sha256, and (``offline.source=dataset``) its demonstrations."""
     if cfg.mode == "offline" and cfg.offline.source == "dataset":
@@ -179,7 +190,9 @@ def opd_signature(cfg: OPDConfig, teacher, student, tokenizer, data_sha256: str,
          "world_size": world_size,
          "dtype": cfg.precision.dtype_name, "lr_schedule_steps": schedule_steps, "optim": cfg.optim,
          "rollout": cfg.rollout, "loss": cfg.loss, "sampling": cfg.sampling,
-         **({"offline.source": cfg.offline.source} if cfg.mode == "offline" else {})},
+         **({"offline.source": cfg.offline.source} if cfg.mode == "offline" else {}),
+         **({"mixture.teacher_share": cfg.mixture.teacher_share} if cfg.mode == "on_policy" and cfg.mixture.teacher_share
+            else {})},
         models={"teacher": teacher, "student": student},
         fingerprints={"data.sha256": data_sha256, "teacher.checkpoint_sha256": file_fingerprint(cfg.teacher.checkpoint),
                       "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)})

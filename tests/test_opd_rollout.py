@@ -212,3 +212,27 @@ def test_sampled_rollout_end_to_end(tokenizer, chat_format, student):
         targets = packed.input_ids[row, 1:][packed.target_mask[row]]
         expected = logprobs[row][packed.target_mask[row]].gather(1, targets[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(episode.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_sampled_logits_are_fp32_under_bfloat16_autocast(chat_format, student):
+    """The body may run in bf16, but the output projection the sampler sees (and the kept log-probs) is fp32."""
+    sampled, dtypes = [], {"lm_head": set(), "body": set()}
+
+    def greedy(logits, episodes):
+        sampled.append(logits)
+        return logits.argmax(dim=-1)
+
+    hooks = [student.lm_head.register_forward_hook(lambda m, i, output: dtypes["lm_head"].add(output.dtype)),
+             student.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, output: dtypes["body"].add(output.dtype))]
+    try:
+        episode = AgentRollout(student, chat_format, greedy, RolloutConfig(1, 6, 4096, open_thinking=False),
+                               autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16)).run(
+            [agent_record("bf16.jsonl:1", "What is 2+3?")])[0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert dtypes == {"lm_head": {torch.float32}, "body": {torch.bfloat16}}
+    assert len(sampled) == episode.assistant_tokens and all(logits.dtype == torch.float32 for logits in sampled)
+    expected = [torch.log_softmax(logits[0], -1)[token].item()
+                for logits, token in zip(sampled, episode.ids[episode.prompt_length:], strict=True)]
+    assert episode.logprobs == pytest.approx(expected, abs=1e-6)
