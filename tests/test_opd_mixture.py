@@ -13,7 +13,7 @@ from opd.data_order import DataOrder
 from opd.minimind.tiny_checkpoints import write_tiny_checkpoints
 from opd.synthetic_task import write_task
 from opd.train import teacher_count, train
-from tests.opd_helpers import entry_config
+from tests.opd_support import entry_config
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from opd.recipe import (
 )
 from opd.user_errors import UserError
 from tests.conftest import REPO_ROOT
-from tests.opd_helpers import compose_config
+from tests.opd_support import compose_config
 
 TINY = ["data.train=40", "data.distill=16", "data.heldout=10", "teacher.sft_steps=3", "student.sft_steps=2",
         "distill.steps=3", "distill.eval_every=2", "distill.batch_size=2", "teacher.hidden_size=64",
