@@ -137,7 +137,7 @@ def test_minimind_agent_rl_rows_roll_out_and_evaluate(tmp_path, tokenizer, token
     }
     chat_format = ChatFormat(tokenizer)
     episodes = AgentRollout(tiny_model(), chat_format, ScriptedSampler(scripts),
-                            RolloutConfig(3, 64, 2048, open_thinking=False)).run(records)
+                            RolloutConfig(3, 96, 2048, open_thinking=False)).run(records)
     observations = [chat_format.decode(e.ids[t.end:t.observation_end]) for e in episodes for t in e.turns
                     if t.observation_end]
     assert '{"from": "USD", "to": "CNY", "rate": 7.21}' in observations[1] and '{"result": "721.0"}' in observations[2]

@@ -13,11 +13,11 @@ from opd.user_errors import UserError
 def test_gpu_check_reports_every_phase(tmp_path, tokenizer_path):
     out = tmp_path / "gpu_check.json"
     results = main(["--device", "cpu", "--dtype", "float32", "--size", "tiny", "--batch-sizes", "2", "--turns", "2",
-                    "--gen-len", "40", "--steps", "2", "--peak-tflops", "1", "--tokenizer", str(tokenizer_path),
+                    "--gen-len", "64", "--steps", "2", "--peak-tflops", "1", "--tokenizer", str(tokenizer_path),
                     "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     (run,) = results["runs"]
-    assert run["batch_size"] == 2 and run["assistant_tokens"] == 2 * 2 * 40  # one timed step, 2 episodes, 2 turns
+    assert run["batch_size"] == 2 and run["assistant_tokens"] == 2 * 2 * 64  # one timed step, 2 episodes, 2 turns
     assert set(run["tokens_per_s"]) == set(PHASES) and all(v > 0 for v in run["tokens_per_s"].values())
     assert run["model_flops"] > 0 and 0 < run["mfu"] and run["peak_gpu_memory_gib"] is None
 
