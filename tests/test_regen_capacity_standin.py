@@ -70,10 +70,11 @@ def test_a_request_that_can_never_fit_the_kv_cache_is_refused(capacity_server):
 
 def test_regen_runs_against_it_unchanged_and_auto_steers_by_its_metrics(capacity_server, regen):
     rows = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"question {i} " + "about things " * 20},
-                                         {"role": "user", "content": f"and then {i}?"}]} for i in range(40)]
+                                         {"role": "user", "content": f"and then {i}?"}]} for i in range(400)]
     summary, out, errors = regen([capacity_server], rows, "concurrency=auto", "concurrency_start=2",
                                  "concurrency_interval_s=0.05")
-    assert errors == [] and summary["conversations_done"] == 40 and len(out) == 80
+    # 400 conversations last ~0.6 s on the fast clock: many 0.05 s readings, not one (40 took 0.06 s)
+    assert errors == [] and summary["conversations_done"] == 400 and len(out) == 800
     for row in out:
         generated = row["metadata"]["usage"]["completion_tokens"]
         assert row["loss_mask"] == [0] * (len(row["input_ids"]) - generated) + [1] * generated
