@@ -64,7 +64,3 @@ class DataOrder:
             step += 1
             yield Window(step, cursor.epoch, batches, following)
             cursor = following
-
-    def record_indices(self) -> list[int]:
-        """Every record index the run's steps use, in order of use."""
-        return [index for window in self.windows() for batch in window.batches for index in batch]
