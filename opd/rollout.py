@@ -1,6 +1,6 @@
 """Batched multi-turn tool-use rollouts of a causal LM on one carried KV cache.
 
-All episodes of a batch share one ``DynamicCache``. Every forward feeds each live row the ids it has not fed
+All episodes of a batch share one KV cache (``opd.decode_cache``: appended in place). Every forward feeds each live row the ids it has not fed
 yet, right-aligned in a ``[rows, width]`` block: a decoding row feeds its last sampled token, a row whose
 turn just ended with tool calls feeds its observation (prefilled onto its own cache, never re-running the
 prefix). Columns a row does not use are holes with attention mask 0, and explicit position ids count only
@@ -21,11 +21,11 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from opd.agent_records import AgentRecord
 from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig
+from opd.decode_cache import decode_cache
 from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn, shared_prefix_length
 from opd.minimind.model import cache_keyword, prefill_shared_prefix
 from tools.tool_calls import split_tool_calls
@@ -80,12 +80,11 @@ class AgentRollout:
     def _decode(self, live: list[_Row]) -> None:
         device = next(self.model.parameters()).device
         prefix = shared_prefix_length([row.episode for row in live])
+        cache = decode_cache(self.model.config)
         if prefix:
-            cache = prefill_shared_prefix(self.model, live[0].episode.ids[:prefix], len(live))
+            prefill_shared_prefix(self.model, live[0].episode.ids[:prefix], len(live), cache)
             for row in live:
                 row.fed = prefix
-        else:
-            cache = DynamicCache(config=self.model.config)
         attention = torch.ones((len(live), prefix), dtype=torch.long, device=device)
         while live:
             waiting = [row for row in live if row.pending is not None]

@@ -356,13 +356,15 @@ def cache_keyword(model: torch.nn.Module) -> str:
     raise TypeError(f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`")
 
 
-def prefill_shared_prefix(model: torch.nn.Module, prefix_ids: list[int], rows: int) -> DynamicCache:
-    """A KV cache holding ``prefix_ids`` for ``rows`` identical rows, computed by one single-row forward.
+def prefill_shared_prefix(model: torch.nn.Module, prefix_ids: list[int], rows: int,
+                          cache: DynamicCache | None = None) -> DynamicCache:
+    """A KV cache (``cache``, else a new ``DynamicCache``) holding ``prefix_ids`` for ``rows`` identical rows,
+    computed by one single-row forward.
 
     The rows' later forwards on this cache compute what they would compute on their full sequences (under
     autograd too: the repeated cache sums the rows' gradients back into the one prefix computation).
     """
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config) if cache is None else cache
     device = next(model.parameters()).device
     model(input_ids=torch.tensor([prefix_ids], device=device), use_cache=True, logits_to_keep=1,
           **{cache_keyword(model): cache})
