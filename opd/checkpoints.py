@@ -7,7 +7,8 @@ in rank order; only rank 0 writes files), the run signature (the settings
 a continuation must share), the sha256 of the weights file written with it, and a sha256 over all its
 own tensors.
 
-Both files are staged (written to temp files and fsynced) before either is renamed into place, the
+With ``keep_saved_weights=true`` every save also leaves its weights as ``{stem}_step{N}.pth`` (a learning
+curve's checkpoints from one run). Files are staged (written to temp files and fsynced) before either is renamed into place, the
 resume file last, so a crash leaves the previous pair or a new weights file next to the previous resume
 file — which ``restore`` detects. A new run refuses an ``out_dir`` that already holds checkpoints of the
 same name unless it resumes exactly those or ``overwrite=true``.
@@ -50,10 +51,15 @@ def checkpoint_paths(out_dir: str | Path, stem: str) -> tuple[Path, Path]:
     return out / f"{stem}.pth", out / f"{stem}_resume.pth"
 
 
+def step_weights_path(out_dir: str | Path, stem: str, step: int) -> Path:
+    """The weights a save at ``step`` keeps with ``keep_saved_weights=true``."""
+    return Path(out_dir) / f"{stem}_step{step}.pth"
+
+
 def check_out_dir(out_dir: str | Path, stem: str, *, resume: str | None, overwrite: bool) -> None:
     """Refuse to write over another run's checkpoints (see the module doc), naming the files."""
     weights, resume_file = checkpoint_paths(out_dir, stem)
-    existing = [path for path in (weights, resume_file) if path.exists()]
+    existing = [path for path in (weights, resume_file) if path.exists()] + sorted(Path(out_dir).glob(f"{stem}_step*.pth"))
     if not existing or overwrite:
         return
     if resume and resume_file.exists() and resume_file.resolve() == Path(resume).expanduser().resolve():
@@ -140,8 +146,11 @@ def rng_state(sampler) -> dict:
 
 
 def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, optimization, step: int,
-                    cursor: DataCursor, rng_states: list[dict], signature: dict) -> tuple[Path, Path]:
+                    cursor: DataCursor, rng_states: list[dict], signature: dict,
+                    keep_weights: bool = False) -> tuple[Path, Path]:
     """Write the inference weights and the resume file of ``step`` (see the module doc); returns both paths.
+    ``keep_weights``: also write the weights to ``step_weights_path`` (before the pair, so a kept file never
+    outlives a crash without its step being saved).
 
     ``rng_states`` holds every training process's ``rng_state``, in rank order (one entry on one process).
     """
@@ -154,6 +163,9 @@ def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, o
              "rng": rng_states, "signature": signature,
              "weights_sha256": hashlib.sha256(weights.getbuffer()).hexdigest()}
     state["tensors_sha256"] = _tensors_sha256(state)
+    if keep_weights:
+        kept = step_weights_path(out_dir, stem, step)
+        commit(stage(kept, lambda stream: stream.write(weights.getbuffer())), kept)
     staged_weights = stage(weights_path, lambda stream: stream.write(weights.getbuffer()))
     try:
         staged_resume = stage(resume_path, lambda stream: torch.save(state, stream))

@@ -221,6 +221,7 @@ class TrainingRunConfig(_Precision):
     epochs: int
     max_steps: int | None
     save_interval: int
+    keep_saved_weights: bool  # also keep each save's weights as {stem}_step{N}.pth
     gradient_checkpointing: bool  # recompute activations in the backward pass instead of keeping them
     optim: OptimConfig
 

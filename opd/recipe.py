@@ -10,12 +10,12 @@
 3. Per seed: ``student``: the same architecture, a far shorter SFT on the same demonstrations from its own
    seed; ``student-eval`` scores it (every arm's step 0).
 4. Per seed and arm (``arms``: on-policy distillation with forward and reverse KL, fixed-data KD on cached
-   teacher rollouts, continued SFT): the same optimizer steps, batch and schedule from that student, trained
-   in segments of ``distill.eval_every`` steps (each segment resumes the previous one exactly, with the
-   schedule spanning all ``distill.steps``); then ``eval`` scores every segment's checkpoint on the
-   held-out split, so each arm is a learning curve.
-5. ``report`` (in this process): mean ± standard error per arm and step, the paired difference of every arm
-   against ``baseline_arm`` on the same held-out problems, the final table and the chart (``curves.png``).
+   teacher rollouts, continued SFT): the same optimizer steps, batch and schedule from that student, one run
+   that keeps its weights every ``distill.eval_every`` steps (``keep_saved_weights``); then ``eval`` scores
+   every kept checkpoint on the held-out split, so each arm is a learning curve.
+5. ``report`` (in this process): mean ± standard error per arm and step (and its seconds of training), the
+   paired difference of every arm against ``baseline_arm`` on the same held-out problems, the final table and
+   the chart (``curves.png``).
 
 Stages run ``jobs`` at a time, each once the stages it reads are done, with ``threads`` torch threads and
 its output in ``logs/{name}.log``. A stage is skipped when ``stages/{name}.json`` records the same command,
@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opd.atomic_write import atomic_write_json
+from opd.checkpoints import step_weights_path
 from opd.reporting import require_matplotlib, write_curve_chart
 from opd.user_errors import UserError, exit_on_user_error
 
@@ -94,13 +95,14 @@ def student_weights(cfg: DictConfig, seed: int) -> Path:
     return seed_dir(cfg, seed) / "student" / f"student_sft_{cfg.student.hidden_size}.pth"
 
 
-def segment_dir(cfg: DictConfig, seed: int, arm: str, step: int) -> Path:
-    return seed_dir(cfg, seed) / arm / f"step{step}"
+def arm_dir(cfg: DictConfig, seed: int, arm: str) -> Path:
+    return seed_dir(cfg, seed) / arm
 
 
-def segment_stem(cfg: DictConfig, arm: str) -> str:
-    """The checkpoint stem an arm's entry writes (``agent_opd_{hidden}`` or ``{save_prefix}_{hidden}``)."""
-    return f"{'agent_opd' if cfg.arms[arm].entry == 'opd' else 'continued_sft'}_{cfg.student.hidden_size}"
+def arm_checkpoint(cfg: DictConfig, seed: int, arm: str, step: int) -> Path:
+    """The weights an arm's run keeps at ``step`` (``agent_opd_{hidden}`` or ``{save_prefix}_{hidden}`` stem)."""
+    stem = f"{'agent_opd' if cfg.arms[arm].entry == 'opd' else 'continued_sft'}_{cfg.student.hidden_size}"
+    return step_weights_path(arm_dir(cfg, seed, arm), stem, step)
 
 
 def eval_dir(cfg: DictConfig, seed: int | None, name: str) -> Path:
@@ -127,20 +129,18 @@ def _record_count(cfg: DictConfig, data: str) -> int:
     return counts[data]
 
 
-def _arm_segment_command(cfg: DictConfig, seed: int, arm: str, step: int, previous: Path | None) -> list[str]:
-    """One segment of an arm: from the student (first segment) or resuming the previous segment, up to ``step``."""
+def _arm_command(cfg: DictConfig, seed: int, arm: str) -> list[str]:
+    """An arm's run from the seed's student: ``distill.steps`` steps, weights kept every ``distill.eval_every``."""
     d, spec, paths = cfg.distill, cfg.arms[arm], _paths(cfg)
     data = paths["files"][spec.data]
-    out = segment_dir(cfg, seed, arm, step)
+    out = arm_dir(cfg, seed, arm)
     epochs = math.ceil(d.steps * d.batch_size / _record_count(cfg, spec.data))
     learning_rate = spec.get("learning_rate") or d.learning_rate  # an arm's own lr: for sweeps only
-    common = [f"data={data}", f"tokenizer={cfg.tokenizer}", "device=cpu", f"seed={seed}", f"max_steps={step}",
+    common = [f"data={data}", f"tokenizer={cfg.tokenizer}", "device=cpu", f"seed={seed}", f"max_steps={d.steps}",
               f"epochs={epochs}", f"batch_size={d.batch_size}", f"optim.learning_rate={learning_rate}",
               f"optim.warmup_steps={d.warmup_steps}", f"optim.lr_scheduler={d.lr_scheduler}",
-              f"optim.lr_schedule_steps={d.steps}", "overwrite=true", f"out_dir={out}",
-              f"hydra.run.dir={out / 'run'}", f"save_interval={NO_INTERMEDIATE_SAVES}"]
-    if previous is not None:
-        common.append(f"resume={previous / (segment_stem(cfg, arm) + '_resume.pth')}")
+              "overwrite=true", f"out_dir={out}", f"hydra.run.dir={out / 'run'}",
+              f"save_interval={d.eval_every}", "keep_saved_weights=true"]
     student = student_weights(cfg, seed)
     if spec.entry == "sft":
         return [sys.executable, "opd/sft.py", *common, f"model.checkpoint={student}", "model.name=recipe_student",
@@ -193,17 +193,12 @@ def recipe_stages(cfg: DictConfig) -> list[Stage]:
         evaluations.append(_eval_stage(cfg, f"{prefix}-student-eval", eval_dir(cfg, seed, "student"),
                                        {"student": (student_weights(cfg, seed), cfg.student)}, (f"{prefix}-student",)))
         for arm, spec in cfg.arms.items():
-            previous, names = None, []
-            for step in steps:
-                name = f"{prefix}-{arm}-{step}"
-                needs = [f"{prefix}-student", *(["teacher"] if spec.entry == "opd" else []), *names[-1:]]
-                out = segment_dir(cfg, seed, arm, step)
-                stages.append(Stage(name, _arm_segment_command(cfg, seed, arm, step, previous),
-                                    [out / f"{segment_stem(cfg, arm)}.pth"], tuple(needs)))
-                previous, names = out, [*names, name]
-            checkpoints = {f"step{step}": (segment_dir(cfg, seed, arm, step) / f"{segment_stem(cfg, arm)}.pth",
-                                           cfg.student) for step in steps}
-            evaluations.append(_eval_stage(cfg, f"{prefix}-{arm}-eval", eval_dir(cfg, seed, arm), checkpoints, names))
+            checkpoints = {f"step{step}": (arm_checkpoint(cfg, seed, arm, step), cfg.student) for step in steps}
+            needs = (f"{prefix}-student", *(["teacher"] if spec.entry == "opd" else []))
+            stages.append(Stage(f"{prefix}-{arm}", _arm_command(cfg, seed, arm),
+                                [path for path, _ in checkpoints.values()], needs))
+            evaluations.append(_eval_stage(cfg, f"{prefix}-{arm}-eval", eval_dir(cfg, seed, arm), checkpoints,
+                                           (f"{prefix}-{arm}",)))
     stages += evaluations
     return stages
 
@@ -323,7 +318,18 @@ def _point(step: int, wall: float, runs: list[dict]) -> dict:
             "se_problems": math.sqrt(accuracy * (1 - accuracy) / episodes), "seeds": len(runs), **metrics}
 
 
-def curve_report(cfg: DictConfig, results: dict[str, dict]) -> dict:
+def training_seconds(cfg: DictConfig, seed: int, arm: str, steps: list[int]) -> list[float]:
+    """Seconds an arm's run had trained when it reached each of ``steps`` (``elapsed_s`` of its metrics; a
+    rerun appends to the file, so the last row of a step counts)."""
+    path = arm_dir(cfg, seed, arm) / "run" / "metrics.jsonl"
+    elapsed = {row["step"]: row["elapsed_s"] for row in map(json.loads, path.read_text().splitlines())}
+    missing = [step for step in steps if step not in elapsed]
+    if missing:
+        raise RuntimeError(f"{path} has no metrics for steps {missing}; rerun=true")
+    return [elapsed[step] for step in steps]
+
+
+def curve_report(cfg: DictConfig) -> dict:
     """Curves, the final table and the paired differences, from every evaluation the stages wrote."""
     steps, seeds = curve_steps(cfg), list(cfg.seeds)
     teacher = _evaluation(eval_dir(cfg, None, "teacher"))
@@ -336,13 +342,11 @@ def curve_report(cfg: DictConfig, results: dict[str, dict]) -> dict:
                for arm, runs in arms.items()}
     curves, paired = {}, {}
     for arm, runs in by_step.items():
-        walls = {seed: 0.0 for seed in seeds}
-        points = [_point(0, 0.0, [students[seed]["checkpoints"][0] for seed in seeds])]
-        for step in steps:
-            for seed in seeds:
-                walls[seed] += results[f"seed{seed}-{arm}-{step}"]["wall_s"]
-            points.append(_point(step, sum(walls.values()) / len(seeds), [runs[seed][f"step{step}"] for seed in seeds]))
-        curves[arm] = points
+        walls = [sum(column) / len(seeds) for column in zip(*(training_seconds(cfg, seed, arm, steps) for seed in seeds),
+                                                              strict=True)]
+        curves[arm] = [_point(0, 0.0, [students[seed]["checkpoints"][0] for seed in seeds]),
+                       *(_point(step, wall, [runs[seed][f"step{step}"] for seed in seeds])
+                         for step, wall in zip(steps, walls, strict=True))]
     baseline = by_step[cfg.baseline_arm]
     for arm, runs in by_step.items():
         if arm != cfg.baseline_arm:
@@ -412,7 +416,7 @@ def run(cfg: DictConfig) -> dict:
     started = time.perf_counter()
     results = run_stages(stages, out, jobs=cfg.jobs, threads=cfg.threads, rerun=cfg.rerun, console=console)
     wall = time.perf_counter() - started
-    report = curve_report(cfg, results)
+    report = curve_report(cfg)
     chart = write_curve_chart(report, out / "curves.png")
     times = Table(title="recipe stages (wall s; stages ran jobs at a time)")
     times.add_column("stage")

@@ -201,7 +201,7 @@ def write_curve_chart(report: dict, path: str | Path) -> Path:
     over_seeds = len(report["seeds"]) > 1
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
     for axis, x_key, x_label in ((axes[0], "step", "student updates (optimizer steps)"),
-                                 (axes[1], "wall_s", "wall seconds of training (startup and teacher rollouts included)")):
+                                 (axes[1], "wall_s", "seconds of training (loading and teacher rollouts included)")):
         for arm, points in report["curves"].items():
             xs = [point[x_key] for point in points]
             ys = [point["accuracy"] for point in points]

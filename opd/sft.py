@@ -57,6 +57,7 @@ def train(cfg: SFTConfig) -> dict:
     Under ``torchrun`` each process trains on its share of each global micro-batch and the model is
     ``DistributedDataParallel`` (as in ``opd/train.py``); only rank 0 logs and writes files.
     """
+    entered = time.perf_counter()  # metrics' elapsed_s: data and model loading included
     precision = cfg.precision
     ranks = start(precision.device)
     device = ranks.device(precision.device)
@@ -126,14 +127,16 @@ def train(cfg: SFTConfig) -> dict:
             elapsed = time.perf_counter() - began
             log.step({"step": step, "epoch": window.epoch, "loss": cross_entropy + aux, "cross_entropy": cross_entropy,
                       "aux_loss": aux, "grad_norm": grad_norm, "target_tokens": int(targets), **figures,
-                      "tokens_per_s": figures["assistant_tokens"] / elapsed, "lr": lr, "update_s": elapsed})
+                      "tokens_per_s": figures["assistant_tokens"] / elapsed, "lr": lr, "update_s": elapsed,
+                      "elapsed_s": time.perf_counter() - entered})
             losses.append(cross_entropy + aux)
             tokens += figures["assistant_tokens"]
             if step % cfg.save_interval == 0 or step == order.total_steps:
                 rng_states = ranks.gather(rng_state(None))
                 if ranks.is_main:
                     paths = save_checkpoint(cfg.out_dir, stem, model, optimization=optimization, step=step,
-                                            cursor=cursor, rng_states=rng_states, signature=signature)
+                                            cursor=cursor, rng_states=rng_states, signature=signature,
+                                            keep_weights=cfg.keep_saved_weights)
     summary = run_summary(step=step, start_step=start_step, losses=losses, tokens=tokens,
                           wall=time.perf_counter() - started, precision=precision, paths=paths, run_dir=run_dir)
     summary.update(world_size=ranks.world_size, episodes_per_rank=ranks.gather(seen),

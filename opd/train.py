@@ -68,6 +68,7 @@ def train(cfg: OPDConfig) -> dict:
     stream, scores it with its own frozen teacher, and the student is ``DistributedDataParallel``: the update
     is the one a single process makes on the whole global batch. Only rank 0 logs and writes files.
     """
+    entered = time.perf_counter()  # metrics' elapsed_s: loading and cached teacher rollouts included
     precision = cfg.precision
     ranks = start(precision.device)
     device = ranks.device(precision.device)
@@ -148,14 +149,15 @@ def train(cfg: OPDConfig) -> dict:
                       "grad_norm": grad_norm, "target_tokens": int(targets), **figures,
                       "tokens_per_s": figures["assistant_tokens"] / (time.perf_counter() - began), "lr": lr,
                       "rollout_s" if cfg.mode == "on_policy" else "data_s": fetched - began,
-                      "update_s": time.perf_counter() - fetched})
+                      "update_s": time.perf_counter() - fetched, "elapsed_s": time.perf_counter() - entered})
             losses.append(kl + aux)
             tokens += figures["assistant_tokens"]
             if step % cfg.save_interval == 0 or step == order.total_steps:
                 rng_states = ranks.gather(rng_state(sampler if cfg.mode == "on_policy" else None))
                 if ranks.is_main:
                     paths = save_checkpoint(cfg.out_dir, stem, student, optimization=optimization, step=step,
-                                            cursor=cursor, rng_states=rng_states, signature=signature)
+                                            cursor=cursor, rng_states=rng_states, signature=signature,
+                                            keep_weights=cfg.keep_saved_weights)
     summary = run_summary(step=step, start_step=start_step, losses=losses, tokens=tokens,
                           wall=time.perf_counter() - started, precision=precision, paths=paths, run_dir=run_dir)
     summary.update(world_size=ranks.world_size, episodes_per_rank=ranks.gather(rolled))

@@ -1,4 +1,4 @@
-"""The CPU recipe: its stages (curve segments resume each other; every evaluation decodes alike), the stage runner
+"""The CPU recipe: its stages (one run per arm keeps every curve checkpoint; every evaluation decodes alike), the stage runner
 (order, parallel jobs, skipping, failures), the statistics, and (slow) the whole recipe end to end at tiny sizes."""
 
 from __future__ import annotations
@@ -47,28 +47,31 @@ def test_curve_steps_end_at_the_last_step():
         curve_steps(compose_config("recipe", ["distill.eval_every=0"]))
 
 
-def test_every_arm_trains_in_segments_that_resume_each_other_on_one_schedule(tmp_path):
+def test_every_arm_is_one_run_keeping_its_curve_checkpoints_on_one_schedule(tmp_path):
     cfg = recipe_config(tmp_path, "seeds=[0,1]", "distill.steps=100", "distill.eval_every=40")
     stages = {stage.name: stage for stage in recipe_stages(cfg)}
     for seed in (0, 1):
         for arm, spec in cfg.arms.items():
-            segments = [stages[f"seed{seed}-{arm}-{step}"] for step in (40, 80, 100)]
-            assert [argument(s.command, "max_steps") for s in segments] == ["40", "80", "100"]
-            assert {argument(s.command, "optim.lr_schedule_steps") for s in segments} == {"100"}
-            assert argument(segments[0].command, "resume") is None and segments[0].needs[0] == f"seed{seed}-student"
-            for previous, segment in zip(segments, segments[1:], strict=False):
-                assert Path(argument(segment.command, "resume")).parent == previous.outputs[0].parent
-                assert previous.name in segment.needs
-            assert [entry for entry in segments[0].command if entry.endswith(".py")] == [
+            run = stages[f"seed{seed}-{arm}"]
+            stem = "agent_opd_128" if spec.entry == "opd" else "continued_sft_128"
+            assert run.outputs == [tmp_path / f"seed{seed}" / arm / f"{stem}_step{step}.pth" for step in (40, 80, 100)]
+            assert {key: argument(run.command, key) for key in ("max_steps", "save_interval", "keep_saved_weights",
+                                                                "resume")} == {
+                "max_steps": "100", "save_interval": "40", "keep_saved_weights": "true", "resume": None}
+            assert run.needs == (f"seed{seed}-student", *(["teacher"] if spec.entry == "opd" else []))
+            assert [entry for entry in run.command if entry.endswith(".py")] == [
                 "opd/train.py" if spec.entry == "opd" else "opd/sft.py"]
             # every arm starts from the seed's student with the same batch and schedule
-            assert str(tmp_path / f"seed{seed}" / "student") in " ".join(segments[0].command)
+            assert str(tmp_path / f"seed{seed}" / "student") in " ".join(run.command)
             shared = ("batch_size", "optim.learning_rate", "optim.warmup_steps", "optim.lr_scheduler", "seed")
-            assert {key: argument(segments[0].command, key) for key in shared} == {
+            assert {key: argument(run.command, key) for key in shared} == {
                 "batch_size": "8", "optim.learning_rate": str(cfg.distill.learning_rate),
                 "optim.warmup_steps": str(cfg.distill.warmup_steps), "optim.lr_scheduler": "cosine", "seed": str(seed)}
-    assert argument(stages["seed0-opd_forward_kl-40"].command, "data").endswith("distill_prompts.jsonl")
-    assert argument(stages["seed0-continued_sft-40"].command, "data").endswith("train_demonstrations.jsonl")
+            evaluation = stages[f"seed{seed}-{arm}-eval"]
+            assert evaluation.needs == (run.name,) and all(str(path) in argument(evaluation.command, "models")
+                                                          for path in run.outputs)
+    assert argument(stages["seed0-opd_forward_kl"].command, "data").endswith("distill_prompts.jsonl")
+    assert argument(stages["seed0-continued_sft"].command, "data").endswith("train_demonstrations.jsonl")
 
 
 def test_every_evaluation_decodes_with_the_same_settings(tmp_path):
@@ -81,8 +84,6 @@ def test_every_evaluation_decodes_with_the_same_settings(tmp_path):
 
     assert all(decoding(stage) == decoding(evaluations[0]) for stage in evaluations)
     assert {"sampling=greedy", "isolate=false", f"seed={cfg.evaluation.seed}"} <= set(decoding(evaluations[0]))
-    arm_eval = next(stage for stage in evaluations if stage.name == "seed1-kd_teacher_rollouts-eval")
-    assert set(arm_eval.needs) == {f"seed1-kd_teacher_rollouts-{step}" for step in curve_steps(cfg)}
 
 
 def test_a_bad_arm_or_baseline_is_refused(tmp_path):
@@ -202,30 +203,38 @@ def test_the_report_pairs_every_arm_with_the_baseline_problem_by_problem(tmp_pat
     cfg.arms = {name: {"entry": "opd", "data": "distill_prompts", "overrides": []} for name in ("opd", "kd")}
     cfg.baseline_arm = "kd"
     fake_evaluation(tmp_path / "eval" / "teacher", {"teacher": [True, True, True, False]})
-    results = {}
     for seed in (0, 1):
         fake_evaluation(tmp_path / f"seed{seed}" / "eval" / "student", {"student": [False, False, True, False]})
         fake_evaluation(tmp_path / f"seed{seed}" / "eval" / "opd",
                         {"step2": [True, False, True, False], "step4": [True, True, True, seed == 1]})
         fake_evaluation(tmp_path / f"seed{seed}" / "eval" / "kd",
                         {"step2": [False, False, True, False], "step4": [True, False, True, False]})
-        results.update({f"seed{seed}-{arm}-{step}": {"wall_s": 10.0 + seed, "reused": False}
-                        for arm in ("opd", "kd") for step in (2, 4)})
-    report = curve_report(cfg, results)
+        for arm in ("opd", "kd"):  # a run's metrics, its step 2 logged twice (a rerun appends): the last counts
+            rows = [(1, 1.0), (2, 99.0), (1, 4.0), (2, 10.0 + seed), (3, 15.0), (4, 20.0 + 2 * seed)]
+            (tmp_path / f"seed{seed}" / arm / "run").mkdir(parents=True)
+            (tmp_path / f"seed{seed}" / arm / "run" / "metrics.jsonl").write_text(
+                "".join(json.dumps({"step": step, "elapsed_s": elapsed}) + "\n" for step, elapsed in rows))
+    report = curve_report(cfg)
     assert [p["accuracy"] for p in report["curves"]["opd"]] == [0.25, 0.5, 0.875]
-    assert [p["wall_s"] for p in report["curves"]["opd"]] == [0.0, 10.5, 21.0]  # cumulative, mean over seeds
+    assert [p["wall_s"] for p in report["curves"]["opd"]] == [0.0, 10.5, 21.0]  # seconds of training, mean over seeds
     assert report["curves"]["opd"][2]["se_seeds"] == pytest.approx(0.125)
     final = report["paired_vs_baseline"]["opd"][-1]
     assert final["step"] == 4 and final["mean"] == pytest.approx((0 + 1 + 0 + 0.5) / 4)
     assert final["per_seed"] == pytest.approx([0.25, 0.5])
     assert report["final"]["opd"]["gap_closed"] == pytest.approx((0.875 - 0.25) / (0.75 - 0.25))
+    metrics = tmp_path / "seed1" / "opd" / "run" / "metrics.jsonl"
+    complete = metrics.read_text()
+    metrics.write_text("".join(complete.splitlines(keepends=True)[:-1]))  # a run that never reached step 4
+    with pytest.raises(RuntimeError, match=r"seed1/opd/run/metrics.jsonl has no metrics for steps \[4\]"):
+        curve_report(cfg)
+    metrics.write_text(complete)
     # evaluations that did not decode alike are never compared
     (tmp_path / "seed1" / "eval" / "kd" / "evaluation.json").unlink()
     fake_evaluation(tmp_path / "seed1" / "eval" / "kd2", {"step2": [True] * 4, "step4": [True] * 4},
                     settings={"sampling": {"temperature": 1.0}, "seed": 0})
     (tmp_path / "seed1" / "eval" / "kd2" / "evaluation.json").rename(tmp_path / "seed1" / "eval" / "kd" / "evaluation.json")
     with pytest.raises(RuntimeError, match="differ in decoding settings or held-out data"):
-        curve_report(cfg, results)
+        curve_report(cfg)
 
 
 def test_a_terminated_recipe_stops_the_stages_it_runs(tmp_path):

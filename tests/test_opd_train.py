@@ -230,6 +230,26 @@ def test_a_new_run_refuses_an_out_dir_holding_checkpoints(workspace, straight_an
     assert replaced["final_loss"] == again["final_loss"]
 
 
+def test_kept_step_weights_are_the_weights_of_each_save(workspace, straight_and_resumed):
+    """keep_saved_weights: one run leaves every save's weights (a learning curve), the last one the final weights;
+    the step-2 file holds exactly the weights a run stopped at step 2 wrote."""
+    train(config(workspace, "kept", "save_interval=2", "keep_saved_weights=true", "optim.lr_schedule_steps=4"))
+    out = workspace["root"] / "kept"
+    assert sorted(path.name for path in out.glob("agent_opd_64_step*.pth")) == ["agent_opd_64_step2.pth",
+                                                                             "agent_opd_64_step4.pth"]
+    assert (out / "agent_opd_64_step4.pth").read_bytes() == (out / "agent_opd_64.pth").read_bytes()
+    train(config(workspace, "two-steps", "max_steps=2", "optim.lr_schedule_steps=4"))
+    first_two = workspace["root"] / "two-steps"
+    assert (out / "agent_opd_64_step2.pth").read_bytes() == (first_two / "agent_opd_64.pth").read_bytes()
+    assert not list(first_two.glob("*_step*.pth"))  # off by default
+    elapsed = [m["elapsed_s"] for m in metrics(workspace, "kept")]
+    assert len(elapsed) == 4 and all(0 < a < b for a, b in zip(elapsed, elapsed[1:], strict=False))
+    for name in ("agent_opd_64.pth", "agent_opd_64_resume.pth"):
+        (out / name).unlink()
+    with pytest.raises(UserError, match="already holds checkpoints: .*agent_opd_64_step2.pth"):
+        train(config(workspace, "kept", "max_steps=1"))
+
+
 def test_gradient_checkpointing_changes_memory_not_the_update(workspace):
     """Recomputing activations in the backward (no prefix sharing then) gives the same loss and gradient."""
     plain = offline_steps(workspace, "no-checkpointing", "batch_size=5")
