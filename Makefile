@@ -59,4 +59,5 @@ gpu-check: setup ## on a CUDA machine: the 768x8 pair in bf16 at batch 8 and 32 
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 recipe: tiny ## CPU recipe: task, SFT teacher, weaker student, OPD / KD / SFT arms as learning curves, report (out/recipe)
-	$(PY) -m pip install -q -e '.[chart]' && $(PY) opd/recipe.py tokenizer=$(TOKENIZER) $(RECIPE_ARGS)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[chart]'
+	$(PY) opd/recipe.py tokenizer=$(TOKENIZER) $(RECIPE_ARGS)
