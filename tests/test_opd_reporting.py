@@ -36,7 +36,7 @@ def test_curve_chart_is_a_png_with_one_panel_per_axis(tmp_path, seeds):
         plt.subplots = original
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (steps, walls), = opened
-    assert steps.get_xlabel().startswith("student updates") and walls.get_xlabel().startswith("wall seconds")
+    assert steps.get_xlabel().startswith("student updates") and walls.get_xlabel().startswith("seconds of training")
     labels = [text.get_text() for text in steps.get_legend().get_texts()]
     assert labels == ["opd_forward_kl", "kd_teacher_rollouts", "teacher (0.900)", "student (0.100)"]
     bands = [collection for collection in steps.collections]
