@@ -7,11 +7,11 @@ in rank order; only rank 0 writes files), the run signature (the settings
 a continuation must share), the sha256 of the weights file written with it, and a sha256 over all its
 own tensors.
 
-With ``keep_saved_weights=true`` every save also leaves its weights as ``{stem}_step{N}.pth`` (a learning
-curve's checkpoints from one run). Files are staged (written to temp files and fsynced) before either is renamed into place, the
+Both files are staged (written to temp files and fsynced) before either is renamed into place, the
 resume file last, so a crash leaves the previous pair or a new weights file next to the previous resume
 file — which ``restore`` detects. A new run refuses an ``out_dir`` that already holds checkpoints of the
-same name unless it resumes exactly those or ``overwrite=true``.
+same name unless it resumes exactly those or ``overwrite=true``. With ``keep_saved_weights=true`` each save
+then also leaves its weights as ``{stem}_step{N}.pth`` (a learning curve's checkpoints from one run).
 """
 
 from __future__ import annotations
@@ -149,8 +149,8 @@ def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, o
                     cursor: DataCursor, rng_states: list[dict], signature: dict,
                     keep_weights: bool = False) -> tuple[Path, Path]:
     """Write the inference weights and the resume file of ``step`` (see the module doc); returns both paths.
-    ``keep_weights``: also write the weights to ``step_weights_path`` (before the pair, so a kept file never
-    outlives a crash without its step being saved).
+    ``keep_weights``: also write the weights to ``step_weights_path``, after the pair, so a kept file exists
+    only for a step whose checkpoint was saved.
 
     ``rng_states`` holds every training process's ``rng_state``, in rank order (one entry on one process).
     """
@@ -163,9 +163,6 @@ def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, o
              "rng": rng_states, "signature": signature,
              "weights_sha256": hashlib.sha256(weights.getbuffer()).hexdigest()}
     state["tensors_sha256"] = _tensors_sha256(state)
-    if keep_weights:
-        kept = step_weights_path(out_dir, stem, step)
-        commit(stage(kept, lambda stream: stream.write(weights.getbuffer())), kept)
     staged_weights = stage(weights_path, lambda stream: stream.write(weights.getbuffer()))
     try:
         staged_resume = stage(resume_path, lambda stream: torch.save(state, stream))
@@ -174,6 +171,9 @@ def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, o
         raise
     commit(staged_weights, weights_path)
     commit(staged_resume, resume_path)
+    if keep_weights:
+        kept = step_weights_path(out_dir, stem, step)
+        commit(stage(kept, lambda stream: stream.write(weights.getbuffer())), kept)
     return weights_path, resume_path
 
 
