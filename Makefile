@@ -36,7 +36,7 @@ tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMi
 	$(PY) -m opd.minimind.tiny_checkpoints --out out/tiny --standin-tokenizer out/tiny/standin-tokenizer
 
 lint: setup ## ruff over the code
-	$(PY) -m ruff check regen opd tools launch tests
+	$(PY) -m ruff check common regen opd tools launch tests
 
 bench: bench-regen bench-concurrency bench-serve bench-opd ## every benchmark below, one after another
 

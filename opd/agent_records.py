@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opd.user_errors import UserError
+from common.user_errors import UserError
 
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_COLUMNS = ("messages", "conversations")  # regen reads rows the same way

@@ -39,8 +39,8 @@ from rich.console import Console
 from rich.table import Table
 from transformers import DynamicCache
 
+from common.atomic_write import atomic_write_json
 from opd.agent_records import AgentRecord
-from opd.atomic_write import atomic_write_json
 from opd.chat_format import ChatFormat
 from opd.config import LossConfig, OptimConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes

@@ -9,8 +9,8 @@ rest is the observation context.
 
 from __future__ import annotations
 
+from common.user_errors import UserError
 from opd.agent_records import AgentRecord
-from opd.user_errors import UserError
 
 _MARKER = "OPD-ASSISTANT-CONTENT-MARKER-7f3a"
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from opd.atomic_write import commit, stage
+from common.atomic_write import commit, stage
+from common.user_errors import UserError
 from opd.data_order import DataCursor
 from opd.minimind.model import native_state_dict
-from opd.user_errors import UserError
 
 RESUME_FORMAT = "opd-resume/3"
 RESUME_KEYS = ("format", "model", "optimization", "step", "cursor", "rng", "signature", "weights_sha256",

@@ -25,9 +25,9 @@ from typing import TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from common.user_errors import UserError
 from opd.minimind.model import ModelSpec
 from opd.minimind.precision import Precision, resolve_precision
-from opd.user_errors import UserError
 
 MODEL_PRESETS = Path(__file__).resolve().parents[1] / "configs" / "model"
 KL_DIRECTIONS = ("forward_kl", "reverse_kl")

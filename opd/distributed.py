@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from opd.user_errors import UserError
+from common.user_errors import UserError
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,9 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from common.atomic_write import atomic_write_json, atomic_write_text
+from common.user_errors import UserError, exit_on_user_error
 from opd.agent_records import AgentRecord, RecordError, load_agent_records
-from opd.atomic_write import atomic_write_json, atomic_write_text
 from opd.chat_format import ChatFormat
 from opd.checkpoints import vocabulary_fingerprint
 from opd.config import EvalConfig, parse_config
@@ -45,7 +46,6 @@ from opd.reporting import print_table, require_matplotlib, write_chart
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler
 from opd.scoring import aggregate, score_episode
-from opd.user_errors import UserError, exit_on_user_error
 
 MIB = 1 << 20
 

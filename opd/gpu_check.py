@@ -28,7 +28,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from opd.atomic_write import atomic_write_json
+from common.atomic_write import atomic_write_json
+from common.user_errors import UserError, exit_on_user_error
 from opd.benchmark import PAIRS, bench_records, bench_tokenizer, scripted_turns
 from opd.chat_format import ChatFormat
 from opd.config import LossConfig, OptimConfig, RolloutConfig
@@ -39,7 +40,6 @@ from opd.minimind.precision import resolve_precision
 from opd.optimization import Optimization
 from opd.rollout import AgentRollout
 from opd.sampling import ScriptedSampler
-from opd.user_errors import UserError, exit_on_user_error
 
 PHASES = ("rollout", "teacher", "student", "optimizer")
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}

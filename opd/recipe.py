@@ -41,10 +41,10 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from opd.atomic_write import atomic_write_json
+from common.atomic_write import atomic_write_json
+from common.user_errors import UserError, exit_on_user_error
 from opd.checkpoints import step_weights_path
 from opd.reporting import require_matplotlib, write_curve_chart
-from opd.user_errors import UserError, exit_on_user_error
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")

@@ -18,7 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from opd.atomic_write import atomic_write, atomic_write_json
+from common.atomic_write import atomic_write, atomic_write_json
 from opd.chat_format import ChatFormat
 from opd.episodes import Episode
 from opd.scoring import score_episode

@@ -20,6 +20,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from common.user_errors import exit_on_user_error
 from opd.chat_format import ChatFormat
 from opd.checkpoints import (
     check_out_dir,
@@ -42,7 +43,6 @@ from opd.minimind.precision import Precision
 from opd.minimind.tokenizer import load_tokenizer
 from opd.optimization import Optimization
 from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
-from opd.user_errors import exit_on_user_error
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="sft")

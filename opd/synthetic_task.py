@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from opd.atomic_write import atomic_write_json, atomic_write_text
+from common.atomic_write import atomic_write_json, atomic_write_text
 from tools.mock_tools import EXCHANGE_RATES, LOCAL_TIMES, TRANSLATIONS, WEATHER, tool_schemas
 from tools.tool_calls import ToolCall
 from tools.tool_environment import OK, execute_call

@@ -24,6 +24,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from common.user_errors import UserError, exit_on_user_error
 from opd.agent_records import AgentRecord, load_agent_records
 from opd.chat_format import ChatFormat
 from opd.checkpoints import (
@@ -50,7 +51,6 @@ from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of,
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler
 from opd.teacher_rollouts import TeacherRolloutCache, rollout_cache_key, teacher_episodes
-from opd.user_errors import UserError, exit_on_user_error
 
 register_model_groups()
 

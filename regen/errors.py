@@ -1,6 +1,6 @@
 """What a person running regen sees when it stops: one or two ``error:`` lines, never a traceback.
 
-:class:`UserError` (the repo's one, ``opd.user_errors``) is a problem the person can fix (a setting, an input
+:class:`UserError` (the repo's one, ``common.user_errors``) is a problem the person can fix (a setting, an input
 file, an output that exists, a server that would not start); its message says what is wrong and its
 ``hint`` what to type instead.
 :class:`Interrupted` is Ctrl-C or SIGTERM. ``reported_to_user()`` wraps an entry point: it prints
@@ -17,8 +17,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from common.user_errors import UserError, error_lines
 from launch.server_process import ServerStartError
-from opd.user_errors import UserError, error_lines
 
 
 class Interrupted(KeyboardInterrupt):

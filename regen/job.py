@@ -24,7 +24,8 @@ import aiohttp
 from rich.console import Console
 from rich.markup import escape
 
-from opd.atomic_write import atomic_write_json
+from common.atomic_write import atomic_write_json
+from common.run_lock import OutputLock
 from regen.chat_client import ChatClient, RetryPolicy
 from regen.detokenizer import Detokenizer, load_detokenizer
 from regen.endpoint_pool import EndpointAddress, EndpointPool
@@ -44,7 +45,6 @@ from regen.progress_view import ProgressView
 from regen.regenerate import RequestShape
 from regen.request_params import RequestParams
 from regen.row_sources import Source, open_source
-from regen.run_lock import OutputLock
 from regen.run_manifest import check_and_record, run_settings
 from regen.run_stats import RunStats
 from regen.servers import provide_endpoints
@@ -89,7 +89,8 @@ def _warn(console: Console, message: str) -> None:
 def open_run(settings: RegenSettings, source: Source, model: str, console: Console) -> Iterator[RunFiles]:
     """Lock the output, refuse what must be refused, check the manifest, repair a resumed file, open it."""
     paths = output_paths(settings, model)
-    lock = OutputLock(paths.lock, paths.output)
+    lock = OutputLock(paths.lock, paths.output, job="regen",
+                      hint="wait for it to finish (or stop it), or choose another output=")
     try:
         lock.acquire()
     except OSError as error:  # the folder cannot be made or written

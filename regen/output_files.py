@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from opd.atomic_write import atomic_write
+from common.atomic_write import atomic_write
 from regen.errors import UserError
 
 # Rows start {"id": ..., "primary_id": ...} (compact or with spaces); num_generations sits in the metadata.

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from opd.atomic_write import atomic_write_json
+from common.atomic_write import atomic_write_json
 from regen.errors import UserError
 from regen.output_files import OutputPaths
 from regen.settings import RegenSettings

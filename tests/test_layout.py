@@ -7,7 +7,7 @@ import sys
 
 from tests.conftest import REPO_ROOT
 
-PACKAGES = ("regen", "opd", "tools", "launch")
+PACKAGES = ("common", "regen", "opd", "tools", "launch")
 
 
 def installed_top_level_names() -> set[str]:

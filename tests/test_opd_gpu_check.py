@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from common.user_errors import UserError
 from opd.gpu_check import PHASES, main
-from opd.user_errors import UserError
 
 
 def test_gpu_check_reports_every_phase(tmp_path, tokenizer_path):

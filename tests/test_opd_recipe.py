@@ -13,6 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from common.user_errors import UserError
 from opd.recipe import (
     Stage,
     curve_report,
@@ -22,7 +23,6 @@ from opd.recipe import (
     recipe_stages,
     run_stages,
 )
-from opd.user_errors import UserError
 from tests.conftest import REPO_ROOT
 from tests.opd_support import compose_config
 
@@ -242,7 +242,7 @@ def test_a_terminated_recipe_stops_the_stages_it_runs(tmp_path):
     stage = script(f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)")
     runner = subprocess.Popen([sys.executable, "-c", (
         "import sys; from pathlib import Path; from rich.console import Console; "
-        "from opd.recipe import Stage, run_stages; from opd.user_errors import exit_on_user_error\n"
+        "from opd.recipe import Stage, run_stages; from common.user_errors import exit_on_user_error\n"
         f"with exit_on_user_error(): run_stages([Stage('slow', {stage!r}, [])], Path({str(tmp_path)!r}), jobs=1, "
         "threads=1, rerun=False, console=Console(quiet=True))")], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
     while not pid_file.exists() or not pid_file.read_text():

@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
+from common.user_errors import UserError
 from opd.agent_records import RecordError
 from opd.checkpoints import ResumeRefusedError, load_resume
 from opd.minimind.model import load_native
 from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from opd.train import train
-from opd.user_errors import UserError
 from tests.conftest import REPO_ROOT
 from tests.opd_support import entry_config, write_agent_data
 

@@ -26,8 +26,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from opd.atomic_write import atomic_write
-from opd.user_errors import UserError
+from common.atomic_write import atomic_write
+from common.user_errors import UserError
 
 _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")

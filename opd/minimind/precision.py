@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from opd.user_errors import UserError
+from common.user_errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

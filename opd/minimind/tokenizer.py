@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from opd.user_errors import UserError
+from common.user_errors import UserError
 
 # Special and added tokens of MiniMind-3, in id order (ids 0..35). ``special`` follows the real
 # tokenizer: the tool/think markers are added tokens that survive ``skip_special_tokens``.

@@ -1,4 +1,4 @@
-"""One run per output: an exclusive ``flock`` on ``<stem>.lock`` beside it, held for the whole run.
+"""One run per output: an exclusive ``flock`` on a lock file beside it, held for the whole run.
 
 The OS drops the lock when the holder exits however it exits (``kill -9`` included), so a stale lock
 file never blocks a later run. A second run on the same output is refused at once, naming the pid the
@@ -12,18 +12,20 @@ import fcntl
 import os
 from pathlib import Path
 
-from regen.errors import UserError
+from common.user_errors import UserError
 
 
 class OutputLocked(UserError):
-    """Another regen run holds this output."""
+    """Another run holds this output."""
 
 
 class OutputLock:
     """``acquire()`` takes the lock (or raises :class:`OutputLocked`); ``release()`` lets it go."""
 
-    def __init__(self, path: Path, output: Path):
-        self.path, self.output = path, output
+    def __init__(self, path: Path, output: Path, *, job: str, hint: str):
+        """``path`` is the lock file, ``output`` what it guards; ``job`` names the holder's kind in the refusal
+        (``regen``, ``opd/train.py``) and ``hint`` says what to do instead."""
+        self.path, self.output, self.job, self.hint = path, output, job, hint
         self._fd: int | None = None
 
     def acquire(self) -> OutputLock:
@@ -36,8 +38,8 @@ class OutputLock:
             os.close(fd)
             if error.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-            raise OutputLocked(f"{self.output} is being written by another regen run (pid {holder}, lock {self.path})",
-                               "wait for it to finish (or stop it), or choose another output=") from None
+            raise OutputLocked(f"{self.output} is being written by another {self.job} run (pid {holder}, lock {self.path})",
+                               self.hint) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd

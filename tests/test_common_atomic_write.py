@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from opd.atomic_write import atomic_write, atomic_write_json, atomic_write_text
+from common.atomic_write import atomic_write, atomic_write_json, atomic_write_text
 
 
 def mode(path) -> int:
