@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Start `vllm serve MODEL` in the background, wait until it is ready, then exit 0 and leave it running
 # (its pid, also its process group, is in the pid file). Ready: /health answers, then /v1/models with
-# $VLLM_API_KEY; a --headless node serves no HTTP, so it is ready while it runs and its head answers
-# /health. If vllm dies or is not ready within --ready-timeout, print the tail of its log, stop it and
-# exit 1. It does not run regeneration.
+# the API key (the first --api-key passed to vllm, else $VLLM_API_KEY; never printed); a --headless node
+# serves no HTTP, so it is ready while it runs and its head answers /health. If vllm dies, is not ready
+# within --ready-timeout, or refuses the key (401/403), print why, stop it and exit 1. It does not run
+# regeneration.
 #
 #   launch/vllm.sh MODEL [--host H] [--port P] [--gpus 0,1,...] [--dp-size N] [--tp-size N]
 #                  [--dp-size-local K] [--dp-address A] [--dp-rpc-port P] [--dp-start-rank R]
@@ -14,7 +15,7 @@
 # Stop it later with: kill -TERM -- -$(cat PIDFILE)
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "vllm.sh: $*" >&2; exit 2; }
 
 model="" host="127.0.0.1" port="8000" gpus="" dp="" tp="" dp_local="" dp_address="" dp_rpc_port=""
@@ -91,9 +92,25 @@ cmd+=("${passthrough[@]}")
 env_prefix=()
 [[ -n "$gpus" ]] && env_prefix=("CUDA_VISIBLE_DEVICES=$gpus")
 
-if [[ $dry_run -eq 1 ]]; then  # the exact command, shell-quoted
+# The key vLLM will check: the first --api-key passed through (vLLM prefers it to $VLLM_API_KEY), else
+# $VLLM_API_KEY. The readiness probe sends it; every command line this script prints shows *** instead.
+probe_key="${VLLM_API_KEY:-}"
+shown=()
+for ((i = 0; i < ${#cmd[@]}; i++)); do
+  arg="${cmd[i]}"
+  if [[ "$arg" == --api-key && $((i + 1)) -lt ${#cmd[@]} ]]; then
+    [[ -n "${api_key_seen:-}" ]] || probe_key="${cmd[i + 1]}"
+    api_key_seen=1; shown+=("$arg" "***"); i=$((i + 1)); continue
+  elif [[ "$arg" == --api-key=* ]]; then
+    [[ -n "${api_key_seen:-}" ]] || probe_key="${arg#--api-key=}"
+    api_key_seen=1; shown+=("--api-key=***"); continue
+  fi
+  shown+=("$arg")
+done
+
+if [[ $dry_run -eq 1 ]]; then  # the exact command, shell-quoted (an API key shown as ***)
   printf '%s' "${env_prefix[@]/%/ }"
-  printf '%q ' "${cmd[@]}" | sed 's/ $//'
+  printf '%q ' "${shown[@]}" | sed 's/ $//; s/\\\*\\\*\\\*/***/g'
   echo
   exit 0
 fi
@@ -105,17 +122,21 @@ pid_file="${pid_file:-out/servers/$name.pid}"
 base_url="http://$host:$port"
 poll_s="${VLLM_READY_POLL_S:-2}"
 
-# GET URL with curl; the API key (if any) goes in a header read from stdin, never on a command line.
-http_ok() {
-  if [[ -n "${VLLM_API_KEY:-}" && "$2" == "with-key" ]]; then
-    printf 'Authorization: Bearer %s\n' "$VLLM_API_KEY" | curl -sf -m 5 -o /dev/null -H @- "$1" 2>/dev/null
+# The HTTP status of GET URL (000: no answer) with curl; the API key (if any) goes in a header read from
+# stdin, never on a command line.
+http_status() {
+  if [[ -n "$probe_key" && "$2" == "with-key" ]]; then
+    printf 'Authorization: Bearer %s\n' "$probe_key" | curl -s -m 5 -o /dev/null -w '%{http_code}' -H @- "$1" 2>/dev/null
   else
-    curl -sf -m 5 -o /dev/null "$1" 2>/dev/null
+    curl -s -m 5 -o /dev/null -w '%{http_code}' "$1" 2>/dev/null
   fi
 }
+http_ok() { [[ "$(http_status "$@")" == 200 ]]; }
 probe() {  # vLLM serves /health without the key; /v1/models needs it when the server has one
   if [[ $headless -eq 1 ]]; then http_ok "$head_url/health" no-key; return; fi
-  http_ok "$base_url/health" no-key && http_ok "$base_url/v1/models" with-key
+  http_ok "$base_url/health" no-key || return 1
+  models_status="$(http_status "$base_url/v1/models" with-key)"
+  [[ "$models_status" == 200 ]]
 }
 show_log_tail() {
   echo "---- last 40 lines of $log_file ----" >&2
@@ -139,7 +160,7 @@ if [[ $headless -eq 0 ]] && http_ok "$base_url/health" no-key; then
   exit 1
 fi
 mkdir -p "$(dirname "$log_file")" "$(dirname "$pid_file")"
-echo "vllm.sh: starting: ${env_prefix[*]} ${cmd[*]}" >&2
+echo "vllm.sh: starting: ${env_prefix[*]} ${shown[*]}" >&2
 echo "vllm.sh: log: $log_file" >&2
 
 # setsid: the server gets its own session and process group (pid = pgid), so terminal signals meant for
@@ -164,6 +185,7 @@ while true; do
     stop_server
     exit 1
   fi
+  models_status=""
   if probe; then
     if [[ $headless -eq 1 ]]; then
       echo "vllm.sh: headless node running (pid $pid) and its head $head_url answers /health" >&2
@@ -171,6 +193,14 @@ while true; do
       echo "vllm.sh: ready at $base_url (pid $pid; stop with: kill -TERM -- -$pid)" >&2
     fi
     exit 0
+  fi
+  if [[ "$models_status" == 401 || "$models_status" == 403 ]]; then  # up, but it refuses the key: waiting cannot help
+    which="no key (neither --api-key nor \$VLLM_API_KEY is given)"
+    [[ -n "$probe_key" ]] && which="the key given as \$VLLM_API_KEY"
+    [[ -n "${api_key_seen:-}" ]] && which="the key given as --api-key"
+    echo "vllm.sh: the server is up but /v1/models answers HTTP $models_status to the readiness probe, which sends $which: it wants another API key; give the server's key as VLLM_API_KEY or --api-key; stopping it (pid $pid)" >&2
+    stop_server
+    exit 1
   fi
   if (( SECONDS >= deadline )); then
     what="ready"; [[ $headless -eq 1 ]] && what="joined (the head $head_url does not answer /health)"

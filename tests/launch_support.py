@@ -5,8 +5,10 @@ Tests put a `vllm` wrapper that runs this file first on PATH. It appends its arg
 $STANDIN_VLLM_ARGV_LOG, writes its pid to $STANDIN_VLLM_STARTED (first thing, before slow imports), then
 behaves as $STANDIN_VLLM_MODE says:
   serve    (default) answer /health, /v1/models with MODEL and /v1/chat/completions with a fixed vLLM-shaped
-           reply (after $STANDIN_VLLM_CHAT_DELAY_S); with $VLLM_API_KEY set, /v1/* need it as bearer token
-           (as vLLM does) and every request's path and Authorization header go to $STANDIN_VLLM_REQUEST_LOG
+           reply (after $STANDIN_VLLM_CHAT_DELAY_S); with an API key (`--api-key KEY`, which vLLM prefers, else
+           $VLLM_API_KEY; $STANDIN_VLLM_API_KEY stands for one from elsewhere, e.g. a --config file) /v1/* need
+           it as bearer token (as vLLM does); every request's path and Authorization header go to
+           $STANDIN_VLLM_REQUEST_LOG (a refused key gets $STANDIN_VLLM_AUTH_STATUS, default 401)
   die      print an error and exit 3 before listening
   hang     never listen
   stubborn serve, but ignore SIGTERM (only SIGKILL stops it)
@@ -100,12 +102,11 @@ def _started() -> None:
         os.replace(temporary, target)
 
 
-def _serve(model: str, host: str, port: int, mode: str) -> None:
+def _serve(model: str, host: str, port: int, mode: str, api_key: str | None) -> None:
     import asyncio
 
     from aiohttp import web
 
-    api_key = os.environ.get("VLLM_API_KEY")
     request_log = os.environ.get("STANDIN_VLLM_REQUEST_LOG")
     delay_s = float(os.environ.get("STANDIN_VLLM_CHAT_DELAY_S", "0"))
 
@@ -115,7 +116,7 @@ def _serve(model: str, host: str, port: int, mode: str) -> None:
             with open(request_log, "a") as log:
                 log.write(json.dumps([request.path, request.headers.get("Authorization")]) + "\n")
         if api_key and request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {api_key}":
-            return web.json_response({"error": "Unauthorized"}, status=401)
+            return web.json_response({"error": "Unauthorized"}, status=int(os.environ.get("STANDIN_VLLM_AUTH_STATUS", 401)))
         return await handler(request)
 
     async def health(request):
@@ -153,6 +154,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--headless", action="store_true")
+    parser.add_argument("--api-key")
     args, _unknown = parser.parse_known_args()
     mode = os.environ.get("STANDIN_VLLM_MODE", "serve")
     print(f"INFO stand-in vllm pid {os.getpid()} mode {mode} loading {args.model}"
@@ -165,7 +167,8 @@ def main() -> None:
     if mode == "hang" or args.headless:
         while True:
             select.select([], [], [], 3600)
-    _serve(args.model, args.host, args.port, mode)
+    api_key = args.api_key or os.environ.get("STANDIN_VLLM_API_KEY") or os.environ.get("VLLM_API_KEY")
+    _serve(args.model, args.host, args.port, mode, api_key)
 
 
 if __name__ == "__main__":

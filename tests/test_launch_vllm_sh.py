@@ -111,7 +111,7 @@ def test_starts_waits_until_ready_and_leaves_the_server_running(tmp_path, standi
     pid = int((tmp_path / "v.pid").read_text())
     try:
         assert f"ready at http://127.0.0.1:{port}" in result.stderr
-        assert probe_models(f"http://127.0.0.1:{port}") == ["org/model", "org/model"]
+        assert probe_models(f"http://127.0.0.1:{port}") == ["org/model"]
         assert os.getpgid(pid) == pid  # its own process group, so one signal stops it and its workers
         argv = json.loads((tmp_path / "argv.jsonl").read_text())
         assert argv == ["serve", "org/model", "--host", "127.0.0.1", "--port", str(port), "--data-parallel-size",
@@ -148,7 +148,7 @@ def test_refuses_a_port_where_a_server_already_answers(tmp_path, standin_env):
                                  "--pid-file", str(tmp_path / "w.pid")], env=standin_env, capture_output=True,
                                 text=True, timeout=30)
         assert second.returncode == 1 and "already answers" in second.stderr
-        assert probe_models(f"http://127.0.0.1:{port}") == ["org/model", "org/model"]
+        assert probe_models(f"http://127.0.0.1:{port}") == ["org/model"]
     finally:
         stop_process_group(pid, grace_s=5)
 
@@ -184,6 +184,40 @@ def test_readiness_probes_health_without_the_key_then_models_with_it(tmp_path, s
     assert curl_calls and all(key not in call for call in curl_calls)  # the key went in on stdin
     assert key not in (tmp_path / "argv.jsonl").read_text()  # nor on vllm's command line (vllm reads the env)
     assert key not in result.stderr
+
+
+@pytest.mark.parametrize("form", ["separate", "equals"])
+def test_a_key_passed_to_vllm_is_the_probes_key_and_is_never_printed(tmp_path, standin_env, form):
+    key = "sk-passed-through-7"
+    passed = ["--api-key", key] if form == "separate" else [f"--api-key={key}"]
+    port, result = launch(tmp_path, standin_env, "--ready-timeout", "20", "--", *passed)
+    pid_file = tmp_path / "v.pid"
+    try:
+        assert result.returncode == 0, result.stderr
+        requests = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+        assert requests[-1] == ["/v1/models", f"Bearer {key}"]
+        assert json.loads((tmp_path / "argv.jsonl").read_text())[-len(passed):] == passed  # vLLM still gets it
+    finally:
+        if pid_file.exists():
+            stop_process_group(int(pid_file.read_text()), grace_s=5)
+    assert "starting: " in result.stderr and "--api-key" in result.stderr
+    assert key not in result.stderr
+    assert all(key not in call for call in (tmp_path / "curl_argv.jsonl").read_text().splitlines())
+    dry = subprocess.run([str(SCRIPT), "--dry-run", "m", "--", *passed], capture_output=True, text=True, timeout=30)
+    assert dry.returncode == 0 and key not in dry.stdout + dry.stderr and "--api-key" in dry.stdout
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_key_fails_at_once_saying_so(tmp_path, standin_env, status):
+    env = {**standin_env, "STANDIN_VLLM_API_KEY": "sk-from-a-config-file", "STANDIN_VLLM_AUTH_STATUS": str(status),
+           "VLLM_API_KEY": "sk-wrong"}
+    _, result = launch(tmp_path, env, "--ready-timeout", "600")  # subprocess timeout 60 s: it must not wait
+    assert result.returncode == 1
+    assert f"/v1/models answers HTTP {status}" in result.stderr and "API key" in result.stderr
+    assert "sk-wrong" not in result.stderr and "sk-from-a-config-file" not in result.stderr
+    assert not (tmp_path / "v.pid").exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(int((tmp_path / "started").read_text()), 0)
 
 
 def test_headless_node_is_ready_when_running_and_its_head_answers_health(tmp_path, standin_env):
