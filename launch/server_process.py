@@ -48,7 +48,7 @@ def probe_health(base_url: str, *, timeout_s: float = 3.0) -> bool:
 
 
 def probe_models(base_url: str, *, timeout_s: float = 3.0) -> list[str] | None:
-    """The model ids ``/v1/models`` lists (``id`` and ``root``) once ``/health`` answers; None when the
+    """The model names ``/v1/models`` lists (``id`` and ``root``, each once) once ``/health`` answers; None when the
     server is not there or not ready. A server that refuses ``$VLLM_API_KEY`` is an error."""
     if not probe_health(base_url, timeout_s=timeout_s):
         return None
@@ -62,7 +62,8 @@ def probe_models(base_url: str, *, timeout_s: float = 3.0) -> list[str] | None:
     cards = listing.get("data") if status == 200 and isinstance(listing, dict) else None
     if not isinstance(cards, list):
         return None
-    return [str(card[key]) for card in cards if isinstance(card, dict) for key in ("id", "root") if card.get(key)]
+    names = [str(card[key]) for card in cards if isinstance(card, dict) for key in ("id", "root") if card.get(key)]
+    return list(dict.fromkeys(names))  # vLLM's card has the same name as id and root: each name once
 
 
 def log_tail(path: str | Path, lines: int = 40) -> str:

@@ -80,6 +80,13 @@ def _managed_server(server: VllmServer | LocalServer) -> Iterator[None]:
         else:
             print(f"[server] stopping the server at {base_url} (pid {pid})", file=sys.stderr)
             stop_process_group(pid, grace_s=float(server.stop_grace_s), process=process)
+            if isinstance(server, VllmServer):
+                _pid_file(server).unlink(missing_ok=True)  # it named a process that is gone now
+
+
+def _pid_file(server: VllmServer) -> Path:
+    """Where ``launch/vllm.sh`` writes the server's pid (its process group): beside its log."""
+    return server.log_path.with_suffix(".pid")
 
 
 def vllm_command(server: VllmServer) -> list[str]:
@@ -87,7 +94,7 @@ def vllm_command(server: VllmServer) -> list[str]:
     log = server.log_path
     command = [str(VLLM_SCRIPT), server.model, "--host", server.host, "--port", str(server.port),
                "--dp-size", str(server.dp), "--tp-size", str(server.tp), "--log-file", str(log),
-               "--pid-file", str(log.with_suffix(".pid")), "--ready-timeout", str(int(server.ready_timeout_s)),
+               "--pid-file", str(_pid_file(server)), "--ready-timeout", str(int(server.ready_timeout_s)),
                "--stop-grace", str(int(server.stop_grace_s))]
     if server.gpus is not None:
         command += ["--gpus", ",".join(str(g) for g in server.gpus)]
@@ -100,8 +107,7 @@ def vllm_command(server: VllmServer) -> list[str]:
 
 
 def _start_vllm(server: VllmServer) -> tuple[int, None]:
-    log = server.log_path
-    pid_file = log.with_suffix(".pid")
+    log, pid_file = server.log_path, _pid_file(server)
     pid_file.unlink(missing_ok=True)
     # Same process group, so Ctrl-C reaches it too; its messages are echoed live and kept for the error.
     script = subprocess.Popen(vllm_command(server), stderr=subprocess.PIPE, text=True, errors="replace")

@@ -114,13 +114,14 @@ def test_start_ready_and_stop_on_success(standin):
     cfg = standin("server.dp=2")
     with provide_endpoints(cfg) as endpoints:
         assert [e.base for e in endpoints] == [base_url(cfg)]
-        assert probe_models(base_url(cfg)) == ["org/model", "org/model"]
+        assert probe_models(base_url(cfg)) == ["org/model"]
         pid = standin.pid()
         request = urllib.request.Request(endpoints[0].chat_url, data=b"{}", method="POST")
         with urllib.request.urlopen(request, timeout=10) as response:
             assert json.load(response)["choices"][0]["message"]["content"] == "ok"
     assert group_gone(pid) and probe_models(base_url(cfg)) is None
     assert standin.starts() == 1
+    assert not cfg.log_path.with_suffix(".pid").exists()  # no pid file naming a dead process is left behind
 
 
 def test_stop_on_failure_inside_the_block(standin):
@@ -167,8 +168,9 @@ def test_reuses_a_healthy_server_with_the_model_and_leaves_it_running(standin, t
         assert standin.starts() == starts  # nothing new was launched
         assert already.poll() is None and probe_models(base_url(cfg)) is not None  # and it was left running
         other = server_of("server=vllm", "server.model=other/model", f"server.port={cfg.port}")
-        with pytest.raises(ServerStartError, match="already serves"), provide_endpoints(other):
+        with pytest.raises(ServerStartError) as refused, provide_endpoints(other):
             pytest.fail("the block must not run")
+        assert str(refused.value).startswith(f"{base_url(cfg)} already serves ['org/model'], not 'other/model'")
     finally:
         stop_process_group(already.pid, grace_s=5, process=already)
 
@@ -179,6 +181,7 @@ def test_keep_server_leaves_it_running(standin):
         pid = standin.pid()
     try:
         assert not group_gone(pid) and probe_models(base_url(cfg)) is not None
+        assert standin.pid() == pid  # its pid file stays: it is how to stop the server later
     finally:
         stop_process_group(pid, grace_s=5)
 
