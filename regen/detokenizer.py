@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, decoders
 from opd.minimind.tokenizer import byte_level_symbols
 from regen.errors import UserError
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -69,6 +70,8 @@ class Detokenizer:
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.source = source
         self._fast = _byte_table_decoder(self.tokenizer, self.vocab_size)
+        think = (self.tokenizer.token_to_id(THINK_OPEN), self.tokenizer.token_to_id(THINK_CLOSE))
+        self.think_ids: tuple[int, int] | None = None if None in think else think  # (<think>, </think>)
 
     @property
     def uses_byte_table(self) -> bool:

@@ -123,7 +123,7 @@ class Pipeline:
         params = self.params.for_conversation(conversation.primary_id)
         try:
             outcome = await regenerate(conversation, lambda payload: self.client.complete(payload, affinity),
-                                       self.shape, params, self.detokenizer.decode)
+                                       self.shape, params, self.detokenizer)
         except ConversationFailed as failure:
             self.stats.failed += 1
             self._record_error(conversation.primary_id, conversation.idx, where, str(failure), "generation",
@@ -134,6 +134,7 @@ class Pipeline:
         self.stats.rows += len(outcome.rows)
         self.stats.prompt_tokens += outcome.prompt_tokens
         self.stats.completion_tokens += outcome.completion_tokens
+        self.stats.reasoning_corrected += outcome.reasoning_corrected
         if outcome.truncation:
             self.stats.truncated[outcome.truncation] += 1
         if conversation.primary_id in self.previous_error_ids:

@@ -2,8 +2,10 @@
 
 Each generation (a final answer or a tool call) becomes one training row: ``input_ids`` = the reply's
 ``prompt_token_ids`` + its generated ``token_ids``, ``loss_mask`` 0 over the prompt and 1 over the
-generation. The k-th regenerated tool call is answered with the k-th cached result; the conversation
-stops early, keeping its rows, when a call cannot be paired 1:1 or a generation hits ``max_tokens``.
+generation. Each generation is appended to the history as the assistant turn the chat template renders
+(``regen.history_turns``: its answer, and its reasoning only when carried). The k-th regenerated tool call is
+answered with the k-th cached result; the conversation stops early, keeping its rows, when a call cannot be
+paired 1:1 or a generation hits ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 from regen.chat_client import RequestFailed
 from regen.conversation import Conversation
+from regen.detokenizer import Detokenizer
+from regen.history_turns import assistant_turn, history_message
 from regen.replies import Generation, ReplyError, parse_reply
 
 # send(payload) -> (decoded JSON reply, endpoint URL that answered)
@@ -39,6 +43,7 @@ class Outcome:
     truncation: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_corrected: int = 0  # turns whose reasoning/answer split the server's parser got wrong
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,7 @@ def _row(conversation: Conversation, index: int, generation: Generation, endpoin
 
 
 async def regenerate(conversation: Conversation, send: Send, shape: RequestShape, params: dict[str, Any],
-                     decode: Callable[[list[int]], str]) -> Outcome:
+                     tokens: Detokenizer) -> Outcome:
     """All rows of one conversation; raises :class:`ConversationFailed` (no rows kept) on any error."""
     outcome = Outcome()
     results = deque(conversation.tool_results)
@@ -110,10 +115,12 @@ async def regenerate(conversation: Conversation, send: Send, shape: RequestShape
                     payload["tool_choice"] = "auto"
                 data, endpoint = await send(payload)
                 generation = parse_reply(data)
-                outcome.rows.append(_row(conversation, len(outcome.rows), generation, endpoint, params, decode))
+                outcome.rows.append(_row(conversation, len(outcome.rows), generation, endpoint, params, tokens.decode))
                 outcome.prompt_tokens += len(generation.prompt_ids)
                 outcome.completion_tokens += len(generation.generated_ids)
-                history.append(generation.history_message(shape.carry_reasoning))
+                turn = assistant_turn(generation, tokens.think_ids)
+                outcome.reasoning_corrected += turn.corrected
+                history.append(history_message(generation, turn, shape.carry_reasoning))
                 if generation.finish_reason == "length":
                     outcome.truncation = "length"
                 elif generation.tool_calls:

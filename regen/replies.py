@@ -6,6 +6,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+REASONING_FIELDS = ("reasoning", "reasoning_content")  # vLLM's name now, then older servers'
 TOKEN_IDS_HINT = "the endpoint must support return_token_ids (vLLM's chat API with \"return_token_ids\": true)"
 
 
@@ -19,21 +20,12 @@ class Generation:
 
     prompt_ids: list[int]
     generated_ids: list[int]
-    content: str | None
+    content: str | None  # as the server's parsers split the reply (``regen.history_turns`` checks it)
     reasoning: str | None
-    reasoning_field: str | None
+    reasoning_field: str  # the name this server gives reasoning: ``reasoning``, older vLLM ``reasoning_content``
     tool_calls: list[dict]
     finish_reason: str | None
     usage: dict
-
-    def history_message(self, carry_reasoning: bool) -> dict[str, Any]:
-        """The assistant message appended to the conversation before the next request."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
-        if self.tool_calls:
-            message["tool_calls"] = self.tool_calls
-        if carry_reasoning and self.reasoning and self.reasoning_field:
-            message[self.reasoning_field] = self.reasoning  # the field name this server replied with
-        return message
 
 
 def _token_list(value: Any, name: str) -> list[int]:
@@ -68,8 +60,11 @@ def parse_reply(data: Any) -> Generation:
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         raise ReplyError(f"reply message.content must be a string or null, got {type(content).__name__}")
-    reasoning_field = next((f for f in ("reasoning", "reasoning_content") if message.get(f)), None)
-    reasoning = message.get(reasoning_field) if reasoning_field else None
+    reasoning_field = next((f for f in REASONING_FIELDS if message.get(f)), None) or next(
+        (f for f in REASONING_FIELDS if f in message), REASONING_FIELDS[0])
+    reasoning = message.get(reasoning_field)
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise ReplyError(f"reply message.{reasoning_field} must be a string or null, got {type(reasoning).__name__}")
     tool_calls = message.get("tool_calls") or []
     if not isinstance(tool_calls, list) or not all(isinstance(call, dict) for call in tool_calls):
         raise ReplyError("reply message.tool_calls must be a list of objects")

@@ -20,6 +20,7 @@ class RunStats:
     rows: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_corrected: int = 0  # history turns whose split regen took from the token ids, not the parser
     truncated: Counter = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
 
@@ -53,6 +54,7 @@ class RunStats:
             "retry_wait_s": round(retry_wait_s, 3),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "reasoning_split_corrected": self.reasoning_corrected,
             "elapsed_s": round(self.elapsed_s, 3),
             "conversations_per_s": round(self.rate(self.done + self.failed), 3),
             "requests_per_s": round(self.rate(requests), 3),

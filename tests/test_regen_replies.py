@@ -15,19 +15,20 @@ REASONING = {"id": "chatcmpl-7a8b", "choices": [{"index": 0, "message": {"role":
 def test_literal_vllm_replies():
     stop = parse_reply(STOP)
     assert (stop.prompt_ids, stop.generated_ids, stop.finish_reason) == ([151644, 872, 198, 17, 151645], [9001, 13, 151645], "stop")
-    assert stop.history_message(carry_reasoning=True) == {"role": "assistant", "content": "Four."}
+    assert (stop.content, stop.reasoning, stop.reasoning_field, stop.tool_calls) == ("Four.", None, "reasoning", [])
     assert parse_reply(LENGTH).finish_reason == "length"
     tool = parse_reply(TOOL)
-    assert tool.history_message(False) == {"role": "assistant", "content": "", "tool_calls": TOOL["choices"][0]["message"]["tool_calls"]}
+    assert (tool.content, tool.tool_calls) == (None, TOOL["choices"][0]["message"]["tool_calls"])
     thought = parse_reply(REASONING)
-    assert thought.history_message(False) == {"role": "assistant", "content": "\n\n4"}
-    assert thought.history_message(True) == {"role": "assistant", "content": "\n\n4", "reasoning": "Add two and two."}
+    assert (thought.content, thought.reasoning, thought.reasoning_field) == ("\n\n4", "Add two and two.", "reasoning")
 
 
-def test_older_reasoning_content_field_is_read_and_echoed():
+def test_older_reasoning_content_field_is_read():
     old = {**REASONING, "choices": [{**REASONING["choices"][0], "message": {
         "role": "assistant", "content": "4", "reasoning_content": "Sum."}}]}
-    assert parse_reply(old).history_message(True) == {"role": "assistant", "content": "4", "reasoning_content": "Sum."}
+    assert (parse_reply(old).reasoning, parse_reply(old).reasoning_field) == ("Sum.", "reasoning_content")
+    no_field = {**STOP, "choices": [{**STOP["choices"][0], "message": {"role": "assistant", "content": "4"}}]}
+    assert parse_reply(no_field).reasoning_field == "reasoning"
 
 
 def _with(choice_changes=None, **top):
@@ -45,6 +46,7 @@ def _with(choice_changes=None, **top):
     (_with(usage={"prompt_tokens": 5, "completion_tokens": 9}), "usage.completion_tokens=9 but it carries 3 ids"),
     (_with({"message": {"role": "assistant", "content": " \n"}}), "empty generation"),
     (_with({"message": {"role": "assistant", "content": None, "tool_calls": []}}), "empty generation"),
+    (_with({"message": {"role": "assistant", "content": "4", "reasoning": 7}}), "message.reasoning must be a string"),
     ({**STOP, "choices": []}, r"no choices\[0\]"),
     ([1, 2], "expected a JSON object"),
 ])
