@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -159,9 +160,10 @@ def test_interrupting_a_run_on_a_vllm_server_stops_it(tmp_path, tokenizer_path):
     status, stderr = interrupt(process, signal.SIGTERM,
                                lambda: requests.is_file() and "/v1/chat/completions" in requests.read_text())
     assert_interrupted(tmp_path, status, stderr, signal.SIGTERM)
-    assert "[server] stopping the server" in stderr
+    stopped = re.search(r"\[server\] stopping the server at \S+ \(pid (\d+)\)", stderr)
+    assert stopped and not log.with_suffix(".pid").exists()
     with pytest.raises(ProcessLookupError):
-        os.killpg(int(log.with_suffix(".pid").read_text()), 0)
+        os.killpg(int(stopped.group(1)), 0)
 
 
 def test_interrupting_a_run_on_the_embedded_server(tmp_path, tokenizer_path):

@@ -263,7 +263,7 @@ def test_local_server_lifecycle_with_the_embedded_server(tmp_path, tiny_checkpoi
                     f"tokenizer={tokenizer_path}", f"server.log_file={tmp_path / 'local.log'}")
     endpoint = cfg.base_url
     with provide_endpoints(cfg):
-        assert probe_models(endpoint) == [str(tiny_checkpoint)] * 2
+        assert probe_models(endpoint) == [str(tiny_checkpoint)]
         messages = [{"role": "user", "content": "Hello"}]
         body = json.dumps({"model": str(tiny_checkpoint), "messages": messages, "max_tokens": 5,
                            "return_token_ids": True}).encode()
