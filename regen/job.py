@@ -48,7 +48,7 @@ from regen.row_sources import Source, open_source
 from regen.run_manifest import check_and_record, run_settings
 from regen.run_stats import RunStats
 from regen.servers import provide_endpoints
-from regen.settings import ExternalServer, RegenSettings
+from regen.settings import ExternalServer, RegenSettings, check_max_tokens_fit
 
 
 class EndpointsUnusable(UserError):
@@ -57,6 +57,20 @@ class EndpointsUnusable(UserError):
 
 class RunStopped(UserError):
     """The run ended before the end of the source (every endpoint down)."""
+
+
+class NothingSucceeded(UserError):
+    """Every conversation this run tried failed (or every row was unusable): the run is a failure."""
+
+
+def _check_something_succeeded(stats: RunStats, pipeline: Pipeline, paths: OutputPaths) -> None:
+    """Raise :class:`NothingSucceeded` when no conversation succeeded although some failed, or when every row
+    read was unusable (and none was done before)."""
+    if stats.done or not (stats.failed or (stats.input_errors and not stats.skipped_done)):
+        return
+    raise NothingSucceeded(
+        f"no conversation succeeded: {stats.failed} failed, {stats.input_errors} input errors; the first: "
+        f"{pipeline.first_failure}", f"see {paths.errors} for every one; fix the cause, then run again with resume=true")
 
 
 def output_paths(settings: RegenSettings, model: str) -> OutputPaths:
@@ -135,9 +149,10 @@ def _bearer_headers(api_key_env: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {os.environ[api_key_env]}"} if api_key_env else {}
 
 
-async def _served_models(session: aiohttp.ClientSession, pool: EndpointPool) -> list[str]:
-    """Model ids from every endpoint's ``/v1/models``; endpoints that do not answer are taken out."""
-    served: list[str] = []
+async def _served_models(session: aiohttp.ClientSession, pool: EndpointPool) -> dict[str, int | None]:
+    """Model id -> ``max_model_len`` (the smallest any endpoint reports; None when none does) from every
+    endpoint's ``/v1/models``; endpoints that do not answer are taken out."""
+    served: dict[str, int | None] = {}
     timeout = aiohttp.ClientTimeout(total=30)
     for endpoint in pool.endpoints:
         try:
@@ -147,12 +162,17 @@ async def _served_models(session: aiohttp.ClientSession, pool: EndpointPool) -> 
                     hint = " (the server wants an API key: set api_key_env=)" if reply.status == 401 else ""
                     raise RuntimeError(f"HTTP {reply.status}{hint}: {(await reply.text())[:300]}")
                 data = await reply.json(content_type=None)
-            ids = [str(card["id"]) for card in data["data"]]
+            cards = [(str(card["id"]), card.get("max_model_len")) for card in data["data"]]
         except Exception as error:  # noqa: BLE001 - reported per endpoint, the run goes on with the others
             endpoint.live, endpoint.taken_out = False, 1
             endpoint.last_error = f"/v1/models: {type(error).__name__}: {error}"
             continue
-        served.extend(model for model in ids if model not in served)
+        for model, length in cards:
+            known = served.get(model)
+            if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+                served[model] = length if known is None else min(known, length)
+            else:
+                served.setdefault(model, known)
     if not any(endpoint.live for endpoint in pool.endpoints):
         raise EndpointsUnusable("no endpoint answers /v1/models: " + "; ".join(
             f"{e.url} ({e.last_error})" for e in pool.endpoints),
@@ -160,7 +180,15 @@ async def _served_models(session: aiohttp.ClientSession, pool: EndpointPool) -> 
     return served
 
 
-def _request_model(settings: RegenSettings, served: list[str]) -> str:
+def _request_model(settings: RegenSettings, served: dict[str, int | None]) -> str:
+    """The model the requests name; refuses a ``max_tokens`` above its ``max_model_len``."""
+    model = _served_model(settings, list(served))
+    if served[model] is not None:
+        check_max_tokens_fit(settings.max_tokens, served[model], f"{model} on the endpoints' /v1/models")
+    return model
+
+
+def _served_model(settings: RegenSettings, served: list[str]) -> str:
     wanted = settings.served_model
     if wanted and wanted in served:
         return wanted
@@ -173,20 +201,34 @@ def _request_model(settings: RegenSettings, served: list[str]) -> str:
 
 
 def _print_summary(console: Console, summary: dict[str, Any], paths: OutputPaths) -> None:
-    console.print(f"[bold]regen {escape(summary['status'])}[/]: {summary['conversations_done']} conversations "
-                  f"({summary['conversations_truncated']} truncated), {summary['rows_written']} rows -> "
+    failed = summary["conversations_failed"]
+    status = summary["status"]
+    headline = "red" if failed or status != "completed" else "green"
+    console.print(f"[bold {headline}]regen {escape(status.split(':')[0])}[/]: {summary['conversations_done']} conversations done, "
+                  + (f"[bold red]{failed} FAILED[/]" if failed else "0 failed")
+                  + f", {summary['conversations_truncated']} truncated; {summary['rows_written']} rows -> "
                   f"{escape(str(paths.output))}")
-    console.print(f"  failed {summary['conversations_failed']}, input errors {summary['input_errors']} "
-                  f"({summary['duplicate_ids']} duplicate ids), {summary['errors_file_rows']} rows in "
-                  f"{escape(str(paths.errors))}")
+    if failed:
+        console.print(f"  [red]first failure:[/] {escape(str(summary['first_failure']))}")
+    console.print(f"  input errors {summary['input_errors']} ({summary['duplicate_ids']} duplicate ids), "
+                  f"{summary['errors_file_rows']} rows in {escape(str(paths.errors))}")
     console.print(f"  {summary['requests_per_s']} req/s, {summary['completion_tokens_per_s']} tok/s, "
                   f"{summary['elapsed_s']} s; summary: {escape(str(paths.summary))}")
+    if summary["reasoning_split_corrected"]:
+        console.print(f"  {summary['reasoning_split_corrected']} history turns took their reasoning/answer split "
+                      "from the token ids, not from the server's reasoning parser (regen/README.md, reasoning models)")
     for url, counts in summary["endpoints"].items():
         console.print(f"  {url}: {counts['requests']} requests, {counts['failures']} failures, "
                       f"{counts['conversations']} conversations{'' if counts['live'] else ' (taken out)'}; "
                       f"{counts['generation_tokens_per_s']} tok/s, {counts['in_flight_mean']} in flight on average"
                       + (f", limit {counts['in_flight_limit']} (mean {counts['in_flight_limit_mean']}, "
                          f"by {counts['concurrency_control']})" if "in_flight_limit" in counts else ""))
+        if counts.get("concurrency_control_reason"):
+            console.print(f"    [yellow]concurrency=auto fell back to throughput:[/] "
+                          f"{escape(counts['concurrency_control_reason'])}")
+        if counts.get("metrics_readings_failed"):
+            console.print(f"    [yellow]{counts['metrics_readings_failed']} /metrics readings failed and were "
+                          f"skipped[/] (last: {escape(str(counts['metrics_last_failure']))})")
     if summary["concurrency_chosen"] is not None:
         console.print(f"  concurrency=auto settled on {summary['concurrency_chosen']} conversations in flight "
                       "(the sum of the endpoints' limits): a fixed run would set concurrency="
@@ -256,6 +298,7 @@ async def _run_async(settings: RegenSettings, source: Source, addresses: list[En
             if pipeline.stopped:
                 raise RunStopped(f"regen stopped early: {pipeline.stopped}",
                                  "bring the endpoints back, then run again with resume=true")
+            _check_something_succeeded(stats, pipeline, paths)
             status = "completed"
         except asyncio.CancelledError:
             if not caught:
@@ -284,6 +327,9 @@ def _summary(settings: RegenSettings, status: str, model: str, pool: EndpointPoo
              params: RequestParams, detokenizer: Detokenizer, errors_file_rows: int) -> dict[str, Any]:
     return {
         "status": status,
+        "conversations_done": stats.done,
+        "conversations_failed": stats.failed,
+        "first_failure": pipeline.first_failure,
         "model": model,
         "endpoints_given": [e.url for e in pool.endpoints],
         "dataset": asdict(settings.dataset),

@@ -61,11 +61,14 @@ class Pipeline:
         self.tokenizer_warning: str | None = None
         self._tokenizer_checked = False
         self.stopped: str | None = None  # why reading stopped before the end of the source
+        self.first_failure: str | None = None  # "WHERE: error" of the first error-file row this run
         self._conversations: set[asyncio.Task] = set()
         self._fatal: asyncio.Future | None = None  # the first error that stops the run
 
     def _record_error(self, key: str, idx: int, where: str, error: str, stage: str,
                       generations_completed: int = 0, endpoint: str | None = None) -> None:
+        if self.first_failure is None:
+            self.first_failure = error if error.startswith(where) else f"{where}: {error}"
         self.errors.append([{"id": key, "metadata": {
             "idx": idx, "error": error, "generations_completed": generations_completed,
             "endpoint": endpoint, "source": where, "stage": stage}}])

@@ -60,6 +60,16 @@ def _is_number(value: Any) -> bool:
             and math.isfinite(value))
 
 
+def check_max_tokens_fit(max_tokens: int, max_model_len: int, source: str) -> None:
+    """vLLM refuses every request whose ``max_tokens`` is above the model's ``max_model_len`` (HTTP 400)."""
+    if max_tokens > max_model_len:
+        raise SettingsError(
+            f"max_tokens={max_tokens} is more than the model's max_model_len={max_model_len} ({source}): "
+            "the server would refuse every request",
+            f"set max_tokens={max_model_len} or lower (vLLM caps each reply at max_model_len minus its prompt), "
+            f"or serve the model with --max-model-len {max_tokens} or more")
+
+
 def _refuse(key: str, wanted: str, value: Any, example: str | None = None) -> None:
     hint = None if example is None else f"set it like {key}={example}"
     raise SettingsError(f"{key} must be {wanted}, got {value!r}", hint)
@@ -436,6 +446,8 @@ class RegenSettings:
             _refuse("language_filter", "a string (the row's language column, e.g. EN) or null",
                     self.language_filter, "EN")
         check_integer("max_tokens", self.max_tokens, 1, example="8192")
+        if getattr(self.server, "max_model_len", None) is not None:
+            check_max_tokens_fit(self.max_tokens, self.server.max_model_len, "server.max_model_len")
         if self.concurrency != "auto" and not (_is_int(self.concurrency) and self.concurrency >= 1):
             raise SettingsError(f"concurrency must be auto or an integer >= 1, got {self.concurrency!r}",
                                 "set it like concurrency=auto (adapts to each endpoint) or concurrency=64")

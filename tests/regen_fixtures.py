@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.regen_support import ServerThread, read_jsonl, regen_config, write_jsonl
@@ -29,6 +31,22 @@ def regen(tmp_path, tokenizer_path):
     def go(urls, rows, *overrides):
         data = write_jsonl(tmp_path / "rows.jsonl", rows)
         summary = run(regen_config(tmp_path, urls, data, tokenizer_path, *overrides))
+        return summary, read_jsonl(tmp_path / "out.jsonl"), read_jsonl(tmp_path / "out.errors.jsonl")
+
+    return go
+
+
+@pytest.fixture
+def regen_failing(tmp_path, tokenizer_path):
+    """``regen`` for a run in which no conversation succeeds: it must raise ``NothingSucceeded``; returns
+    (the summary file, output rows, error rows)."""
+    from regen.job import NothingSucceeded, run
+
+    def go(urls, rows, *overrides):
+        data = write_jsonl(tmp_path / "rows.jsonl", rows)
+        with pytest.raises(NothingSucceeded, match="no conversation succeeded"):
+            run(regen_config(tmp_path, urls, data, tokenizer_path, *overrides))
+        summary = json.loads((tmp_path / "out.summary.json").read_text())
         return summary, read_jsonl(tmp_path / "out.jsonl"), read_jsonl(tmp_path / "out.errors.jsonl")
 
     return go

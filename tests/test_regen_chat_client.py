@@ -68,9 +68,9 @@ def test_retry_after_is_honoured(serve, regen):
     assert (summary["retries"], summary["retry_wait_s"]) == (1, 1.0)  # the server's wait, not the 1 ms backoff
 
 
-def test_retries_are_bounded(serve, regen):
+def test_retries_are_bounded(serve, regen_failing):
     server = serve(Script({"Hi": [Reply(raw=b"<html>oops</html>")] * 10}))
-    summary, out, errors = regen([server.url], [{"id": "A", "prompt": "Hi"}], "max_retries=2")
+    summary, out, errors = regen_failing([server.url], [{"id": "A", "prompt": "Hi"}], "max_retries=2")
     assert out == [] and len(server.requests) == 3
     assert errors[0]["id"] == "A" and "gave up after 3 attempts" in errors[0]["metadata"]["error"]
     assert "is not JSON" in errors[0]["metadata"]["error"]
@@ -83,9 +83,9 @@ def test_retries_are_bounded(serve, regen):
      "no prompt_token_ids: the endpoint must support return_token_ids"),
     (ok("", [1, 2], [EOS]), "empty generation"),
 ], ids=["400", "missing-token-ids", "empty-generation"])
-def test_permanent_failures_fail_at_once_with_an_error_row(serve, regen, reply, message):
+def test_permanent_failures_fail_at_once_with_an_error_row(serve, regen_failing, reply, message):
     server = serve(Script({"Hi": [reply] * 3}))
-    summary, out, errors = regen([server.url], [{"id": "A", "prompt": "Hi"}, {"id": "B", "prompt": "Hi"}], "concurrency=1")
+    summary, out, errors = regen_failing([server.url], [{"id": "A", "prompt": "Hi"}, {"id": "B", "prompt": "Hi"}], "concurrency=1")
     assert out == [] and len(server.requests) == 2  # one request per conversation: no retries
     assert [e["id"] for e in errors] == ["A", "B"]
     meta = errors[0]["metadata"]
@@ -93,6 +93,8 @@ def test_permanent_failures_fail_at_once_with_an_error_row(serve, regen, reply, 
     assert (meta["idx"], meta["generations_completed"], meta["endpoint"], meta["stage"]) == (0, 0, server.chat_url,
                                                                                              "generation")
     assert summary["conversations_failed"] == 2 and summary["errors_file_rows"] == 2
+    assert summary["status"].startswith("failed: NothingSucceeded: no conversation succeeded: 2 failed")
+    assert summary["first_failure"].endswith(meta["error"])
 
 
 

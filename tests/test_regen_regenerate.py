@@ -79,9 +79,9 @@ def test_exhausted_results_and_length_finish_truncate(serve, regen):
     assert len(script.seen["Long"]) == 1  # the second user turn is not asked after a cut-off answer
 
 
-def test_failure_mid_conversation_writes_nothing_for_it(serve, regen):
+def test_failure_mid_conversation_writes_nothing_for_it(serve, regen_failing):
     server = serve(Script({"Q1": [ok("A1", [1, 5], [6, EOS]), Reply({"error": {"message": "bad"}}, status=422)]}))
-    summary, out, errors = regen([server.url], [{"id": "M", "messages": [
+    summary, out, errors = regen_failing([server.url], [{"id": "M", "messages": [
         {"role": "user", "content": "Q1"}, {"role": "user", "content": "Q2"}]}])
     assert out == [] and errors[0]["metadata"]["generations_completed"] == 1
 
