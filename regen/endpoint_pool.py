@@ -94,6 +94,9 @@ class Endpoint:
     last_error: str | None = None
     limit: int | None = None  # conversations allowed in flight here (concurrency=auto); None: fixed
     control: str = "fixed"  # what sets the limit: fixed, metrics or throughput (regen.inflight_control)
+    control_reason: str | None = None  # why auto fell back to throughput
+    metrics_failures: int = 0  # /metrics readings skipped because they failed
+    metrics_last_failure: str | None = None
     completion_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -154,7 +157,10 @@ class Endpoint:
             "in_flight": self.active, "in_flight_mean": round(self.mean_in_flight(), 1),
         }
         if self.limit is not None:
-            counts |= {"in_flight_limit": self.limit, "in_flight_limit_mean": round(self.mean_limit(), 1)}
+            counts |= {"in_flight_limit": self.limit, "in_flight_limit_mean": round(self.mean_limit(), 1),
+                       "concurrency_control_reason": self.control_reason,
+                       "metrics_readings_failed": self.metrics_failures,
+                       "metrics_last_failure": self.metrics_last_failure}
         return counts
 
 

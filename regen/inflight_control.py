@@ -37,12 +37,13 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 
 from regen.endpoint_pool import Endpoint, EndpointPool
-from regen.vllm_metrics import MetricsMissing, ServerLoad, read_load
+from regen.vllm_metrics import MetricsMissing, MetricsNotYet, ServerLoad, read_load
 
 KV_TARGET = 0.80
 KV_HIGH = 0.92
@@ -146,25 +147,56 @@ class ThroughputRule:
         return self.limit
 
 
+EMPTY_READINGS_ALLOWED = 3  # readings of gauges without values, after requests were answered, before giving up
+
+
+def _reading_failure(endpoint: Endpoint, error: Exception, warn: Callable[[str], None]) -> None:
+    """Count a reading that failed (it is skipped); the first one is announced."""
+    endpoint.metrics_failures += 1
+    endpoint.metrics_last_failure = f"{type(error).__name__}: {error}"
+    if endpoint.metrics_failures == 1:
+        warn(f"concurrency=auto on {endpoint.url}: a /metrics reading failed ({endpoint.metrics_last_failure}); "
+             "it is skipped, and so is any later one that fails (counted in the summary)")
+
+
 async def steer(session: aiohttp.ClientSession, pool: EndpointPool, endpoint: Endpoint, maximum: int,
-                interval_s: float) -> None:
+                interval_s: float, warn: Callable[[str], None]) -> None:
     """Forever: every ``interval_s``, read ``endpoint``'s load and set its limit in ``pool`` by its rule
-    (:class:`MetricsRule`; :class:`ThroughputRule` from the first reading that finds no vLLM metrics)."""
+    (:class:`MetricsRule`; :class:`ThroughputRule` once the server shows it has no usable vLLM metrics, which is
+    announced through ``warn`` and recorded as ``endpoint.control_reason``). A reading that fails in any way is
+    skipped and counted (``endpoint.metrics_failures``); gauges declared without values (several vLLM API
+    servers before the engines report) are read again, until ``EMPTY_READINGS_ALLOWED`` such readings after
+    the endpoint answered requests."""
     rule: MetricsRule | ThroughputRule = MetricsRule(endpoint.limit, maximum)
     endpoint.control = "pending"  # until the first reading tells metrics from throughput
+    empty_readings = 0
     while True:
         await asyncio.sleep(interval_s)
         if not endpoint.live:
             continue
         load = None
-        if isinstance(rule, MetricsRule):
-            try:
-                load = await read_load(session, endpoint.address.base, endpoint.headers, min(10.0, 2 * interval_s))
-            except MetricsMissing:
-                rule = ThroughputRule(rule.limit, maximum, time.monotonic(), endpoint.completion_tokens)
-            if load is not None or isinstance(rule, ThroughputRule):
-                endpoint.control = rule.mode
-        mean_s = endpoint.mean_conversation_s()
-        observation = Observation(time.monotonic(), endpoint.active, None if mean_s is None else mean_s / 2,
-                                  endpoint.completion_tokens, load)
-        pool.set_limit(endpoint, rule.update(observation))
+        try:
+            if isinstance(rule, MetricsRule):
+                try:
+                    load = await read_load(session, endpoint.address.base, endpoint.headers,
+                                           min(10.0, 2 * interval_s))
+                    empty_readings = 0
+                except MetricsNotYet as error:
+                    empty_readings += endpoint.completion_tokens > 0  # it has answered requests
+                    if empty_readings < EMPTY_READINGS_ALLOWED:
+                        continue
+                    raise MetricsMissing(f"{error}, {empty_readings} readings after it answered requests "
+                                         "(a server started with --disable-log-stats?)") from None
+                if load is not None:
+                    endpoint.control = rule.mode
+            mean_s = endpoint.mean_conversation_s()
+            observation = Observation(time.monotonic(), endpoint.active, None if mean_s is None else mean_s / 2,
+                                      endpoint.completion_tokens, load)
+            pool.set_limit(endpoint, rule.update(observation))
+        except MetricsMissing as missing:
+            rule = ThroughputRule(rule.limit, maximum, time.monotonic(), endpoint.completion_tokens)
+            endpoint.control, endpoint.control_reason = rule.mode, str(missing)
+            warn(f"concurrency=auto on {endpoint.url}: no usable vLLM metrics ({missing}); its limit now "
+                 "follows the measured tokens/s instead")
+        except Exception as error:  # noqa: BLE001 - a bad reading must never stop the steering
+            _reading_failure(endpoint, error, warn)

@@ -288,7 +288,9 @@ async def _run_async(settings: RegenSettings, source: Source, addresses: list[En
         background = [asyncio.create_task(pool.probe_dead(session, settings.endpoint_reprobe_s))]
         if settings.fixed_concurrency is None:
             background += [asyncio.create_task(steer(session, pool, endpoint, settings.concurrency_max,
-                                                     settings.concurrency_interval_s)) for endpoint in pool.endpoints]
+                                                     settings.concurrency_interval_s,
+                                                     lambda message: _warn(console, message)))
+                           for endpoint in pool.endpoints]
         work = asyncio.create_task(pipeline.run())
         caught: list[int] = []
         status = "interrupted"

@@ -6,6 +6,15 @@ per engine): ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (ga
 ``vllm:num_preemptions``, which Prometheus' client exposes as ``vllm:num_preemptions_total``. A
 :class:`ServerLoad` sums the counts over engines and averages the KV usage. The format is simple enough
 for the small parser here (one sample per line: ``name{label="value",...} value [timestamp]``).
+
+With data parallelism vLLM starts several API-server processes by default (``--api-server-count`` defaults to
+the data-parallel size), and each engine's scheduler statistics go to one of them at a time. ``/metrics`` then
+comes from ``prometheus_client``'s multiprocess collector, and these gauges are declared with
+``multiprocess_mode="mostrecent"``: per engine, the value most recently written by any API-server process. A
+series no process has written yet has no sample at all, so until the engines first report (they do once they
+run requests) the page declares the gauges (``# TYPE vllm:num_requests_running gauge``) without values.
+:func:`parse_load` tells that (:class:`MetricsNotYet`, "read again later") from a page without vLLM's
+gauges (:class:`MetricsMissing`).
 """
 
 from __future__ import annotations
@@ -25,6 +34,10 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 
 class MetricsMissing(Exception):
     """The endpoint has no vLLM metrics (no ``/metrics`` route, or one without vLLM's scheduler gauges)."""
+
+
+class MetricsNotYet(Exception):
+    """The page declares vLLM's scheduler gauges without values: no engine has reported to it yet."""
 
 
 @dataclass(frozen=True)
@@ -61,24 +74,42 @@ def parse_sample(line: str) -> tuple[str, float] | None:
         return None
 
 
+def _count(values: list[float], name: str) -> int:
+    total = sum(values)
+    if not math.isfinite(total):
+        raise ValueError(f"{name} sums to {total} over its {len(values)} series")
+    return round(total)
+
+
 def parse_load(text: str) -> ServerLoad:
-    """The :class:`ServerLoad` in a ``/metrics`` body; raises :class:`MetricsMissing` without vLLM's gauges."""
+    """The :class:`ServerLoad` in a ``/metrics`` body. Raises :class:`MetricsMissing` without vLLM's gauges,
+    :class:`MetricsNotYet` when they are declared without values, ``ValueError`` for values that do not add up
+    to a count."""
     values: dict[str, list[float]] = defaultdict(list)
+    declared = False
     for line in text.splitlines():
         sample = parse_sample(line)
         if sample is not None and math.isfinite(sample[1]):
             values[sample[0]].append(sample[1])
+        elif sample is None and line.startswith(f"# TYPE {RUNNING} "):
+            declared = True
     kv = next((values[name] for name in KV_USAGE if values.get(name)), None)
     if not values.get(RUNNING) or kv is None:
+        if declared:
+            raise MetricsNotYet(f"/metrics declares {RUNNING} without values (no engine has reported yet)")
         raise MetricsMissing(f"no {RUNNING} or {KV_USAGE[0]} in /metrics")
-    return ServerLoad(running=round(sum(values[RUNNING])), waiting=round(sum(values.get(WAITING, []))),
-                      kv_usage=sum(kv) / len(kv), preemptions=round(sum(values.get(PREEMPTIONS, []))))
+    kv_usage = sum(kv) / len(kv)
+    if not math.isfinite(kv_usage):
+        raise ValueError(f"{KV_USAGE[0]} averages to {kv_usage}")
+    return ServerLoad(running=_count(values[RUNNING], RUNNING), waiting=_count(values.get(WAITING, []), WAITING),
+                      kv_usage=kv_usage, preemptions=_count(values.get(PREEMPTIONS, []), PREEMPTIONS))
 
 
 async def read_load(session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
                     timeout_s: float) -> ServerLoad | None:
     """The server's load now; ``None`` when it did not answer this time (slow, refused, 5xx). Raises
-    :class:`MetricsMissing` when it answers without vLLM metrics (404 included)."""
+    :class:`MetricsMissing` when it answers without vLLM metrics (404 included), and what :func:`parse_load`
+    raises for a page it cannot use this time."""
     try:
         async with session.get(base_url + "/metrics", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
