@@ -137,7 +137,7 @@ def train_throughput(student, teacher, chat_format: ChatFormat, records: list[Ag
     rollout = AgentRollout(student, chat_format, sampler, limits)
     precision = resolve_precision("cpu", "float32")
     optimization = Optimization(student, OptimConfig(1e-6, 0.0, "constant", 0, None, 1.0), steps, precision)
-    loss = LossConfig("forward_kl", 1.0)
+    loss = LossConfig("forward_kl", 1.0, 0.5)
     rollout_s = update_s = 0.0
     tokens = turns = 0
     for step in range(steps):
