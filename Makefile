@@ -55,10 +55,11 @@ bench-concurrency: setup ## concurrency=auto vs fixed 16/64/256/1024 on the capa
 bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (tiny and 768x8 random models)
 	$(PY) -m launch.benchmark
 
-bench-opd: setup ## OPD rollout vs plain decode, training steps/s, peak memory, 1 vs 2 processes (CPU; tiny and 768x8)
+bench-opd: setup ## OPD rollout vs plain decode, training steps/s, peak memory, 1 vs 2 processes, guidance cost (CPU)
 	$(PY) -m opd.benchmark --out out/bench/opd_benchmark.json
 	$(PY) -m opd.benchmark --memory --sizes 768 --batch-sizes 8 --out out/bench/opd_memory.json
 	$(PY) -m opd.benchmark --processes --steps 2 --out out/bench/opd_processes.json
+	$(PY) -m opd.benchmark --guidance --sizes 768 --batch-sizes 8 --out out/bench/opd_guidance.json
 
 gpu-check: setup ## on a CUDA machine: the 768x8 pair in bf16 at batch 8 and 32 (tokens/s per phase, memory, MFU), gpu tests
 	$(PY) -m opd.gpu_check --out out/bench/gpu_check.json

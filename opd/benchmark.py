@@ -3,6 +3,7 @@
     python -m opd.benchmark [--sizes tiny,768] [--batch-sizes 1,8] [--steps 2] [--out out/bench/opd.json]
     python -m opd.benchmark --memory [--sizes 768] [--batch-sizes 8]     # peak RSS of a step, checkpointing off/on
     python -m opd.benchmark --processes [--sizes tiny,768]              # 1 vs 2 torchrun processes, 1 thread each
+    python -m opd.benchmark --guidance [--sizes 768] [--batch-sizes 8]  # rollout and step cost of each guidance option
 
 decode: rollout tokens/s (one turn of ``turns * gen_len`` sampled tokens, temperature 1) against a plain
 KV-cached decode loop (``[batch, 1]`` forwards on one cache, same sampling) of the same model and batch size,
@@ -17,6 +18,10 @@ step, once with the student's activation checkpointing off and once on, each in 
 processes: rollout and training tokens/s of ``opd/train.py`` itself, as one process and as ``torchrun
 --nproc_per_node 2``, one thread per process, on the same global batch of prompts (random-init native
 checkpoints; sampled turns of a random model run to ``--gen-len``); the first step is a warm-up.
+guidance: what the teacher in the decode loop costs: one sampled turn of ``turns * gen_len`` tokens per record
+(temperature 1, distinct system prompts) rolled out plainly and under each guidance option (``token_mix=0.2``,
+``top_k=25``, ``turn_share=0.5``), then the update of those episodes (plain: a teacher forward for the loss;
+guided: the logits the rollout kept), alternated ``--repeats`` times, best of each kept.
 Models are random-init MiniMind architectures (weights do not change the cost); the tokenizer is
 $MINIMIND_TOKENIZER, ../shared/minimind3-tokenizer, or the stand-in.
 """
@@ -42,8 +47,9 @@ from transformers import DynamicCache
 from common.atomic_write import atomic_write_json
 from opd.agent_records import AgentRecord
 from opd.chat_format import ChatFormat
-from opd.config import LossConfig, OptimConfig, RolloutConfig, SamplingConfig
+from opd.config import GuidanceConfig, LossConfig, OptimConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes
+from opd.guidance import BehaviourPolicy
 from opd.loss import TargetLogits
 from opd.minimind.model import (
     MiniMindArch,
@@ -137,7 +143,7 @@ def train_throughput(student, teacher, chat_format: ChatFormat, records: list[Ag
     rollout = AgentRollout(student, chat_format, sampler, limits)
     precision = resolve_precision("cpu", "float32")
     optimization = Optimization(student, OptimConfig(1e-6, 0.0, "constant", 0, None, 1.0), steps, precision)
-    loss = LossConfig("forward_kl", 1.0)
+    loss = LossConfig("forward_kl", 1.0, 0.5)
     rollout_s = update_s = 0.0
     tokens = turns = 0
     for step in range(steps):
@@ -264,6 +270,74 @@ def processes(args, console: Console) -> dict:
     return {"kind": "processes", "global_batch": args.process_batch, "gen_len": args.gen_len, "runs": runs}
 
 
+GUIDANCE_OPTIONS = {"plain": None, "token_mix=0.2": GuidanceConfig(None, None, 0.2, None),
+                    "top_k=25": GuidanceConfig(None, None, None, 25), "turn_share=0.5": GuidanceConfig(0.5, 0.5, None, None)}
+
+
+def guided_step(student, teacher, chat_format: ChatFormat, records: list[AgentRecord], settings: GuidanceConfig | None,
+                new_tokens: int, seed: int) -> dict:
+    """One sampled turn per record, plain or guided, then the update on those episodes: seconds of each, tokens."""
+    sampler = TokenSampler(SamplingConfig(), "cpu", seed)
+    rollout = AgentRollout(student, chat_format, sampler, RolloutConfig(1, new_tokens, 1 << 15, open_thinking=False))
+    policy = BehaviourPolicy(teacher, settings, sampler, list(range(len(records)))) if settings else None
+    precision = resolve_precision("cpu", "float32")
+    optimization = Optimization(student, OptimConfig(1e-6, 0.0, "constant", 0, None, 1.0), 1, precision)
+    started = time.perf_counter()
+    episodes = rollout.run(records, policy)
+    rolled = time.perf_counter()
+    packed = pack_episodes(episodes, chat_format.pad_token_id)
+    kl_sum, _ = distill_loss_step(TargetLogits(student), teacher, episodes, packed, LossConfig("forward_kl", 1.0, 0.5),
+                                  precision)
+    optimization.backward(kl_sum / packed.target_count)
+    optimization.step()
+    tokens = sum(e.assistant_tokens for e in episodes)
+    return {"tokens": tokens, "rollout_s": rolled - started, "update_s": time.perf_counter() - rolled,
+            "teacher_token_share": sum(e.teacher_tokens for e in episodes) / tokens}
+
+
+def guidance_costs(args, console: Console) -> dict:
+    """Rollout and step tokens/s of plain OPD and of each guidance option, per size and batch size."""
+    tokenizer, tokenizer_name = bench_tokenizer(args.tokenizer)
+    chat_format, new_tokens = ChatFormat(tokenizer), args.turns * args.gen_len
+    table = Table(title=f"guided rollouts (CPU, {torch.get_num_threads()} threads, fp32, one sampled turn of "
+                        f"{new_tokens} tokens per record)")
+    for column in ("pair", "batch", "policy", "rollout tok/s", "rollout time vs plain", "step tok/s",
+                   "step time vs plain", "teacher share"):
+        table.add_column(column, justify="right")
+    runs = []
+    for size in args.sizes.split(","):
+        student_arch, teacher_arch = PAIRS[size]
+        torch.manual_seed(0)
+        student, teacher = build_model(student_arch), build_model(teacher_arch).eval().requires_grad_(False)
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            records = bench_records(batch, shared_system_prompt=False)
+            best = {}
+            with console.status(f"{size} batch {batch}: plain and guided rollouts"):
+                for settings in GUIDANCE_OPTIONS.values():  # warm-up
+                    guided_step(student, teacher, chat_format, records, settings, 4, seed=0)
+                for repeat in range(args.repeats):  # alternate, keep the fastest of each (robust to other load)
+                    for name, settings in GUIDANCE_OPTIONS.items():
+                        timed = guided_step(student, teacher, chat_format, records, settings, new_tokens, seed=repeat)
+                        if name not in best or timed["rollout_s"] + timed["update_s"] < sum(
+                                best[name][key] for key in ("rollout_s", "update_s")):
+                            best[name] = timed
+            plain = best["plain"]
+            for name, timed in best.items():
+                run = {"pair": size, "batch_size": batch, "policy": name, **timed,
+                       "rollout_tokens_per_s": timed["tokens"] / timed["rollout_s"],
+                       "step_tokens_per_s": timed["tokens"] / (timed["rollout_s"] + timed["update_s"])}
+                # seconds per token relative to plain OPD's (episodes of other writers differ a little in length)
+                run["rollout_time_vs_plain"] = (timed["rollout_s"] / timed["tokens"]) / (plain["rollout_s"] / plain["tokens"])
+                run["step_time_vs_plain"] = ((timed["rollout_s"] + timed["update_s"]) / timed["tokens"]) / (
+                    (plain["rollout_s"] + plain["update_s"]) / plain["tokens"])
+                runs.append(run)
+                table.add_row(size, str(batch), name, f"{run['rollout_tokens_per_s']:.1f}",
+                              f"{run['rollout_time_vs_plain']:.2f}x", f"{run['step_tokens_per_s']:.1f}",
+                              f"{run['step_time_vs_plain']:.2f}x", f"{timed['teacher_token_share']:.2f}")
+    console.print(table)
+    return {"kind": "guidance", "tokenizer": tokenizer_name, "new_tokens": new_tokens, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="tiny,768", help=f"comma list of {', '.join(PAIRS)}")
@@ -278,12 +352,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--memory", action="store_true", help="peak RSS of a step, activation checkpointing off/on")
     parser.add_argument("--processes", action="store_true", help="opd/train.py on 1 vs 2 torchrun processes")
     parser.add_argument("--process-batch", type=int, default=8, help="global batch of the --processes runs")
+    parser.add_argument("--guidance", action="store_true", help="rollout and step cost of each guidance option")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console(width=120)
-    if args.memory or args.processes:
-        results = memory(args, console) if args.memory else processes(args, console)
+    if args.memory or args.processes or args.guidance:
+        results = (memory(args, console) if args.memory else processes(args, console) if args.processes
+                   else guidance_costs(args, console))
         atomic_write_json(Path(args.out), results)
         console.print(f"written {args.out}")
         return results

@@ -8,7 +8,7 @@ key; code deeper down takes these objects and does not check them again. Values 
 (MiniMind-3's, from ``MiniMindArch``) and the sampling keys (null = not set).
 
 Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollout.AgentRollout``, ``sampling`` →
-``opd.sampling.TokenSampler``, ``loss`` → ``opd.loss.token_kl``, ``optim`` → ``opd.optimization.Optimization``,
+``opd.sampling.TokenSampler``, ``guidance`` → ``opd.guidance.BehaviourPolicy``, ``loss`` → ``opd.loss.token_divergence``, ``optim`` → ``opd.optimization.Optimization``,
 ``teacher``/``student``/``model``/``models.NAME`` → ``opd.minimind.model.load_model``.
 
 Model presets live once, in ``configs/model/``; ``register_model_groups`` makes the same files opd's
@@ -30,10 +30,11 @@ from opd.minimind.model import ModelSpec
 from opd.minimind.precision import Precision, resolve_precision
 
 MODEL_PRESETS = Path(__file__).resolve().parents[1] / "configs" / "model"
-KL_DIRECTIONS = ("forward_kl", "reverse_kl")
+DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
 SCHEDULERS = ("constant", "linear", "cosine")
 MODES = ("on_policy", "offline")
 OFFLINE_SOURCES = ("dataset", "teacher_rollouts")
+GUIDANCE_OPTIONS = ("turn_share", "token_mix", "top_k")
 # sampling keys the local rollout does not implement: refused by name when set, never silently ignored
 UNIMPLEMENTED_SAMPLING_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 
@@ -143,15 +144,50 @@ class RolloutConfig:
 
 @dataclass
 class LossConfig:
-    """The distillation divergence: ``temperature``²·KL in ``kl_direction`` between temperature-scaled softmaxes."""
+    """The distillation divergence between temperature-scaled softmaxes, times ``temperature``²: a KL in
+    ``kl_direction``, or (``jsd``) GKD's generalized Jensen-Shannon divergence with ``jsd_beta``."""
 
     kl_direction: str
     temperature: float
+    jsd_beta: float  # kl_direction=jsd only: β in (0, 1); β → 0 tends to forward KL (·β), β → 1 to reverse KL (·(1-β))
 
     def __post_init__(self) -> None:
-        _check_choice("loss.kl_direction", self.kl_direction, KL_DIRECTIONS)
+        _check_choice("loss.kl_direction", self.kl_direction, DIVERGENCES)
         _require(math.isfinite(self.temperature) and self.temperature > 0, "loss.temperature", "a number > 0",
                  self.temperature)
+        _require(0 < self.jsd_beta < 1, "loss.jsd_beta",
+                 "in (0, 1) (the limits are loss.kl_direction=forward_kl and reverse_kl)", self.jsd_beta)
+
+
+@dataclass
+class GuidanceConfig:
+    """The behaviour policy of on-policy rollouts (``opd.guidance``): null keys are off, and with all three off the
+    student writes every token. At most one of ``turn_share``, ``token_mix`` and ``top_k`` may be set."""
+
+    turn_share: float | None  # Guided-OPD: probability that the teacher writes an assistant turn
+    turn_share_final: float | None  # turn_share at the schedule's last step (linear in between); null: turn_share
+    token_mix: float | None  # MiniLLM: every token from token_mix·p_teacher + (1 - token_mix)·p_student
+    top_k: int | None  # Speculative KD: a student token outside the teacher's top_k is replaced by a teacher sample
+
+    def __post_init__(self) -> None:
+        for key in ("turn_share", "turn_share_final", "token_mix"):
+            value = getattr(self, key)
+            _require(value is None or 0 <= value <= 1, f"guidance.{key}", "null or in [0, 1]", value)
+        _check_count("guidance.top_k", self.top_k, nullable=True)
+        _require(self.turn_share_final is None or self.turn_share is not None, "guidance.turn_share_final",
+                 "null unless guidance.turn_share is set", self.turn_share_final)
+        chosen = [f"guidance.{key}={getattr(self, key)}" for key in GUIDANCE_OPTIONS if getattr(self, key) is not None]
+        if len(chosen) > 1:
+            raise ConfigError(f"set at most one of guidance.turn_share, guidance.token_mix and guidance.top_k "
+                              f"(got {', '.join(chosen)})")
+        if self.turn_share is not None and self.turn_share_final is None:
+            self.turn_share_final = self.turn_share
+
+    @property
+    def active(self) -> bool:
+        """Whether the teacher runs in the rollout's decode loop (any option set, even to a value that never
+        lets it write: ``token_mix=0``, ``turn_share=0``, ``top_k`` = the vocabulary)."""
+        return any(getattr(self, key) is not None for key in GUIDANCE_OPTIONS)
 
 
 @dataclass
@@ -240,6 +276,7 @@ class OPDConfig(TrainingRunConfig):
     student: ModelSpec
     sampling: SamplingConfig
     rollout: RolloutConfig
+    guidance: GuidanceConfig
     loss: LossConfig
     offline: OfflineConfig
     mixture: MixtureConfig
@@ -248,6 +285,9 @@ class OPDConfig(TrainingRunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_choice("mode", self.mode, MODES)
+        _require(self.mode == "on_policy" or not self.guidance.active, "guidance",
+                 "off (null keys) with mode=offline (it steers on-policy rollouts)",
+                 {key: getattr(self.guidance, key) for key in GUIDANCE_OPTIONS if getattr(self.guidance, key) is not None})
         _require(self.mode == "on_policy" or not self.mixture.teacher_share, "mixture.teacher_share",
                  "0 with mode=offline (the mixture mixes into on-policy batches)", self.mixture.teacher_share)
         for spec in (self.teacher, self.student):

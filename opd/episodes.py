@@ -1,7 +1,8 @@
 """Finished agent episodes (token ids, which tokens are distillation targets, what each turn did) and batch packing.
 
-Targets are exactly the tokens the student generated: every token of every assistant turn, each turn's EOS
-included. The prompt, the template's role markers and the tool observations between turns are context.
+Targets are exactly the generated tokens: every token of every assistant turn, each turn's EOS included, whichever
+model wrote it (a guided rollout lets the teacher write some: ``opd.guidance``). The prompt, the template's role
+markers and the tool observations between turns are context.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ class Episode:
     prompt_length: int
     ids: list[int]
     turns: list[Turn] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)  # the sampling model's log-probability of each generated id
+    logprobs: list[float] = field(default_factory=list)  # the rollout model's log-probability of each generated id
     stop_reason: str | None = None
+    teacher_written: list[bool] = field(default_factory=list)  # per generated id: the teacher wrote it
+    teacher_logits: torch.Tensor | None = None  # a guided rollout's fp32 teacher logits at the targets [targets, vocab]
 
     @property
     def truncated(self) -> bool:
@@ -49,6 +52,10 @@ class Episode:
     @property
     def assistant_tokens(self) -> int:
         return sum(turn.end - turn.start for turn in self.turns)
+
+    @property
+    def teacher_tokens(self) -> int:
+        return sum(self.teacher_written)
 
     @property
     def tool_calls(self) -> int:

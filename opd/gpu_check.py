@@ -34,7 +34,7 @@ from opd.benchmark import PAIRS, bench_records, bench_tokenizer, scripted_turns
 from opd.chat_format import ChatFormat
 from opd.config import LossConfig, OptimConfig, RolloutConfig
 from opd.episodes import pack_episodes, shared_prefix_length
-from opd.loss import TargetLogits, logits_at_targets, token_kl
+from opd.loss import TargetLogits, logits_at_targets, token_divergence
 from opd.minimind.model import build_model
 from opd.minimind.precision import resolve_precision
 from opd.optimization import Optimization
@@ -75,7 +75,7 @@ def measure(batch: int, args, tokenizer, device: torch.device, precision) -> dic
                            RolloutConfig(args.turns, args.gen_len, 1 << 15, open_thinking=False),
                            autocast=precision.autocast)
     optimization = Optimization(student, OptimConfig(1e-6, 0.0, "constant", 0, None, 1.0), args.steps, precision)
-    forward, loss_settings = TargetLogits(student), LossConfig("forward_kl", 1.0)
+    forward, loss_settings = TargetLogits(student), LossConfig("forward_kl", 1.0, 0.5)
     hidden, vocab = student.config.hidden_size, student.config.vocab_size
     n_student, n_teacher = non_embedding_parameters(student), non_embedding_parameters(teacher)
     seconds = dict.fromkeys(PHASES, 0.0)
@@ -94,7 +94,7 @@ def measure(batch: int, args, tokenizer, device: torch.device, precision) -> dic
         student.train()
         with precision.autocast():
             student_logits, _ = forward(packed.input_ids, packed.attention_mask, packed.target_mask, prefix)
-        optimization.backward(token_kl(student_logits, teacher_logits, loss_settings).sum() / packed.target_count)
+        optimization.backward(token_divergence(student_logits, teacher_logits, loss_settings).sum() / packed.target_count)
         marks.append(synchronized(device))
         optimization.step()
         marks.append(synchronized(device))

@@ -1,14 +1,26 @@
-"""The training losses on packed episodes: full-vocabulary distillation KL, cross-entropy, a MoE router loss.
+"""The training losses on packed episodes: full-vocabulary distillation divergence, cross-entropy, a MoE router loss.
 
 Logits are computed only at target positions (where some row trains) and always in fp32: the model body may
 run under bf16/fp16 autocast, but the output projection, the softmaxes and the divergence are fp32.
 
-``token_kl``: ``forward_kl`` is T²·KL(teacher_T ‖ student_T), ``reverse_kl`` is T²·KL(student_T ‖ teacher_T),
-both at the same (student-sampled) prefixes, where ``p_T = softmax(logits / T)`` (GKD-style). The teacher side
-is detached: gradients flow only into the student logits (sampled tokens are data: a semi-gradient).
+``token_divergence``: ``forward_kl`` is T²·KL(teacher_T ‖ student_T), ``reverse_kl`` is T²·KL(student_T ‖ teacher_T),
+both at the same (rollout-sampled) prefixes, where ``p_T = softmax(logits / T)`` (GKD-style). ``jsd`` is GKD's
+generalized Jensen-Shannon divergence (Agarwal et al. 2024, eq. 1), T²-scaled the same way::
+
+    JSD(β) = β·KL(teacher ‖ M) + (1 - β)·KL(student ‖ M),   M = β·teacher + (1 - β)·student
+
+mixed in probability space (not in log space). For β in (0, 1) this is the paper's and TRL's formula alike; its
+value vanishes at both ends: JSD(β)/β → KL(teacher ‖ student) (forward) as β → 0 and JSD(β)/(1 - β) →
+KL(student ‖ teacher) (reverse) as β → 1. TRL's ``generalized_jsd_loss`` instead returns the unscaled forward KL
+at β = 0 and reverse KL at β = 1 (a jump at each end), and TRL before its PR #3043 weighted the mixture the other
+way round (M = β·student + (1 - β)·teacher), so its β meant 1 - β. Here β is limited to (0, 1): the ends are
+``forward_kl`` and ``reverse_kl``. The teacher side is detached: gradients flow only into the student logits
+(sampled tokens are data: a semi-gradient).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -59,19 +71,25 @@ class TargetLogits(torch.nn.Module):
                                  router_logits=router_logits)
 
 
-def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, settings: LossConfig) -> torch.Tensor:
-    """Per-position T²-scaled KL for ``[..., vocab]`` logits; returns ``[...]`` in fp32."""
+def token_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, settings: LossConfig) -> torch.Tensor:
+    """Per-position T²-scaled divergence (``settings.kl_direction``) for ``[..., vocab]`` logits; returns ``[...]``
+    in fp32 (fp64 for fp64 logits)."""
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"student logits {tuple(student_logits.shape)} and teacher logits "
                          f"{tuple(teacher_logits.shape)} differ in shape (vocabularies must match)")
-    temperature = settings.temperature
-    student = torch.log_softmax(student_logits.float() / temperature, dim=-1)
-    teacher = torch.log_softmax(teacher_logits.detach().float() / temperature, dim=-1)
+    temperature, dtype = settings.temperature, torch.promote_types(student_logits.dtype, torch.float32)
+    student = torch.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
+    teacher = torch.log_softmax(teacher_logits.detach().to(dtype) / temperature, dim=-1)
     if settings.kl_direction == "forward_kl":
-        kl = (teacher.exp() * (teacher - student)).sum(dim=-1)
+        divergence = (teacher.exp() * (teacher - student)).sum(dim=-1)
+    elif settings.kl_direction == "reverse_kl":
+        divergence = (student.exp() * (student - teacher)).sum(dim=-1)
     else:
-        kl = (student.exp() * (student - teacher)).sum(dim=-1)
-    return kl * temperature**2
+        beta = settings.jsd_beta
+        mixture = torch.logaddexp(teacher + math.log(beta), student + math.log1p(-beta))
+        divergence = (beta * (teacher.exp() * (teacher - mixture)).sum(dim=-1)
+                      + (1 - beta) * (student.exp() * (student - mixture)).sum(dim=-1))
+    return divergence * temperature**2
 
 
 def target_cross_entropy(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:

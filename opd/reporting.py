@@ -30,13 +30,14 @@ def run_dir_of(out_dir: str) -> Path:
 
 
 def episode_counts(episodes: list[Episode], chat_format: ChatFormat) -> dict[str, int]:
-    """Sums over a step's episodes (on one rank): episodes, turns, tool calls and errors, generated tokens,
-    truncated episodes, and those with ``gt`` graded by MiniMind's answer check (``opd.scoring``)."""
+    """Sums over a step's episodes (on one rank): episodes, turns, tool calls and errors, generated tokens (and how
+    many the teacher wrote), truncated episodes, and those with ``gt`` graded by MiniMind's answer check
+    (``opd.scoring``)."""
     graded = [score_episode(e, chat_format).correct for e in episodes if e.record.gt]
     return {"episodes": len(episodes), "turns": sum(len(e.turns) for e in episodes),
             "tool_calls": sum(e.tool_calls for e in episodes), "tool_errors": sum(e.tool_errors for e in episodes),
             "assistant_tokens": sum(e.assistant_tokens for e in episodes),
-            "truncated": sum(e.truncated for e in episodes), "graded": len(graded), "correct": sum(graded)}
+            "teacher_tokens": sum(e.teacher_tokens for e in episodes), "truncated": sum(e.truncated for e in episodes), "graded": len(graded), "correct": sum(graded)}
 
 
 def episode_figures(counts: dict) -> dict:
@@ -44,6 +45,7 @@ def episode_figures(counts: dict) -> dict:
     episodes = counts["episodes"]
     return {"mean_turns": counts["turns"] / episodes, "tool_calls": int(counts["tool_calls"]),
             "tool_errors": int(counts["tool_errors"]), "assistant_tokens": int(counts["assistant_tokens"]),
+            "teacher_token_share": counts["teacher_tokens"] / counts["assistant_tokens"] if counts["assistant_tokens"] else 0.0,
             "episodes": int(episodes), "truncated_fraction": counts["truncated"] / episodes,
             "answer_accuracy": counts["correct"] / counts["graded"] if counts["graded"] else None}
 

@@ -12,6 +12,12 @@ A prompt prefix every row shares (system prompt, tool list) is prefilled once (`
 
 The model body may run under bf16/fp16 autocast; the output projection whose logits are sampled from (and
 whose log-probabilities are kept) runs in fp32, as the loss's does (``opd.loss.logits_at_targets``).
+
+A guided rollout (``run(records, policy)``, ``opd.guidance``) runs the frozen teacher in the same loop: every forward
+feeds the teacher the same block on a KV cache of its own (shared prefix, observation prefills and finished rows
+leaving included), the policy picks each token from both models' logits, the episode records which model wrote each
+token, and the teacher's fp32 logits at every generated position are kept (``Episode.teacher_logits``) so that the
+loss does not run the teacher again.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig
 from opd.decode_cache import decode_cache
 from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn, shared_prefix_length
+from opd.guidance import BehaviourPolicy
 from opd.minimind.model import cache_keyword, prefill_shared_prefix
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import check_call, execute_call
@@ -37,8 +44,11 @@ Sampler = Callable[[torch.Tensor, list[Episode]], torch.Tensor]
 @dataclass
 class _Row:
     episode: Episode
+    index: int  # the record's position in the rollout call
     fed: int = 0  # ids already in the KV cache
     pending: list[int] | None = None  # observation ids waiting to be prefilled
+    teacher_turn: bool = False  # a guided rollout's current turn is the teacher's
+    teacher_logits: list[torch.Tensor] | None = None  # a guided rollout's teacher logits, one per generated id
 
     @property
     def done(self) -> bool:
@@ -52,37 +62,58 @@ def fp32_output_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Te
 
 
 class AgentRollout:
-    """Runs the student on a batch of agent records and returns one ``Episode`` per record, in order."""
+    """Runs ``model`` on a batch of agent records and returns one ``Episode`` per record, in order.
+
+    ``teacher_model`` says whether ``model`` is the teacher (its own rollouts, the fixed-data baseline's), so that
+    episodes record who wrote their tokens.
+    """
 
     def __init__(self, model: torch.nn.Module, chat_format: ChatFormat, sampler: Sampler, limits: RolloutConfig,
-                 *, autocast: Callable[[], AbstractContextManager] = nullcontext) -> None:
+                 *, autocast: Callable[[], AbstractContextManager] = nullcontext, teacher_model: bool = False) -> None:
         self.model = model
         self.chat_format = chat_format
         self.sampler = sampler
         self.limits = limits
         self.autocast = autocast
-        self._cache_keyword = cache_keyword(model.model)
+        self.teacher_model = teacher_model
 
-    def run(self, records: list[AgentRecord]) -> list[Episode]:
-        """Roll out every record; raises ``PromptTooLongError`` (naming the record) before any compute."""
+    def run(self, records: list[AgentRecord], policy: BehaviourPolicy | None = None) -> list[Episode]:
+        """Roll out every record (guided by ``policy`` when given: ``opd.guidance``); raises ``PromptTooLongError``
+        (naming the record) before any compute."""
         prompts = [self.chat_format.prompt_ids(record, self.limits.max_total_len) for record in records]
-        rows = [_Row(Episode(record, len(ids), list(ids), turns=[Turn(len(ids), len(ids))]))
-                for record, ids in zip(records, prompts, strict=True)]
-        was_training = self.model.training
-        self.model.eval()
+        rows = [_Row(Episode(record, len(ids), list(ids), turns=[Turn(len(ids), len(ids))]), index,
+                     teacher_logits=[] if policy else None)
+                for index, (record, ids) in enumerate(zip(records, prompts, strict=True))]
+        models = [self.model, *([policy.teacher] if policy else [])]
+        was_training = [model.training for model in models]
+        for model in models:
+            model.eval()
         try:
             with torch.inference_mode(), self.autocast():
-                self._decode(list(rows))
+                for row in rows:
+                    self._start_turn(row, policy)
+                self._decode(list(rows), models, policy)
         finally:
-            self.model.train(was_training)
+            for model, mode in zip(models, was_training, strict=True):
+                model.train(mode)
+        if policy:  # stacked outside inference mode: the loss reads them (as constants)
+            for row in rows:
+                row.episode.teacher_logits = torch.stack(row.teacher_logits)
         return [row.episode for row in rows]
 
-    def _decode(self, live: list[_Row]) -> None:
+    @staticmethod
+    def _start_turn(row: _Row, policy: BehaviourPolicy | None) -> None:
+        row.teacher_turn = policy is not None and policy.teacher_writes_turn(row.index)
+
+    def _decode(self, live: list[_Row], models: list[torch.nn.Module], policy: BehaviourPolicy | None) -> None:
+        """The batched decode loop; ``models`` is the student, then (guided) the teacher, each on its own cache."""
         device = next(self.model.parameters()).device
         prefix = shared_prefix_length([row.episode for row in live])
-        cache = decode_cache(self.model.config)
+        caches = [decode_cache(model.config) for model in models]
+        keywords = [cache_keyword(model.model) for model in models]
         if prefix:
-            prefill_shared_prefix(self.model, live[0].episode.ids[:prefix], len(live), cache)
+            for model, cache in zip(models, caches, strict=True):
+                prefill_shared_prefix(model, live[0].episode.ids[:prefix], len(live), cache)
             for row in live:
                 row.fed = prefix
         attention = torch.ones((len(live), prefix), dtype=torch.long, device=device)
@@ -91,6 +122,7 @@ class AgentRollout:
             if waiting and 2 * len(waiting) >= len(live):
                 for row in waiting:
                     self._release(row)
+                    self._start_turn(row, policy)
             feeds = [row.episode.ids[row.fed:] if row.pending is None else [] for row in live]
             width = max(len(feed) for feed in feeds)
             block_ids, block_mask, positions = [], [], []
@@ -100,31 +132,41 @@ class AgentRollout:
                 block_mask.append([0] * holes + [1] * len(feed))
                 positions.append([row.fed] * holes + list(range(row.fed, row.fed + len(feed))))
             attention = torch.cat([attention, torch.tensor(block_mask, device=device)], dim=1)
-            hidden = self.model.model(
-                input_ids=torch.tensor(block_ids, device=device), attention_mask=attention,
-                position_ids=torch.tensor(positions, device=device), use_cache=True, **{self._cache_keyword: cache},
-            ).last_hidden_state[:, -1]
-            logits = fp32_output_logits(self.model, hidden)
+            block = {"input_ids": torch.tensor(block_ids, device=device), "attention_mask": attention,
+                     "position_ids": torch.tensor(positions, device=device), "use_cache": True}
             fed_rows = [index for index, feed in enumerate(feeds) if feed]
-            row_logits = logits[fed_rows]
+            student_logits, *teacher = [fp32_output_logits(model, model.model(
+                **block, **{keyword: cache}).last_hidden_state[:, -1])[fed_rows]
+                for model, cache, keyword in zip(models, caches, keywords, strict=True)]
             episodes = [live[index].episode for index in fed_rows]
-            tokens = self.sampler(row_logits, episodes)
-            logprobs = torch.log_softmax(row_logits.float(), dim=-1).gather(1, tokens[:, None])[:, 0]
-            for index, token, logprob in zip(fed_rows, tokens.tolist(), logprobs.tolist(), strict=True):
-                live[index].fed += len(feeds[index])
-                self._append(live[index], token, logprob)
+            if policy:
+                teacher_logits = teacher[0]
+                tokens, by_teacher = policy.choose(student_logits, teacher_logits, episodes,
+                                                   [live[index].index for index in fed_rows],
+                                                   [live[index].teacher_turn for index in fed_rows])
+            else:
+                tokens, by_teacher = self.sampler(student_logits, episodes), [self.teacher_model] * len(fed_rows)
+            logprobs = torch.log_softmax(student_logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+            for n, (index, token, logprob) in enumerate(zip(fed_rows, tokens.tolist(), logprobs.tolist(), strict=True)):
+                row = live[index]
+                row.fed += len(feeds[index])
+                if policy:
+                    row.teacher_logits.append(teacher_logits[n])
+                self._append(row, token, logprob, by_teacher[n])
             keep = [index for index, row in enumerate(live) if not row.done]
             if len(keep) < len(live):
                 if keep:
-                    cache.batch_select_indices(torch.tensor(keep, device=device))
+                    for cache in caches:
+                        cache.batch_select_indices(torch.tensor(keep, device=device))
                     attention = attention[keep]
                 live = [live[index] for index in keep]
 
-    def _append(self, row: _Row, token: int, logprob: float) -> None:
+    def _append(self, row: _Row, token: int, logprob: float, by_teacher: bool) -> None:
         episode, limits = row.episode, self.limits
         turn = episode.turns[-1]
         episode.ids.append(token)
         episode.logprobs.append(logprob)
+        episode.teacher_written.append(by_teacher)
         turn.end += 1
         if token == self.chat_format.eos_token_id:
             self._end_turn(row)

@@ -17,6 +17,8 @@
 - **truncation rate**: share of episodes that did not end with an answer.
 - **mean turns** / **mean assistant tokens**: assistant turns / generated tokens (each turn's EOS
   included) per episode.
+- **teacher token share**: share of the generated tokens the teacher wrote (a guided rollout's, or the teacher's
+  own episodes; 0 for a model evaluated on its own).
 
 Calls in a last allowed turn (``max_turns`` reached) are checked but not run; they count as calls.
 """
@@ -42,6 +44,7 @@ class EpisodeScore:
     correct: bool
     turns: int
     assistant_tokens: int
+    teacher_tokens: int
     call_statuses: list[str] = field(default_factory=list)
 
     @property
@@ -70,7 +73,7 @@ def score_episode(episode: Episode, chat_format: ChatFormat) -> EpisodeScore:
     return EpisodeScore(
         source=episode.record.source, stop_reason=episode.stop_reason, final_answer=answer,
         correct=answer is not None and answer_is_correct(answer, episode.record.gt), turns=len(episode.turns),
-        assistant_tokens=episode.assistant_tokens,
+        assistant_tokens=episode.assistant_tokens, teacher_tokens=episode.teacher_tokens,
         call_statuses=[call.status for turn in episode.turns for call in turn.calls])
 
 
@@ -95,6 +98,8 @@ def aggregate(scores: list[EpisodeScore]) -> dict:
         "truncation_rate": (episodes - stops[ANSWER]) / episodes,
         "mean_turns": sum(score.turns for score in scores) / episodes,
         "mean_assistant_tokens": sum(score.assistant_tokens for score in scores) / episodes,
+        "teacher_token_share": _share(sum(score.teacher_tokens for score in scores),
+                                      sum(score.assistant_tokens for score in scores)),
         "stop_reasons": {reason: stops[reason] for reason in STOP_REASONS},
         "call_statuses": dict(sorted(Counter(s for score in scores for s in score.call_statuses).items())),
     }

@@ -53,7 +53,9 @@ def episode_from_json(line: dict, record: AgentRecord) -> Episode:
                   t["observation_end"]) for t in line["turns"]]
     if line["stop_reason"] not in STOP_REASONS or not turns or turns[-1].end != len(line["ids"]):
         raise ValueError("inconsistent episode")
-    return Episode(record, line["prompt_length"], line["ids"], turns, stop_reason=line["stop_reason"])
+    episode = Episode(record, line["prompt_length"], line["ids"], turns, stop_reason=line["stop_reason"])
+    episode.teacher_written = [True] * episode.assistant_tokens
+    return episode
 
 
 class TeacherRolloutCache:
@@ -125,7 +127,7 @@ def teacher_episodes(cache: TeacherRolloutCache, records: list[AgentRecord], nee
         for start in range(0, len(missing), batch_size):
             chunk = missing[start:start + batch_size]
             sampler = TokenSampler.per_record(sampling, device, {records[i].source: record_seed(base_seed, i) for i in chunk})
-            rolled = AgentRollout(teacher, chat_format, sampler, limits, autocast=autocast).run(
+            rolled = AgentRollout(teacher, chat_format, sampler, limits, autocast=autocast, teacher_model=True).run(
                 [records[i] for i in chunk])
             cache.append(list(zip(chunk, rolled, strict=True)))
             episodes.update(zip(chunk, rolled, strict=True))

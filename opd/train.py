@@ -10,7 +10,9 @@ once and cached); runs the frozen teacher on exactly those token ids; and minimi
 full-vocabulary KL between the two on every generated token, averaged over the window's targets (plus a
 MoE student's router loss). Then it clips, steps, logs, and checkpoints every ``save_interval`` steps and
 at the end. ``mixture.teacher_share`` (GKD's mixture) takes that share of every on-policy micro-batch from
-the teacher's own cached rollouts instead. Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``);
+the teacher's own cached rollouts instead; ``guidance`` lets the teacher steer the student's rollouts
+(``opd.guidance``: teacher-written turns, a token mixture, or speculative top-k replacement), its logits kept
+from the rollout for the loss. Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``);
 reference: ``opd/README.md``.
 """
 
@@ -42,7 +44,8 @@ from opd.data_order import DataCursor, DataOrder
 from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.distributed import check_batch_divides, data_parallel, gradient_sync, idle_loss, start, stop, unwrap
 from opd.episodes import Episode, PackedBatch, pack_episodes, shared_prefix_length
-from opd.loss import TargetLogits, logits_at_targets, router_aux_coef, router_loss, token_kl
+from opd.guidance import BehaviourPolicy, episode_seed, turn_share_at
+from opd.loss import TargetLogits, logits_at_targets, router_aux_coef, router_loss, token_divergence
 from opd.minimind.model import enable_activation_checkpointing, load_model
 from opd.minimind.precision import Precision
 from opd.minimind.tokenizer import check_same_tokenizer
@@ -77,6 +80,7 @@ def train(cfg: OPDConfig) -> dict:
     # --- data and models, checked before any compute
     records, data_sha256, fixed = read_data(cfg)
     student, teacher, tokenizer = load_student_and_teacher(cfg)
+    guided = cfg.mode == "on_policy" and cfg.guidance.active
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
     if fixed is not None:
         fixed = [demonstration_episode(demonstration, chat_format, cfg.rollout.max_total_len) for demonstration in fixed]
@@ -112,12 +116,16 @@ def train(cfg: OPDConfig) -> dict:
             # --- episodes: this rank's share of the student's own rollouts, or of the baseline's fixed sequences
             began = time.perf_counter()
             micro_batches = []
-            for batch in window.batches:  # the teacher's share first (mixture), the rest rolled out by the student
+            for index, batch in enumerate(window.batches):  # the teacher's share first (mixture), then the student's
                 taken = teacher_count(batch, share)
                 mine = ranks.share(list(range(len(batch))))  # this rank's positions in the global micro-batch
                 episodes = [fixed[batch[p]] for p in mine if p < taken]
-                rolled_out = [records[batch[p]] for p in mine if p >= taken]
-                micro_batches.append(episodes + (rollout.run(rolled_out) if rolled_out else []))
+                rolled_out = [p for p in mine if p >= taken]
+                policy = BehaviourPolicy(
+                    teacher, cfg.guidance, sampler, [episode_seed(cfg.seed, window.step, index, p) for p in rolled_out],
+                    turn_share=turn_share_at(cfg.guidance, window.step, schedule_steps)) if guided else None
+                micro_batches.append(episodes + (rollout.run([records[batch[p]] for p in rolled_out], policy)
+                                                 if rolled_out else []))
             fetched = time.perf_counter()
             # --- the teacher scores exactly the student's tokens; KL over every target of the global window
             packed = [pack_episodes(episodes, tokenizer.pad_token_id) if episodes else None for episodes in micro_batches]
@@ -186,7 +194,9 @@ def opd_signature(cfg: OPDConfig, teacher, student, tokenizer, data_sha256: str,
                   world_size: int) -> dict:
     """What a resumed run must share with the one it continues (``max_steps``, ``epochs``, ``save_interval``,
     ``out_dir``, ``device`` and ``gradient_checkpointing`` may change; the schedule's span is compared
-    resolved; the number of processes must stay, since each rank's sampler stream continues)."""
+    resolved; the number of processes must stay, since each rank's sampler stream continues). Settings that are
+    off (the mixture at 0, guidance, ``loss.jsd_beta`` without ``jsd``) are left out, so runs from before they
+    existed still resume."""
     signature = run_signature(
         {"mode": cfg.mode, "seed": cfg.seed, "batch_size": cfg.batch_size, "accumulation_steps": cfg.accumulation_steps,
          "world_size": world_size,
@@ -194,11 +204,14 @@ def opd_signature(cfg: OPDConfig, teacher, student, tokenizer, data_sha256: str,
          "rollout": cfg.rollout, "loss": cfg.loss, "sampling": cfg.sampling,
          **({"offline.source": cfg.offline.source} if cfg.mode == "offline" else {}),
          **({"mixture.teacher_share": cfg.mixture.teacher_share} if cfg.mode == "on_policy" and cfg.mixture.teacher_share
-            else {})},
+            else {}),
+         **({"guidance": cfg.guidance} if cfg.mode == "on_policy" and cfg.guidance.active else {})},
         models={"teacher": teacher, "student": student},
         fingerprints={"data.sha256": data_sha256, "teacher.checkpoint_sha256": file_fingerprint(cfg.teacher.checkpoint),
                       "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)})
     signature.pop("optim.lr_schedule_steps")
+    if cfg.loss.kl_direction != "jsd":
+        signature.pop("loss.jsd_beta")
     return signature
 
 
@@ -226,6 +239,8 @@ def load_student_and_teacher(cfg: OPDConfig):
     sizes = [model.get_output_embeddings().weight.shape[0] for model in (teacher, student)]
     if sizes[0] != sizes[1]:
         raise UserError(f"teacher and student vocabulary sizes differ: {sizes[0]} vs {sizes[1]}")
+    if cfg.guidance.top_k is not None and cfg.guidance.top_k > sizes[0]:
+        raise UserError(f"guidance.top_k={cfg.guidance.top_k} exceeds the vocabulary ({sizes[0]} tokens)")
     for role, model in (("teacher", teacher), ("student", student)):
         limit = getattr(model.config, "max_position_embeddings", None)
         if limit is not None and cfg.rollout.max_total_len > limit:
@@ -236,22 +251,27 @@ def load_student_and_teacher(cfg: OPDConfig):
 def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module, episodes: list[Episode],
                       batch: PackedBatch, settings: LossConfig, precision: Precision, *, share_prefix: bool = True):
     """One micro-batch: fp32 logits of the frozen teacher and of the student (``student_forward``: its
-    ``TargetLogits``, DDP-wrapped under torchrun) at exactly the student's target tokens; returns (the T²-scaled
-    KL summed over those targets, the student's weighted router loss or None).
+    ``TargetLogits``, DDP-wrapped under torchrun) at exactly the episodes' target tokens; returns (the T²-scaled
+    divergence summed over those targets, the student's weighted router loss or None).
 
+    The teacher's logits are the ones its guided rollouts kept (``Episode.teacher_logits``, in the packed target
+    order: row by row, position by position) when every episode has them; otherwise the teacher runs on the batch.
     A prompt prefix every episode shares runs once (for the student unless ``share_prefix`` is off, as under
     gradient checkpointing); a MoE student runs every token (its router loss averages over all of them).
     """
     student = unwrap(student_forward)
     prefix = shared_prefix_length(episodes)
     moe = router_aux_coef(student) is not None
-    with torch.no_grad(), precision.autocast():
-        teacher_logits, _ = logits_at_targets(teacher, batch, prefix)
+    if all(episode.teacher_logits is not None for episode in episodes):
+        teacher_logits = torch.cat([episode.teacher_logits for episode in episodes]).to(batch.input_ids.device)
+    else:
+        with torch.no_grad(), precision.autocast():
+            teacher_logits, _ = logits_at_targets(teacher, batch, prefix)
     with precision.autocast():
         student_logits, output = student_forward(batch.input_ids, batch.attention_mask, batch.target_mask,
                                                  prefix if share_prefix and not moe else 0, router_logits=moe)
-    kl_sum = token_kl(student_logits, teacher_logits, settings).sum()
-    return kl_sum, router_loss(student, output, batch.attention_mask) if moe else None
+    divergence = token_divergence(student_logits, teacher_logits, settings).sum()
+    return divergence, router_loss(student, output, batch.attention_mask) if moe else None
 
 
 if __name__ == "__main__":

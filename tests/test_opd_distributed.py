@@ -109,11 +109,13 @@ def metrics(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("mode", [["mode=offline", "offline.source=dataset"], ["sampling=greedy"]])
+@pytest.mark.parametrize("mode", [["mode=offline", "offline.source=dataset"], ["sampling=greedy"],
+                                  ["sampling=greedy", "guidance.token_mix=0.5", "loss.kl_direction=jsd"]])
 def test_two_processes_make_the_single_process_update(workspace, mode):
     """3 steps of a global batch of 4 over 5 records: the second epoch's first micro-batch holds 1 record, so one
-    rank is idle for it; fixed sequences, and greedy on-policy rollouts (identical episodes either way)."""
-    name = mode[0].replace("=", "-")
+    rank is idle for it; fixed sequences, greedy on-policy rollouts, and greedy rollouts that a token mixture guides
+    (its coins are drawn per episode, whichever rank rolls it out) under the JSD loss: identical episodes."""
+    name = "-".join(mode).replace("=", "-")
     two, two_run = torchrun(workspace, f"{name}-two", *mode)
     one = single(workspace, f"{name}-one", *mode)
     difference = max_difference(weights(two), weights(one))
@@ -122,9 +124,11 @@ def test_two_processes_make_the_single_process_update(workspace, mode):
     steps_two, steps_one = metrics(two_run), metrics(one)
     assert [m["episodes"] for m in steps_two] == [m["episodes"] for m in steps_one] == [4, 1, 4]
     for a, b in zip(steps_two, steps_one, strict=True):
-        assert (a["assistant_tokens"], a["target_tokens"], a["tool_calls"]) == (
-            b["assistant_tokens"], b["target_tokens"], b["tool_calls"])
+        assert (a["assistant_tokens"], a["target_tokens"], a["tool_calls"], a["teacher_token_share"]) == (
+            b["assistant_tokens"], b["target_tokens"], b["tool_calls"], b["teacher_token_share"])
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    if "guidance.token_mix=0.5" in mode:  # the teacher wrote some of the tokens, the same ones in both runs
+        assert all(0 < m["teacher_token_share"] < 1 for m in steps_two)
     summary = json.loads((two_run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["episodes_per_rank"] == [5, 4]
     assert sorted(p.name for p in two.iterdir()) == ["agent_opd_64.pth", "agent_opd_64_resume.pth",

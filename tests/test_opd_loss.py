@@ -10,7 +10,7 @@ import torch
 from opd.chat_format import ChatFormat
 from opd.config import LossConfig, RolloutConfig
 from opd.episodes import MIN_SHARED_PREFIX, pack_episodes, shared_prefix_length
-from opd.loss import logits_at_targets, router_aux_coef, router_loss, target_cross_entropy, token_kl
+from opd.loss import logits_at_targets, router_aux_coef, router_loss, target_cross_entropy, token_divergence
 from opd.minimind.model import MiniMindArch
 from opd.minimind.precision import resolve_precision
 from opd.rollout import AgentRollout
@@ -34,16 +34,81 @@ def test_kl_values_both_directions_against_hand_calculation(temperature):
     student = [[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
     teacher = [[1.5, 0.2, -0.3, 0.7], [3.0, -2.0, 0.0, 0.5]]
     s, t = torch.tensor(student), torch.tensor(teacher)
-    forward = token_kl(s, t, LossConfig("forward_kl", temperature))
-    reverse = token_kl(s, t, LossConfig("reverse_kl", temperature))
+    forward = token_divergence(s, t, LossConfig("forward_kl", temperature, 0.5))
+    reverse = token_divergence(s, t, LossConfig("reverse_kl", temperature, 0.5))
     assert forward.tolist() == pytest.approx([kl_by_hand(t_, s_, temperature) for s_, t_ in zip(student, teacher, strict=True)],
                                              rel=1e-5)
     assert reverse.tolist() == pytest.approx([kl_by_hand(s_, t_, temperature) for s_, t_ in zip(student, teacher, strict=True)],
                                              rel=1e-5)
     assert forward[0].item() != pytest.approx(reverse[0].item(), rel=1e-3)
-    assert token_kl(s, s.clone(), LossConfig("forward_kl", temperature)).abs().max() < 1e-6
-    with pytest.raises(ValueError, match="loss.kl_direction must be one of forward_kl, reverse_kl"):
-        LossConfig("js", 1.0)
+    assert token_divergence(s, s.clone(), LossConfig("forward_kl", temperature, 0.5)).abs().max() < 1e-6
+    with pytest.raises(ValueError, match="loss.kl_direction must be one of forward_kl, reverse_kl, jsd"):
+        LossConfig("js", 1.0, 0.5)
+
+
+def jsd_by_hand(teacher_logits, student_logits, beta: float, temperature: float) -> float:
+    """GKD's JSD(β) in float64 from its definition: β·KL(T ‖ M) + (1-β)·KL(S ‖ M), M = β·T + (1-β)·S, times T²."""
+    def softmax(logits):
+        exps = [math.exp(x / temperature) for x in logits]
+        return [e / sum(exps) for e in exps]
+    t, s = softmax(teacher_logits), softmax(student_logits)
+    m = [beta * ti + (1 - beta) * si for ti, si in zip(t, s, strict=True)]
+    kl = lambda p, q: sum(pi * math.log(pi / qi) for pi, qi in zip(p, q, strict=True))  # noqa: E731
+    return (beta * kl(t, m) + (1 - beta) * kl(s, m)) * temperature**2
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_jsd_against_a_float64_hand_calculation(beta, temperature):
+    student = [[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [8.0, -8.0, 0.0, 0.1]]
+    teacher = [[1.5, 0.2, -0.3, 0.7], [3.0, -2.0, 0.0, 0.5], [-8.0, 8.0, 0.0, 0.1]]
+    settings = LossConfig("jsd", temperature, beta)
+    expected = [jsd_by_hand(t, s, beta, temperature) for s, t in zip(student, teacher, strict=True)]
+    in_fp64 = token_divergence(torch.tensor(student, dtype=torch.float64), torch.tensor(teacher, dtype=torch.float64),
+                               settings)
+    assert in_fp64.dtype == torch.float64 and in_fp64.tolist() == pytest.approx(expected, rel=1e-12)
+    in_fp32 = token_divergence(torch.tensor(student), torch.tensor(teacher), settings)
+    assert in_fp32.dtype == torch.float32 and in_fp32.tolist() == pytest.approx(expected, rel=1e-5)
+    assert 0 < max(expected) <= math.log(2) * temperature**2 + 1e-12  # a JSD is bounded by log 2
+    symmetric = token_divergence(torch.tensor(teacher, dtype=torch.float64), torch.tensor(student, dtype=torch.float64),
+                                 LossConfig("jsd", temperature, 1 - beta))
+    torch.testing.assert_close(symmetric, in_fp64)  # swapping the models is swapping β and 1 - β
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_jsd_limits_are_the_forward_and_reverse_kl(temperature):
+    """JSD(β)/β → KL(teacher ‖ student) as β → 0 and JSD(β)/(1-β) → KL(student ‖ teacher) as β → 1, with an error of
+    order β·E[teacher/student] (resp. (1-β)·E[student/teacher]): tens here, so at 1e-9 it is below 1e-6 relative,
+    and ten times β gives about ten times the error."""
+    generator = torch.Generator().manual_seed(0)
+    student = torch.randn(5, 64, generator=generator, dtype=torch.float64) * 2
+    teacher = torch.randn(5, 64, generator=generator, dtype=torch.float64) * 2
+    forward = token_divergence(student, teacher, LossConfig("forward_kl", temperature, 0.5))
+    reverse = token_divergence(student, teacher, LossConfig("reverse_kl", temperature, 0.5))
+
+    def ends(beta: float):
+        return (token_divergence(student, teacher, LossConfig("jsd", temperature, beta)) / beta,
+                token_divergence(student, teacher, LossConfig("jsd", temperature, 1 - beta)) / beta)
+
+    near_zero, near_one = ends(1e-9)
+    torch.testing.assert_close(near_zero, forward, rtol=1e-6, atol=0)
+    torch.testing.assert_close(near_one, reverse, rtol=1e-6, atol=0)
+    errors = [((a - forward).abs().max().item(), (b - reverse).abs().max().item()) for a, b in (ends(1e-5), ends(1e-4))]
+    assert 5 < errors[1][0] / errors[0][0] < 20 and 5 < errors[1][1] / errors[0][1] < 20  # first order in β
+    halfway = token_divergence(student, teacher, LossConfig("jsd", temperature, 0.5))
+    assert (halfway < torch.minimum(forward, reverse)).all()  # JSD(0.5) <= log 2 < the KLs of these far-apart rows
+
+
+def test_jsd_gradient_is_the_finite_difference_of_its_value():
+    student = torch.tensor([[0.3, -0.7, 1.1, 0.0]], dtype=torch.float64, requires_grad=True)
+    teacher = torch.tensor([[1.0, 0.5, -1.0, 0.2]], dtype=torch.float64)
+    torch.autograd.gradcheck(lambda s: token_divergence(s, teacher, LossConfig("jsd", 1.5, 0.3)), (student,))
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0, -0.1, 1.5])
+def test_jsd_beta_outside_the_open_interval_is_refused(beta):
+    with pytest.raises(ValueError, match=r"loss.jsd_beta must be in \(0, 1\)"):
+        LossConfig("jsd", 1.0, beta)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +131,7 @@ def episodes(tokenizer):
     return result
 
 
-FORWARD = LossConfig("forward_kl", 1.0)
+FORWARD = LossConfig("forward_kl", 1.0, 0.5)
 
 
 def frozen(model):
@@ -89,7 +154,7 @@ def test_logits_at_targets_equal_the_full_forward_and_reach_only_target_position
     teacher = frozen(tiny_model(TINY_TEACHER, seed=2))
     with torch.no_grad():
         teacher_logits, _ = logits_at_targets(teacher, packed)
-    token_kl(full[:, :-1][packed.target_mask], teacher_logits, LossConfig("forward_kl", 2.0)).sum().backward()
+    token_divergence(full[:, :-1][packed.target_mask], teacher_logits, LossConfig("forward_kl", 2.0, 0.5)).sum().backward()
     has_grad = full.grad.abs().sum(-1) > 0
     expected = torch.zeros_like(has_grad)
     expected[:, :-1] = packed.target_mask  # logits at t predict token t + 1
@@ -125,7 +190,7 @@ def test_loss_logits_are_fp32_under_bfloat16_autocast(tokenizer, episodes):
     assert logits.dtype == torch.float32
     hidden = output.last_hidden_state[:, :-1][packed.target_mask]
     torch.testing.assert_close(logits, hidden.float() @ student.lm_head.weight.float().T, atol=0, rtol=0)
-    assert token_kl(logits, logits.detach() + 1.0, FORWARD).dtype == torch.float32
+    assert token_divergence(logits, logits.detach() + 1.0, FORWARD).dtype == torch.float32
 
 
 def test_cross_entropy_of_the_targets_by_hand(tokenizer, episodes):

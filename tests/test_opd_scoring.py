@@ -55,6 +55,7 @@ def test_every_metric_on_scripted_episodes(tokenizer):
         "tool_error_rate": 3 / 5,  # tool_error and the two blocks that are not calls returned no result
         "recovery_rate": 2 / 2,  # episodes 3 and 6 had a tool error and still ended correct
         "truncation_rate": 1 / 6, "mean_turns": 9 / 6, "mean_assistant_tokens": sum(lengths) / 6,
+        "teacher_token_share": 0.0,  # the model evaluated on its own wrote every token
         "stop_reasons": {"answer": 5, "max_gen_len": 1, "max_total_len": 0, "max_turns": 0},
         "call_statuses": {"not_a_call": 2, "ok": 2, "tool_error": 1},
     }
@@ -97,6 +98,6 @@ def test_minimind_style_answers_are_checked_as_minimind_does(tokenizer):
 
 
 def test_rates_over_no_calls_are_none():
-    no_calls = aggregate([EpisodeScore("h.jsonl:1", "answer", "hi", False, 1, 3)])
+    no_calls = aggregate([EpisodeScore("h.jsonl:1", "answer", "hi", False, 1, 3, 0)])
     assert no_calls["tool_success_rate"] is None and no_calls["tool_error_rate"] is None
     assert no_calls["recovery_rate"] is None

@@ -163,7 +163,7 @@ def hand_kl(workspace, tokenizer, student_path, teacher_path) -> float:
     from opd.config import LossConfig
     from opd.demonstrations import demonstration_episode, load_demonstrations
     from opd.episodes import pack_episodes
-    from opd.loss import token_kl
+    from opd.loss import token_divergence
 
     chat_format = ChatFormat(tokenizer)
     episodes = [demonstration_episode(d, chat_format) for d in load_demonstrations(workspace["data"])[0]]
@@ -174,7 +174,7 @@ def hand_kl(workspace, tokenizer, student_path, teacher_path) -> float:
         with torch.no_grad():
             full = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask).logits
         logits.append(full[:, :-1][packed.target_mask])
-    return token_kl(*logits, LossConfig("forward_kl", 1.0)).mean().item()
+    return token_divergence(*logits, LossConfig("forward_kl", 1.0, 0.5)).mean().item()
 
 
 def test_a_step_minimizes_the_mean_kl_over_every_target_of_the_window(workspace, tokenizer):
