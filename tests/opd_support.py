@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from contextlib import contextmanager
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -74,3 +77,17 @@ def compose_config(config_name: str, overrides: list[str]):
 def entry_config(config_name: str, overrides: list[str]):
     """The typed settings an entry runs with: composed as the CLI would, then parsed and checked."""
     return parse_config(SCHEMAS[config_name], compose_config(config_name, overrides))
+
+
+@contextmanager
+def small_tmpfs(path, size: int, *options: str):
+    """A tmpfs of ``size`` bytes mounted at ``path`` for the block (skips where mounting is not permitted)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
+                             capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"mounting a tmpfs is not permitted here ({mounted.stderr.decode().strip()})")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
