@@ -81,6 +81,12 @@ def _check_choice(key: str, value, choices: tuple[str, ...]) -> None:
     _require(value in choices, key, f"one of {', '.join(choices)}", value)
 
 
+def _check_file_name_part(key: str, value: str) -> None:
+    """A value that becomes part of a file name in ``out_dir``: no path separator can take the file elsewhere."""
+    _require(bool(value) and all(c.isalnum() or c in "_.-" for c in value), key,
+             "named with letters, digits, '_', '-' and '.' only (it names files in out_dir)", value)
+
+
 class _Precision:
     """The ``device`` and ``dtype`` keys of an entry, resolved (and so checked) by ``resolve_precision``."""
 
@@ -267,6 +273,7 @@ class SFTConfig(TrainingRunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_count("max_total_len", self.max_total_len)
+        _check_file_name_part("save_prefix", self.save_prefix)
         _model_with_tokenizer(self.model, self.tokenizer)
 
 
@@ -293,6 +300,5 @@ class EvalConfig(_Precision):
         _require(bool(self.models), "models", "a mapping of name -> model block (checkpoint and architecture flags)",
                  self.models)
         for name, spec in self.models.items():
-            _require(all(c.isalnum() or c in "_.-" for c in name), f"models.{name}",
-                     "named with letters, digits, '_', '-' and '.' only", name)
+            _check_file_name_part(f"models.{name}", name)
             _model_with_tokenizer(spec, self.tokenizer)
