@@ -109,6 +109,17 @@ def not_a_checkpoint(key: str, path) -> str:
             "model a folder with config.json or a hub id")
 
 
+# A process that holds an out_dir as an opd run does (its lock file), until killed; prints "held" once it does.
+HOLD_OUT_DIR = """import sys, time
+from pathlib import Path
+from common.run_lock import OutputLock
+out = Path(sys.argv[1])
+OutputLock(out / ".lock", out, job="opd", hint="").acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
 @contextmanager
 def small_tmpfs(path, size: int, *options: str):
     """A tmpfs of ``size`` bytes mounted at ``path`` for the block (skips where mounting is not permitted)."""

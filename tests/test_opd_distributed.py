@@ -22,7 +22,7 @@ from opd.minimind.tiny_checkpoints import write_tiny_checkpoints
 from opd.minimind.tokenizer import MINIMIND_VOCAB_SIZE
 from opd.train import train
 from tests.conftest import REPO_ROOT
-from tests.opd_support import entry_config, write_agent_data
+from tests.opd_support import HOLD_OUT_DIR, entry_config, write_agent_data
 
 # The logged loss is the mean over the window's targets of each token's KL, sum_v p_v (log p_v - log q_v) over the
 # 6,400 ids. Each log-softmax row is z - logsumexp(z) with logsumexp near log(6400) = 8.8 for these near-uniform
@@ -141,8 +141,8 @@ def test_two_processes_make_the_single_process_update(workspace, mode):
             b["grad_norm"], rel=1e-4)
     summary = json.loads((two_run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["episodes_per_rank"] == [5, 4]
-    assert sorted(p.name for p in two.iterdir()) == ["agent_opd_64.pth", "agent_opd_64_resume.pth",
-                                                     "agent_opd_64_summary.json"]
+    assert sorted(p.name for p in two.iterdir()) == [".lock", "agent_opd_64.pth", "agent_opd_64_resume.pth",
+                                                     "agent_opd_64_summary.json"]  # .lock: rank 0 held out_dir
     assert len(load_resume(two / "agent_opd_64_resume.pth")["rng"]) == 2  # every rank's RNG states
 
 
@@ -172,4 +172,22 @@ def test_a_global_batch_that_does_not_split_is_refused(workspace):
                           f"hydra.run.dir={run}"]))
     assert done.returncode != 0
     assert "error: batch_size=3 does not divide by the 2 processes" in done.stderr
-    assert not out.exists()
+    assert [path.name for path in out.iterdir()] == [".lock"]  # held from the start, nothing written
+
+
+def test_a_held_out_dir_refuses_a_two_process_run_without_a_hang(workspace):
+    """Only rank 0 takes out_dir's lock: refused, it exits before joining the process group and torchrun stops
+    the other rank (which would otherwise wait in the rendezvous)."""
+    out, run = workspace["root"] / "held", workspace["root"] / "held-run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUT_DIR, str(out)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        done = finish(launch(["--nproc_per_node=2", "opd/train.py", *workspace["base"], f"out_dir={out}",
+                              f"hydra.run.dir={run}"]))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode != 0
+    assert f"error: {out} is being written by another opd run (pid {holder.pid}, lock {out / '.lock'})" in done.stderr
+    assert not (run / "metrics.jsonl").exists()

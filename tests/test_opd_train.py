@@ -173,7 +173,7 @@ def test_cli_a_full_disk_at_save_time_is_one_error_and_keeps_the_earlier_checkpo
             f"error: cannot save checkpoint {resume}: No space left on device",
             f"error: {resume} and the weights beside it are the last checkpoint, intact: make room and continue with "
             f"resume={resume}"]
-        assert sorted(path.name for path in out.iterdir()) == ["agent_opd_64.pth", "agent_opd_64_resume.pth"]
+        assert sorted(path.name for path in out.iterdir()) == [".lock", "agent_opd_64.pth", "agent_opd_64_resume.pth"]
         assert load_resume(resume)["step"] == 1
 
 
