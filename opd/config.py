@@ -13,6 +13,10 @@ Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollout.AgentRo
 
 Model presets live once, in ``configs/model/``; ``register_model_groups`` makes the same files opd's
 ``teacher`` and ``student`` groups, so ``teacher=agent_768 student=full_sft_768`` picks from that folder.
+
+Sweeps (``-m``): importing this module registers the two resolvers the entries' configs use, ``per_sweep_job``
+(the default ``out_dir``, moved into each job's own sweep folder) and ``path_keys`` (the keys Hydra leaves out
+of sweep folder names).
 """
 
 from __future__ import annotations
@@ -36,12 +40,39 @@ MODES = ("on_policy", "offline")
 OFFLINE_SOURCES = ("dataset", "teacher_rollouts")
 # sampling keys the local rollout does not implement: refused by name when set, never silently ignored
 UNIMPLEMENTED_SAMPLING_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+PATH_KEYS = ("data", "tokenizer", "out_dir", "resume", "checkpoint", "cache_dir")  # left out of sweep folder names
 
 Config = TypeVar("Config")
 
 
 class ConfigError(UserError):
     """A setting that is missing, of the wrong type or out of range; the message names the key."""
+
+
+def per_sweep_job(default: str) -> str:
+    """``out_dir: ${per_sweep_job:out/agent_opd}``: ``default`` in a single run; under ``-m``, a folder of the same
+    name inside the job's own sweep folder, so no two jobs of a sweep write one ``out_dir`` (a set ``out_dir=``
+    replaces the default, resolver and all)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return str(Path(HydraConfig.get().runtime.output_dir) / Path(default).name)
+    return default
+
+
+def path_keys(overrides) -> list[str]:
+    """``exclude_keys: ${path_keys:${hydra.overrides.task}}``: the keys of the command line's overrides that hold
+    paths (a last part in ``PATH_KEYS``, as in ``teacher.checkpoint`` or ``models.NAME.checkpoint``; ``models``
+    set whole), which sweep folder names leave out (a path's ``/`` would nest them)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = [override.key_or_group for override in OverridesParser.create().parse_overrides(list(overrides))]
+    return [key for key in keys if key.split(".")[-1] in PATH_KEYS or key == "models"]
+
+
+OmegaConf.register_new_resolver("per_sweep_job", per_sweep_job, replace=True)
+OmegaConf.register_new_resolver("path_keys", path_keys, replace=True)
 
 
 def register_model_groups() -> None:

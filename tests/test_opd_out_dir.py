@@ -1,5 +1,6 @@
-"""opd's entries and their out_dir: one run per folder (two real processes), and a folder that cannot be written
-refused before anything loads."""
+"""opd's entries and their out_dir: one run per folder (two real processes), a folder that cannot be written
+refused before anything loads, and Hydra sweeps (-m) whose jobs each write their own out_dir, in sweep folders
+named without the keys that hold paths."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+from opd.config import path_keys
 from opd.minimind.tiny_checkpoints import write_tiny_checkpoints
 from tests.opd_support import HOLD_OUT_DIR, entry_command, entry_env, run_entry, small_tmpfs, write_agent_data
 
@@ -101,3 +103,40 @@ def test_an_out_dir_on_a_read_only_disk_is_refused_before_anything_loads(workspa
                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.splitlines()[0] == f"error: cannot write to out_dir {read_only / 'out'} (Read-only file system)"
+
+
+def test_sweep_folder_names_leave_out_every_key_that_holds_a_path():
+    overrides = ["data=/d.jsonl", "tokenizer=/t", "out_dir=o", "resume=r.pth", "teacher.checkpoint=/a.pth",
+                 "+student.checkpoint=b.pth", "offline.cache_dir=c", "models={a: {checkpoint: x.pth}}",
+                 "models.a.checkpoint=x.pth", "~teacher.tokenizer", "sampling.temperature=0.7,1.0",
+                 "+model@models.b=tiny_student", "models.b.hidden_size=64", "teacher=tiny_teacher"]
+    assert path_keys(overrides) == ["data", "tokenizer", "out_dir", "resume", "teacher.checkpoint",
+                                    "student.checkpoint", "offline.cache_dir", "models", "models.a.checkpoint",
+                                    "teacher.tokenizer"]
+
+
+SWEEPS = {  # entry: (the swept override, the default out_dir's name, what each job's out_dir holds)
+    "train": ("sampling.temperature=0.7,1.0", "agent_opd",
+              [".lock", "agent_opd_64.pth", "agent_opd_64_resume.pth", "agent_opd_64_summary.json"]),
+    "sft": ("optim.learning_rate=0.001,0.0001", "agent_sft",
+            [".lock", "agent_sft_64.pth", "agent_sft_64_resume.pth", "agent_sft_64_summary.json"]),
+    "evaluate": ("seed=0,1", "eval", [".lock", "episodes_student.jsonl", "evaluation.json"]),
+}
+
+
+@pytest.mark.parametrize("entry", list(SWEEPS))
+def test_every_job_of_a_sweep_writes_its_own_out_dir(workspace, tmp_path, entry):
+    """A 2-job sweep from a folder of its own: each job's out_dir is inside its sweep folder, named by the
+    overrides without data=, tokenizer= and *.checkpoint= (their '/' would nest folders)."""
+    swept, folder, files = SWEEPS[entry]
+    sweep = tmp_path / "sweep"
+    result = run_entry(entry, "-m", *workspace["entries"][entry], swept, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(path for path in sweep.iterdir() if path.is_dir())
+    key, values = swept.split("=")
+    assert len(jobs) == 2
+    for number, (job, value) in enumerate(zip(jobs, values.split(","), strict=True)):
+        assert job.name.startswith(f"{number}_") and f"{key}={value}" in job.name.removeprefix(f"{number}_").split(",")
+        assert not any(part in job.name for part in ("data=", "tokenizer=", "checkpoint=", "/")), job.name
+        assert sorted(path.name for path in (job / folder).iterdir()) == files
+    assert not (tmp_path / "out").exists()  # nothing in the single run's default
