@@ -55,8 +55,8 @@ class ChatFormat:
         """The templated prompt with its generation prompt; raises when it leaves no room to generate (a prompt
         far too long for that is refused before it is tokenized)."""
         text = self.render(record.messages, record.tools)
-        if max_total_len is not None and self.token_floor(text) >= max_total_len:
-            raise PromptTooLongError(_too_long(record, f"at least {self.token_floor(text)}", max_total_len))
+        if max_total_len is not None and (floor := self.token_floor(text)) >= max_total_len:
+            raise PromptTooLongError(_too_long(record, f"at least {floor}", max_total_len))
         ids = self.encode(text)
         if max_total_len is not None and len(ids) >= max_total_len:
             raise PromptTooLongError(_too_long(record, len(ids), max_total_len))

@@ -221,8 +221,8 @@ def load_resume(path: str | Path) -> dict:
     written = state.get("format") if isinstance(state, dict) else None
     if isinstance(written, str) and written.startswith("opd-resume/") and written != RESUME_FORMAT:
         raise ResumeRefusedError(
-            f"resume file {path} is of the older format {written!r}, whose checksum does not cover its step, cursor "
-            f"and settings; this version resumes {RESUME_FORMAT!r} files only",
+            f"resume file {path} is of format {written!r}; this version resumes {RESUME_FORMAT!r} files only (the "
+            "checksum of 'opd-resume/3' and before covers only the tensors, not the step, cursor and settings)",
             "start a new run (the inference weights beside it can be its starting checkpoint)")
     if written != RESUME_FORMAT:
         raise ResumeRefusedError(f"{path} is not an OPD resume file of format {RESUME_FORMAT!r} (inference weights "

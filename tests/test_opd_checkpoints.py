@@ -125,8 +125,8 @@ def test_a_resume_file_of_the_older_format_is_refused_as_such(tmp_path):
     state["format"] = "opd-resume/3"  # its checksum covered only the tensors
     state["tensors_sha256"] = state.pop("content_sha256")
     torch.save(state, resume)
-    with pytest.raises(ResumeRefusedError, match="of the older format 'opd-resume/3', whose checksum does not cover "
-                                                 "its step") as refused:
+    with pytest.raises(ResumeRefusedError, match="is of format 'opd-resume/3'; this version resumes 'opd-resume/4' "
+                                                 "files only") as refused:
         load_resume(resume)
     assert "start a new run (the inference weights beside it" in refused.value.hint
 
