@@ -4,12 +4,18 @@ Each line holds ``conversations`` or ``messages`` (``role``/``content`` dicts). 
 message's ``tools`` field or a top-level ``tools`` field (a list, or a JSON string of one). A trailing
 assistant answer is dropped, so the prompt ends with a user or tool turn; ``gt`` (expected answer strings)
 is optional. Any malformed row raises ``RecordError`` naming the file, line and field.
+
+Hostile rows are refused before they cost anything: a line over ``MAX_LINE_BYTES`` before it is parsed (the file
+is read line by line, so memory stays bounded by that), JSON nested deeper than ``MAX_NESTING`` levels (in the
+row or in a ``tools`` string; Python's parsers and the chat template would recurse past their limit), and a
+string holding a lone surrogate (``"\ud800"``, valid JSON but not text a tokenizer can encode).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +24,11 @@ from common.user_errors import UserError
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_COLUMNS = ("messages", "conversations")  # regen reads rows the same way
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "name", "tool_call_id")
+# 8 MiB: a record that long is far past any context MiniMind has (32k positions); an agent prompt is kilobytes
+MAX_LINE_BYTES = 8 << 20
+MAX_NESTING = 100  # levels of arrays/objects; tool schemas use about ten
+TOO_DEEP = f"nested deeper than {MAX_NESTING} levels of arrays and objects"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class RecordError(UserError):
@@ -44,11 +55,44 @@ def message_column(row: dict) -> str | None:
     return next((column for column in MESSAGE_COLUMNS if column in row), None)
 
 
+def structure_problem(value) -> str | None:
+    """What makes a decoded JSON value unusable, if anything: nesting deeper than ``MAX_NESTING`` levels, or a
+    string (or key) holding a lone surrogate; walked without recursion."""
+    stack = [(value, 1, "")]
+    while stack:
+        item, depth, where = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_NESTING:
+                return TOO_DEEP
+            entries = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in entries:
+                if isinstance(key, str):
+                    stack.append((key, depth, where))
+                stack.append((child, depth + 1, f"{where}.{key}" if isinstance(item, dict) else f"{where}[{key}]"))
+        elif isinstance(item, str) and (found := _SURROGATE.search(item)):
+            return (f"{where.lstrip('.') or 'the value'}: holds a lone surrogate ({found.group()!a} at char "
+                    f"{found.start()}), which is not text")
+    return None
+
+
+def decode_json(text: bytes | str):
+    """``json.loads``, refusing what ``structure_problem`` finds (its recursion limit is such nesting too) with a
+    ``ValueError`` that says so; invalid JSON raises ``json.JSONDecodeError`` as usual."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
+    problem = structure_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 def parse_tools_field(value) -> list[dict]:
     """A row's tools: a list of OpenAI tool schemas, or a JSON string of one; ``ValueError`` says what is wrong."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = decode_json(value)
         except json.JSONDecodeError as error:
             raise ValueError(f"a string that is not JSON ({error.msg} at char {error.pos})") from None
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
@@ -110,24 +154,32 @@ def parse_record(row, source: str) -> AgentRecord:
 
 
 def read_rows(path: str | Path) -> tuple[list[tuple[object, str]], str]:
-    """Every decoded JSON line of a JSONL file with its ``file:line`` source, plus the file's sha256."""
+    """Every decoded JSON line of a JSONL file with its ``file:line`` source, plus the file's sha256; a line that is
+    too long, not JSON, nested too deep or holding a lone surrogate is refused naming it (see the module doc)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"agent data file not found: {path}")
-    raw = path.read_bytes()
-    rows = []
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append((json.loads(line), f"{path}:{number}"))
-        except UnicodeDecodeError as error:
-            raise RecordError(f"{path}:{number}: not UTF-8 ({error.reason} at byte {error.start})") from None
-        except json.JSONDecodeError as error:
-            raise RecordError(f"{path}:{number}: invalid JSON ({error.msg} at column {error.colno})") from None
+    rows, digest = [], hashlib.sha256()
+    with path.open("rb") as stream:
+        for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            digest.update(line)
+            source = f"{path}:{number}"
+            if len(line.rstrip(b"\n")) > MAX_LINE_BYTES:
+                raise RecordError(f"{source}: the line is over {MAX_LINE_BYTES >> 20} MiB (MAX_LINE_BYTES), far past "
+                                  "any context a record must fit")
+            if not line.strip():
+                continue
+            try:
+                rows.append((decode_json(line), source))
+            except UnicodeDecodeError as error:
+                raise RecordError(f"{source}: not UTF-8 ({error.reason} at byte {error.start})") from None
+            except json.JSONDecodeError as error:
+                raise RecordError(f"{source}: invalid JSON ({error.msg} at column {error.colno})") from None
+            except ValueError as error:  # decode_json's refusals
+                raise RecordError(f"{source}: {error}") from None
     if not rows:
         raise RecordError(f"{path}: no records")
-    return rows, hashlib.sha256(raw).hexdigest()
+    return rows, digest.hexdigest()
 
 
 def load_agent_records(path: str | Path) -> tuple[list[AgentRecord], str]:

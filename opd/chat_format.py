@@ -19,6 +19,11 @@ class PromptTooLongError(UserError):
     """A record whose prompt leaves no room to generate within ``max_total_len``."""
 
 
+def _too_long(record: AgentRecord, tokens, max_total_len: int) -> str:
+    return (f"{record.source}: prompt is {tokens} tokens, leaving no room to generate within "
+            f"max_total_len={max_total_len}; raise max_total_len or shorten/drop this record")
+
+
 class ChatFormat:
     """Prompt and observation token ids of one tokenizer's chat template (``open_thinking`` passed through)."""
 
@@ -27,6 +32,8 @@ class ChatFormat:
         self.open_thinking = open_thinking
         self.eos_token_id = tokenizer.eos_token_id
         self.pad_token_id = tokenizer.pad_token_id
+        # no token's text is longer than its vocabulary entry in UTF-8 (byte-level BPE, SentencePiece, WordPiece)
+        self.max_token_bytes = max(len(token.encode()) for token in tokenizer.get_vocab())
         self.observation_ids(None, ["{}"])  # fail at construction if the template cannot be split
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool = True) -> str:
@@ -39,13 +46,20 @@ class ChatFormat:
         """Token ids of template text (special-token strings become their ids; no BOS/EOS added)."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def token_floor(self, text: str) -> int:
+        """Fewer tokens than this ``text`` cannot encode to (its UTF-8 bytes over the longest token's), known
+        without tokenizing it, which costs seconds per megabyte."""
+        return -(-len(text.encode()) // self.max_token_bytes)
+
     def prompt_ids(self, record: AgentRecord, max_total_len: int | None = None) -> list[int]:
-        """The templated prompt with its generation prompt; raises when it leaves no room to generate."""
-        ids = self.encode(self.render(record.messages, record.tools))
+        """The templated prompt with its generation prompt; raises when it leaves no room to generate (a prompt
+        far too long for that is refused before it is tokenized)."""
+        text = self.render(record.messages, record.tools)
+        if max_total_len is not None and (floor := self.token_floor(text)) >= max_total_len:
+            raise PromptTooLongError(_too_long(record, f"at least {floor}", max_total_len))
+        ids = self.encode(text)
         if max_total_len is not None and len(ids) >= max_total_len:
-            raise PromptTooLongError(
-                f"{record.source}: prompt is {len(ids)} tokens, leaving no room to generate within "
-                f"max_total_len={max_total_len}; raise max_total_len or shorten/drop this record")
+            raise PromptTooLongError(_too_long(record, len(ids), max_total_len))
         return ids
 
     def observation_ids(self, record: AgentRecord | None, contents: list[str]) -> list[int]:

@@ -4,12 +4,17 @@ In ``out_dir``: ``{prefix}_{hidden}{_moe}.pth`` (native MiniMind fp16 state dict
 and ``{prefix}_{hidden}{_moe}_resume.pth`` holding the fp32 weights, optimizer / scheduler / grad-scaler
 state, the step, the next global data cursor, every RNG state the run consumes (one set per training process,
 in rank order; only rank 0 writes files), the run signature (the settings
-a continuation must share), the sha256 of the weights file written with it, and a sha256 over all its
-own tensors.
+a continuation must share), the sha256 of the weights file written with it, and a sha256 over every other
+field it holds (each tensor's dtype, shape and bytes, each plain value's type and value: step, cursor,
+RNG states, signature, optimizer and scheduler state), so a damaged or hand-edited file is refused. The
+checksum finds damage and edits, not forgery (whoever edits the file can recompute it). A file of an older
+format (``opd-resume/3`` and before, whose checksum covered only the tensors) is refused as such; its
+inference weights beside it can start a new run.
 
 Both files are staged (written to temp files and fsynced) before either is renamed into place, the
 resume file last, so a crash leaves the previous pair or a new weights file next to the previous resume
-file — which ``restore`` detects. A new run refuses an ``out_dir`` that already holds checkpoints of the
+file — which ``restore`` detects; a write that fails (a full disk) is one error naming the file, and
+leaves the previous pair as it was. A new run refuses an ``out_dir`` that already holds checkpoints of the
 same name unless it resumes exactly those or ``overwrite=true``. With ``keep_saved_weights=true`` each save
 then also leaves its weights as ``{stem}_step{N}.pth`` (a learning curve's checkpoints from one run).
 """
@@ -19,7 +24,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 
@@ -30,13 +36,17 @@ from common.user_errors import UserError
 from opd.data_order import DataCursor
 from opd.minimind.model import native_state_dict
 
-RESUME_FORMAT = "opd-resume/3"
+RESUME_FORMAT = "opd-resume/4"
 RESUME_KEYS = ("format", "model", "optimization", "step", "cursor", "rng", "signature", "weights_sha256",
-               "tensors_sha256")
+               "content_sha256")
 
 
 class ResumeRefusedError(UserError):
     """The resume file cannot continue this run (other settings, damaged, or not matching its weights)."""
+
+
+class CheckpointWriteError(UserError):
+    """A checkpoint file could not be written (a full disk); the one saved before it is intact."""
 
 
 def checkpoint_stem(model: torch.nn.Module, prefix: str) -> str:
@@ -122,20 +132,26 @@ def check_signature(saved: Mapping, current: Mapping, source: str | Path) -> Non
             + "\nresume with the original settings, or start a new run without resume=")
 
 
-def _tensors_sha256(value, digest=None) -> str:
-    """sha256 over every tensor (dtype, shape, bytes) of a nested dict/list, in a fixed order."""
+def _content_sha256(value, digest=None) -> str:
+    """sha256 over a nested dict/list/tuple, in a fixed order: each tensor's dtype, shape and bytes, each other
+    value's type and ``repr`` (what a torch file stores: numbers, strings, booleans, None), each container's
+    kind and size."""
     digest = digest or hashlib.sha256()
     if isinstance(value, torch.Tensor):
         tensor = value.detach().cpu().contiguous()
-        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(f"tensor:{tensor.dtype}{tuple(tensor.shape)};".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     elif isinstance(value, Mapping):
-        for key in sorted(value, key=str):
-            digest.update(str(key).encode())
-            _tensors_sha256(value[key], digest)
+        digest.update(f"dict:{len(value)};".encode())
+        for key in sorted(value, key=lambda key: (type(key).__name__, repr(key))):
+            _content_sha256(key, digest)
+            _content_sha256(value[key], digest)
     elif isinstance(value, list | tuple):
+        digest.update(f"{type(value).__name__}:{len(value)};".encode())
         for item in value:
-            _tensors_sha256(item, digest)
+            _content_sha256(item, digest)
+    else:
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
     return digest.hexdigest()
 
 
@@ -162,10 +178,10 @@ def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, o
              "optimization": optimization.state_dict(), "step": step, "cursor": asdict(cursor),
              "rng": rng_states, "signature": signature,
              "weights_sha256": hashlib.sha256(weights.getbuffer()).hexdigest()}
-    state["tensors_sha256"] = _tensors_sha256(state)
-    staged_weights = stage(weights_path, lambda stream: stream.write(weights.getbuffer()))
+    state["content_sha256"] = _content_sha256(state)
+    staged_weights = stage_checkpoint_file(weights_path, lambda stream: stream.write(weights.getbuffer()), resume_path)
     try:
-        staged_resume = stage(resume_path, lambda stream: torch.save(state, stream))
+        staged_resume = stage_checkpoint_file(resume_path, lambda stream: torch.save(state, stream), resume_path)
     except BaseException:
         staged_weights.unlink(missing_ok=True)
         raise
@@ -173,8 +189,23 @@ def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, o
     commit(staged_resume, resume_path)
     if keep_weights:
         kept = step_weights_path(out_dir, stem, step)
-        commit(stage(kept, lambda stream: stream.write(weights.getbuffer())), kept)
+        commit(stage_checkpoint_file(kept, lambda stream: stream.write(weights.getbuffer()), resume_path), kept)
     return weights_path, resume_path
+
+
+def stage_checkpoint_file(path: Path, write: Callable, resume_path: Path) -> Path:
+    """``stage`` one file of a checkpoint; a write that fails (a full disk, which torch's zip writer reports as a
+    ``RuntimeError`` over the ``OSError``) raises ``CheckpointWriteError`` naming ``path`` instead."""
+    try:
+        return stage(path, write)
+    except (OSError, RuntimeError) as error:
+        cause = error if isinstance(error, OSError) else error.__context__
+        if not isinstance(cause, OSError):
+            raise
+        reason = os.strerror(cause.errno) if cause.errno else str(cause)
+        kept = (f"{resume_path} and the weights beside it are the last checkpoint, intact: make room and continue "
+                f"with resume={resume_path}") if resume_path.is_file() else "no checkpoint was saved before this one"
+        raise CheckpointWriteError(f"cannot save checkpoint {path}: {reason}", kept) from None
 
 
 def load_resume(path: str | Path) -> dict:
@@ -187,16 +218,22 @@ def load_resume(path: str | Path) -> dict:
     except Exception as error:  # torch raises several types for corrupt / non-torch files
         raise ResumeRefusedError(f"resume file {path} is not a readable torch file ({error}); it is damaged: "
                                  "resume from an earlier copy or start a new run") from None
-    if not isinstance(state, dict) or state.get("format") != RESUME_FORMAT:
+    written = state.get("format") if isinstance(state, dict) else None
+    if isinstance(written, str) and written.startswith("opd-resume/") and written != RESUME_FORMAT:
+        raise ResumeRefusedError(
+            f"resume file {path} is of format {written!r}; this version resumes {RESUME_FORMAT!r} files only (the "
+            "checksum of 'opd-resume/3' and before covers only the tensors, not the step, cursor and settings)",
+            "start a new run (the inference weights beside it can be its starting checkpoint)")
+    if written != RESUME_FORMAT:
         raise ResumeRefusedError(f"{path} is not an OPD resume file of format {RESUME_FORMAT!r} (inference weights "
                                  "*.pth cannot resume a run: use the *_resume.pth next to them)")
     missing = [key for key in RESUME_KEYS if key not in state]
     if missing:
         raise ResumeRefusedError(f"resume file {path} lacks {missing}")
-    content = {key: value for key, value in state.items() if key != "tensors_sha256"}
-    if _tensors_sha256(content) != state["tensors_sha256"]:
-        raise ResumeRefusedError(f"resume file {path} is corrupted: its tensors do not match the checksum written "
-                                 "with them; resume from an earlier copy or start a new run")
+    content = {key: value for key, value in state.items() if key != "content_sha256"}
+    if _content_sha256(content) != state["content_sha256"]:
+        raise ResumeRefusedError(f"resume file {path} is damaged or was edited: its content does not match the "
+                                 "checksum written with it; resume from an earlier copy or start a new run")
     return state
 
 

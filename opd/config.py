@@ -13,6 +13,10 @@ Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollout.AgentRo
 
 Model presets live once, in ``configs/model/``; ``register_model_groups`` makes the same files opd's
 ``teacher`` and ``student`` groups, so ``teacher=agent_768 student=full_sft_768`` picks from that folder.
+
+Sweeps (``-m``): importing this module registers the two resolvers the entries' configs use, ``per_sweep_job``
+(the default ``out_dir``, moved into each job's own sweep folder) and ``path_keys`` (the keys Hydra leaves out
+of sweep folder names).
 """
 
 from __future__ import annotations
@@ -37,12 +41,39 @@ OFFLINE_SOURCES = ("dataset", "teacher_rollouts")
 GUIDANCE_OPTIONS = ("turn_share", "token_mix", "top_k")
 # sampling keys the local rollout does not implement: refused by name when set, never silently ignored
 UNIMPLEMENTED_SAMPLING_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+PATH_KEYS = ("data", "tokenizer", "out_dir", "resume", "checkpoint", "cache_dir")  # left out of sweep folder names
 
 Config = TypeVar("Config")
 
 
 class ConfigError(UserError):
     """A setting that is missing, of the wrong type or out of range; the message names the key."""
+
+
+def per_sweep_job(default: str) -> str:
+    """``out_dir: ${per_sweep_job:out/agent_opd}``: ``default`` in a single run; under ``-m``, a folder of the same
+    name inside the job's own sweep folder, so no two jobs of a sweep write one ``out_dir`` (a set ``out_dir=``
+    replaces the default, resolver and all)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return str(Path(HydraConfig.get().runtime.output_dir) / Path(default).name)
+    return default
+
+
+def path_keys(overrides) -> list[str]:
+    """``exclude_keys: ${path_keys:${hydra.overrides.task}}``: the keys of the command line's overrides that hold
+    paths (a last part in ``PATH_KEYS``, as in ``teacher.checkpoint`` or ``models.NAME.checkpoint``; ``models``
+    set whole), which sweep folder names leave out (a path's ``/`` would nest them)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = [override.key_or_group for override in OverridesParser.create().parse_overrides(list(overrides))]
+    return [key for key in keys if key.split(".")[-1] in PATH_KEYS or key == "models"]
+
+
+OmegaConf.register_new_resolver("per_sweep_job", per_sweep_job, replace=True)
+OmegaConf.register_new_resolver("path_keys", path_keys, replace=True)
 
 
 def register_model_groups() -> None:
@@ -80,6 +111,12 @@ def _check_count(key: str, value, minimum: int = 1, nullable: bool = False) -> N
 
 def _check_choice(key: str, value, choices: tuple[str, ...]) -> None:
     _require(value in choices, key, f"one of {', '.join(choices)}", value)
+
+
+def _check_file_name_part(key: str, value: str) -> None:
+    """A value that becomes part of a file name in ``out_dir``: no path separator can take the file elsewhere."""
+    _require(bool(value) and all(c.isalnum() or c in "_.-" for c in value), key,
+             "named with letters, digits, '_', '-' and '.' only (it names files in out_dir)", value)
 
 
 class _Precision:
@@ -307,6 +344,7 @@ class SFTConfig(TrainingRunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_count("max_total_len", self.max_total_len)
+        _check_file_name_part("save_prefix", self.save_prefix)
         _model_with_tokenizer(self.model, self.tokenizer)
 
 
@@ -333,6 +371,5 @@ class EvalConfig(_Precision):
         _require(bool(self.models), "models", "a mapping of name -> model block (checkpoint and architecture flags)",
                  self.models)
         for name, spec in self.models.items():
-            _require(all(c.isalnum() or c in "_.-" for c in name), f"models.{name}",
-                     "named with letters, digits, '_', '-' and '.' only", name)
+            _check_file_name_part(f"models.{name}", name)
             _model_with_tokenizer(spec, self.tokenizer)

@@ -70,10 +70,19 @@ def _continuation(before: str, after: str, source: str, where: str) -> str:
     return after[len(before):]
 
 
+def _too_long(record: AgentRecord, tokens, max_total_len: int) -> str:
+    return (f"{record.source}: the demonstration is {tokens} tokens, over max_total_len={max_total_len} (fixed "
+            "sequences are never truncated)")
+
+
 def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
                           max_total_len: int | None = None) -> Episode:
     """The demonstration as a finished episode: exact ids, one turn per assistant message, its calls checked."""
     record, messages = demonstration.record, demonstration.messages
+    if max_total_len is not None:  # far too long: refused before tokenizing it (seconds per megabyte)
+        floor = chat_format.token_floor(chat_format.render(messages, record.tools, generation_prompt=False))
+        if floor > max_total_len:
+            raise RecordError(_too_long(record, f"at least {floor}", max_total_len))
     eos, eos_id = chat_format.tokenizer.eos_token, chat_format.eos_token_id
     ids = chat_format.prompt_ids(record, max_total_len)
     episode = Episode(record, len(ids), list(ids))
@@ -96,7 +105,6 @@ def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
             episode.ids += chat_format.encode(_continuation(before + text + eos, following, record.source, where))
             turn.observation_end = len(episode.ids)
     if max_total_len is not None and len(episode.ids) > max_total_len:
-        raise RecordError(f"{record.source}: the demonstration is {len(episode.ids)} tokens, over "
-                          f"max_total_len={max_total_len} (fixed sequences are never truncated)")
+        raise RecordError(_too_long(record, len(episode.ids), max_total_len))
     episode.stop_reason = MAX_TURNS if any(call.answered for call in episode.turns[-1].calls) else ANSWER
     return episode

@@ -42,6 +42,7 @@ from opd.checkpoints import vocabulary_fingerprint
 from opd.config import EvalConfig, parse_config
 from opd.minimind.model import ModelSpec, load_model
 from opd.minimind.tokenizer import check_same_tokenizer, load_tokenizer
+from opd.out_dir import hold_out_dir
 from opd.reporting import print_table, require_matplotlib, write_chart
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler
@@ -53,7 +54,9 @@ MIB = 1 << 20
 @hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     with exit_on_user_error():
-        evaluate(parse_config(EvalConfig, cfg))
+        settings = parse_config(EvalConfig, cfg)
+        with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
+            evaluate(settings)
 
 
 def evaluate(cfg: EvalConfig) -> dict:

@@ -42,13 +42,16 @@ from opd.minimind.model import build_model, check_tokenizer_fits, enable_activat
 from opd.minimind.precision import Precision
 from opd.minimind.tokenizer import load_tokenizer
 from opd.optimization import Optimization
+from opd.out_dir import hold_out_dir
 from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="sft")
 def main(cfg: DictConfig) -> None:
     with exit_on_user_error():
-        train(parse_config(SFTConfig, cfg))
+        settings = parse_config(SFTConfig, cfg)
+        with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
+            train(settings)
 
 
 def train(cfg: SFTConfig) -> dict:

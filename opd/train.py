@@ -50,6 +50,7 @@ from opd.minimind.model import enable_activation_checkpointing, load_model
 from opd.minimind.precision import Precision
 from opd.minimind.tokenizer import check_same_tokenizer
 from opd.optimization import Optimization
+from opd.out_dir import hold_out_dir
 from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler
@@ -61,7 +62,9 @@ register_model_groups()
 @hydra.main(version_base="1.3", config_path="../configs", config_name="opd")
 def main(cfg: DictConfig) -> None:
     with exit_on_user_error():
-        train(parse_config(OPDConfig, cfg))
+        settings = parse_config(OPDConfig, cfg)
+        with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
+            train(settings)
 
 
 def train(cfg: OPDConfig) -> dict:

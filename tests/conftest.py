@@ -1,4 +1,9 @@
-"""Shared fixtures: offline hubs, the MiniMind-3 tokenizer (real when available, else the stand-in)."""
+"""Shared fixtures: offline hubs, the MiniMind-3 tokenizer (real when available, else the stand-in).
+
+``STANDIN_TOKENIZER=1`` makes every test use the stand-in even where the real tokenizer is found, as on a new
+user's clone with no ``../shared`` beside it (``.ci/run`` runs the suite a second time that way); it also drops
+``$MINIMIND_TOKENIZER``, which the configs' default ``tokenizer`` reads.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+FORCE_STANDIN = os.environ.get("STANDIN_TOKENIZER") == "1"
+if FORCE_STANDIN:
+    os.environ.pop("MINIMIND_TOKENIZER", None)
 # A shell starts a background job (`make test &`, nohup) with SIGINT ignored, and an ignored signal stays
 # ignored in every child, where neither Python nor bash's trap can handle it: the Ctrl-C tests would see
 # processes that cannot be interrupted. A handled signal is reset to the default in each child instead.
@@ -23,7 +31,10 @@ CONFIG_DIR = REPO_ROOT / "configs"
 
 
 def real_tokenizer_path() -> Path | None:
-    """The real MiniMind-3 tokenizer: $MINIMIND_TOKENIZER, else ../shared/minimind3-tokenizer, else None."""
+    """The real MiniMind-3 tokenizer: $MINIMIND_TOKENIZER, else ../shared/minimind3-tokenizer, else None (and
+    None under ``STANDIN_TOKENIZER=1``)."""
+    if FORCE_STANDIN:
+        return None
     candidates = [os.environ.get("MINIMIND_TOKENIZER"), str(REPO_ROOT.parent / "shared" / "minimind3-tokenizer")]
     for candidate in candidates:
         if candidate and (Path(candidate) / "tokenizer.json").is_file():

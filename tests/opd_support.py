@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -74,3 +79,56 @@ def compose_config(config_name: str, overrides: list[str]):
 def entry_config(config_name: str, overrides: list[str]):
     """The typed settings an entry runs with: composed as the CLI would, then parsed and checked."""
     return parse_config(SCHEMAS[config_name], compose_config(config_name, overrides))
+
+
+def entry_command(entry: str, *arguments: str) -> list[str]:
+    """``python opd/{entry}.py ARGUMENTS``, as a person runs it."""
+    from tests.conftest import REPO_ROOT
+
+    return [sys.executable, str(REPO_ROOT / "opd" / f"{entry}.py"), *arguments]
+
+
+def entry_env() -> dict[str, str]:
+    """The environment entries run in: this checkout importable from any folder, one thread."""
+    from tests.conftest import REPO_ROOT
+
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def run_entry(entry: str, *arguments: str, cwd=None) -> subprocess.CompletedProcess:
+    """``entry_command`` run to its end from ``cwd`` (the repository root by default)."""
+    from tests.conftest import REPO_ROOT
+
+    return subprocess.run(entry_command(entry, *arguments), cwd=cwd or REPO_ROOT, env=entry_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def not_a_checkpoint(key: str, path) -> str:
+    """The error line for a ``*.checkpoint`` naming a file that is no checkpoint."""
+    return (f"error: {key} {path} is not a checkpoint: a MiniMind checkpoint is a .pth (or .pt) state dict, an HF "
+            "model a folder with config.json or a hub id")
+
+
+# A process that holds an out_dir as an opd run does (its lock file), until killed; prints "held" once it does.
+HOLD_OUT_DIR = """import sys, time
+from pathlib import Path
+from common.run_lock import OutputLock
+out = Path(sys.argv[1])
+OutputLock(out / ".lock", out, job="opd", hint="").acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@contextmanager
+def small_tmpfs(path, size: int, *options: str):
+    """A tmpfs of ``size`` bytes mounted at ``path`` for the block (skips where mounting is not permitted)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
+                             capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"mounting a tmpfs is not permitted here ({mounted.stderr.decode().strip()})")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

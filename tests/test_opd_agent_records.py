@@ -7,6 +7,7 @@ import json
 import pytest
 
 from opd.agent_records import RecordError, load_agent_records
+from opd.demonstrations import load_demonstrations
 from tools.mock_tools import tool_schemas
 
 
@@ -91,3 +92,47 @@ def test_minimind_agent_rl_rows_load_as_minimind_reads_them(tmp_path):
     assert records[0].declared_tools == {"get_current_weather", "get_current_time"}
     assert records[0].tools == tool_schemas(["get_current_weather", "get_current_time"])
     assert records[0].gt == ["28°C", "晴"] and records[1].gt == ["721"]
+
+
+def nested_objects(levels: int) -> str:
+    """JSON text of ``levels`` objects nested in one another (a tool's parameters, say)."""
+    return '{"x": ' * (levels - 1) + '{"type": "string"}' + "}" * (levels - 1)
+
+
+def hostile_row(user: str = "q", tools: str | None = None) -> str:
+    """A prompt (and its answer, so it is a demonstration too) with ``user`` content and raw JSON ``tools``."""
+    system = {"role": "system", "content": "s", **({"tools": "TOOLS"} if tools is not None else {})}
+    text = json.dumps({"conversations": [system, {"role": "user", "content": user}, {"role": "assistant", "content": "a"}]})
+    return text.replace('"TOOLS"', tools) if tools is not None else text
+
+
+TOOL = '[{"type": "function", "function": {"name": "calculate_math", "parameters": PARAMETERS}}]'
+HOSTILE = {  # each once gave a RecursionError or TypeError traceback, or 27 s and 2.7 GB before its refusal
+    "a line nested 200,000 deep": ("[" * 200_000 + "]" * 200_000, ":1: nested deeper than 100 levels"),
+    "a tools string nested 100,000 deep": (hostile_row(tools=json.dumps("[" * 100_000 + "]" * 100_000)),
+                                           ":1: conversations[0].tools: nested deeper than 100 levels"),
+    "tool properties nested 500 deep": (hostile_row(tools=TOOL.replace("PARAMETERS", nested_objects(500))),
+                                        ":1: nested deeper than 100 levels"),
+    "a lone surrogate in user content": (hostile_row(user="a\ud800b"),
+                                         r":1: conversations[1].content: holds a lone surrogate ('\ud800' at char 1)"),
+    "a 10 MB user string": (hostile_row(user="x" * 10_000_000), ":1: the line is over 8 MiB (MAX_LINE_BYTES)"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_lines_are_refused_naming_file_and_line(tmp_path, case):
+    line, message = HOSTILE[case]
+    path = tmp_path / "hostile.jsonl"
+    path.write_text(line + "\n")
+    for load in (load_agent_records, load_demonstrations):
+        with pytest.raises(RecordError) as caught:
+            load(path)
+        assert str(caught.value).startswith(f"{path}{message}"), str(caught.value)[:300]
+
+
+def test_nesting_up_to_the_limit_and_surrogate_pairs_are_fine(tmp_path):
+    path = tmp_path / "fine.jsonl"
+    tools = TOOL.replace("PARAMETERS", nested_objects(100 - 3))  # list, tool, function: 100 levels in all
+    path.write_text(hostile_row(user="\ud83d\ude00 fine", tools=json.dumps(tools)) + "\n")
+    (record,), _ = load_agent_records(path)
+    assert record.messages[1]["content"] == "\U0001f600 fine" and record.declared_tools == {"calculate_math"}

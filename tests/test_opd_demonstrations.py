@@ -7,7 +7,7 @@ import json
 import pytest
 
 from opd.agent_records import RecordError
-from opd.chat_format import ChatFormat
+from opd.chat_format import ChatFormat, PromptTooLongError
 from opd.demonstrations import demonstration_episode, load_demonstrations, parse_demonstration
 from opd.episodes import ANSWER, MAX_TURNS, pack_episodes
 from tests.opd_support import call_text, encode, observation_text
@@ -117,3 +117,20 @@ def test_load_demonstrations_names_the_line(tmp_path):
     path.write_text(json.dumps(DEMONSTRATION) + "\n")
     demonstrations, sha256 = load_demonstrations(path)
     assert len(demonstrations) == 1 and demonstrations[0].record.source == f"{path}:1" and len(sha256) == 64
+
+
+def test_a_text_far_over_max_total_len_is_refused_before_it_is_tokenized(chat_format, monkeypatch):
+    """2 MB of user or assistant text (under the line limit): tokenizing it would take seconds and gigabytes
+    (10 MB took 27 s and 2.7 GB), but its bytes alone show it cannot fit 2,048 tokens."""
+    rendered = chat_format.render(DEMONSTRATION["conversations"], None, generation_prompt=False)
+    assert chat_format.token_floor(rendered) <= len(chat_format.encode(rendered))  # a floor indeed
+    huge = "x" * 2_000_000
+    prompt = parse_demonstration({"conversations": [SYSTEM, {"role": "user", "content": huge},
+                                                    {"role": "assistant", "content": "a"}]}, "d.jsonl:7")
+    answer = parse_demonstration({"conversations": [SYSTEM, {"role": "user", "content": "q"},
+                                                    {"role": "assistant", "content": huge}]}, "d.jsonl:8")
+    monkeypatch.setattr(chat_format, "encode", lambda text: pytest.fail(f"tokenized {len(text)} characters"))
+    with pytest.raises(PromptTooLongError, match=r"d.jsonl:7: prompt is at least \d+ tokens, leaving no room"):
+        chat_format.prompt_ids(prompt.record, 2048)
+    with pytest.raises(RecordError, match=r"d.jsonl:8: the demonstration is at least \d+ tokens, over max_total_len"):
+        demonstration_episode(answer, chat_format, 2048)

@@ -18,7 +18,7 @@ from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from opd.minimind.tokenizer import load_tokenizer
 from opd.synthetic_task import write_task
 from tests.conftest import REPO_ROOT
-from tests.opd_support import agent_record
+from tests.opd_support import agent_record, not_a_checkpoint, run_entry
 
 
 def model_override(name: str, checkpoint, role: str) -> str:
@@ -51,6 +51,16 @@ def test_evaluate_cli_compares_checkpoints(tmp_path, tokenizer_path):
         assert len((out / f"episodes_{checkpoint['name']}.jsonl").read_text().splitlines()) == 4
     assert (out / "evaluation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "evaluation" in result.stdout and "small" in result.stdout and "large" in result.stdout
+
+
+def test_evaluate_cli_a_checkpoint_that_is_no_checkpoint_is_one_error_line(tmp_path, tokenizer_path):
+    """The data file as a model's checkpoint, loaded in the checkpoint's own process (isolate=true)."""
+    data = write_task(tmp_path / "task", train=5, heldout=2, seed=4)["files"]["heldout_prompts"]
+    result = run_entry("evaluate", f"data={data}", f"tokenizer={tokenizer_path}", f"out_dir={tmp_path / 'eval'}",
+                       f"hydra.run.dir={tmp_path / 'run'}", "device=cpu", "chart=false",
+                       model_override("small", data, "student"))
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        not_a_checkpoint("models.small.checkpoint", data)], result.stderr[-3000:]
 
 
 def test_evaluate_cli_refuses_an_empty_model_list(tmp_path, tokenizer_path):

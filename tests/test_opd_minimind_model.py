@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.user_errors import UserError
 from opd.minimind.model import (
     CheckpointMismatchError,
     MiniMindArch,
@@ -104,6 +105,18 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
     bad.write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="bad.pth is not a readable torch state dict"):
         load_native(bad, DENSE)
+
+
+def test_a_checkpoint_transformers_cannot_load_is_a_user_error_naming_the_key(tmp_path):
+    """A file that is no .pth (the data file, say), and a folder whose config.json names no model type."""
+    data = tmp_path / "agent.jsonl"
+    data.write_text('{"messages": []}\n')
+    with pytest.raises(UserError, match=f"teacher.checkpoint {data} is not a checkpoint: a MiniMind checkpoint is"):
+        load_model(ModelSpec(checkpoint=str(data), tokenizer=None), role="teacher")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="models.a.checkpoint .*folder: transformers cannot load it as a model: "):
+        load_model(ModelSpec(checkpoint=str(tmp_path / "folder"), tokenizer=None), role="models.a")
 
 
 @pytest.mark.parametrize(

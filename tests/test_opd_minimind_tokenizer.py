@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.user_errors import UserError
 from opd.minimind.tokenizer import MINIMIND_ADDED_TOKENS, load_tokenizer
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "w",
@@ -79,6 +80,13 @@ def test_missing_tokenizer_folder_is_named(tmp_path):
         load_tokenizer(str(tmp_path / "none"), role="student.tokenizer")
     with pytest.raises(ValueError, match="teacher.tokenizer is not set"):
         load_tokenizer(None, role="teacher.tokenizer")
+
+
+def test_a_tokenizer_transformers_cannot_load_is_a_user_error_naming_the_key(tmp_path):
+    data = tmp_path / "agent.jsonl"
+    data.write_text('{"messages": []}\n')
+    with pytest.raises(UserError, match=f"student.tokenizer {data}: transformers cannot load it as a tokenizer: "):
+        load_tokenizer(str(data), role="student.tokenizer")
 
 
 def test_byte_level_symbols_are_the_tokenizers_alphabet():

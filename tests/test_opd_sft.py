@@ -69,3 +69,17 @@ def test_sft_cli(workspace, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sft summary" in result.stdout and (tmp_path / "out" / "teacher_sft_64.pth").is_file()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
+
+
+@pytest.mark.parametrize("prefix", ["../../x", "sub/x", "/tmp/x", ""])
+def test_save_prefix_names_files_in_out_dir_only(workspace, tmp_path, prefix):
+    """save_prefix=../../x once wrote {out_dir}/../../x_64.pth: a prefix that is no plain name is refused at start."""
+    result = subprocess.run(
+        [sys.executable, "opd/sft.py", *workspace["base"], f"out_dir={tmp_path / 'a' / 'b' / 'out'}",
+         f"hydra.run.dir={tmp_path / 'run'}", "max_steps=1", f"save_prefix='{prefix}'"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        f"error: save_prefix must be named with letters, digits, '_', '-' and '.' only (it names files in out_dir), "
+        f"got {prefix!r}"]
+    assert not list(tmp_path.rglob("*.pth"))

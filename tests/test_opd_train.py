@@ -16,7 +16,7 @@ from opd.minimind.model import load_native
 from opd.minimind.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from opd.train import train
 from tests.conftest import REPO_ROOT
-from tests.opd_support import entry_config, write_agent_data
+from tests.opd_support import entry_config, not_a_checkpoint, run_entry, small_tmpfs, write_agent_data
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +149,32 @@ def test_cli_user_errors_are_one_error_line_without_traceback(workspace, tmp_pat
          f"hydra.run.dir={tmp_path / 'run'}", override], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.splitlines()[0] == shown and "Traceback" not in result.stderr
+
+
+def test_cli_a_teacher_checkpoint_that_is_no_checkpoint_is_one_error_line(workspace, tmp_path):
+    result = run_entry("train", *workspace["base"], f"teacher.checkpoint={workspace['data']}",
+                       f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        not_a_checkpoint("teacher.checkpoint", workspace["data"])], result.stderr[-3000:]
+
+
+def test_cli_a_full_disk_at_save_time_is_one_error_and_keeps_the_earlier_checkpoint(workspace, tmp_path):
+    """A real tmpfs that holds one checkpoint pair and a half: step 1's pair is saved, step 2's resume file does
+    not fit (torch's zip writer reports that as a RuntimeError over the OSError)."""
+    sizes = train(config(workspace, "pair-size", "max_steps=1"))
+    pair = sum(path.stat().st_size for path in (workspace["root"] / "pair-size").glob("agent_opd_64*.pth"))
+    assert sizes["steps"] == 1
+    with small_tmpfs(tmp_path / "small", pair * 3 // 2) as out:
+        result = run_entry("train", *workspace["base"], f"out_dir={out}", f"hydra.run.dir={tmp_path / 'run'}",
+                           "max_steps=2", "save_interval=1")
+        resume = out / "agent_opd_64_resume.pth"
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert result.stderr.splitlines() == [
+            f"error: cannot save checkpoint {resume}: No space left on device",
+            f"error: {resume} and the weights beside it are the last checkpoint, intact: make room and continue with "
+            f"resume={resume}"]
+        assert sorted(path.name for path in out.iterdir()) == [".lock", "agent_opd_64.pth", "agent_opd_64_resume.pth"]
+        assert load_resume(resume)["step"] == 1
 
 
 def offline_steps(workspace, out: str, *overrides: str) -> list[dict]:

@@ -303,7 +303,14 @@ def load_hf(name_or_path: str, *, role: str = "model") -> PreTrainedModel:
         raise FileNotFoundError(f"{role} model folder not found: {text}")
     if local.is_dir() and not (local / "config.json").is_file():
         raise FileNotFoundError(f"{role} model folder {text} has no config.json (not an HF model folder)")
-    return AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else text, torch_dtype=torch.float32)
+    if local.exists() and not local.is_dir():
+        raise UserError(f"{role}.checkpoint {text} is not a checkpoint: a MiniMind checkpoint is a .pth (or .pt) "
+                        "state dict, an HF model a folder with config.json or a hub id")
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else text, torch_dtype=torch.float32)
+    except (OSError, ValueError) as error:  # no weights in the folder, an unknown model type, a hub id not cached
+        raise UserError(f"{role}.checkpoint {text}: transformers cannot load it as a model: "
+                        f"{str(error).strip().splitlines()[0]}") from None
 
 
 def check_tokenizer_fits(tokenizer, model: PreTrainedModel, *, role: str = "model", exact: bool = True) -> None:

@@ -98,7 +98,11 @@ def load_tokenizer(name_or_path: str, *, role: str = "tokenizer"):
     local = Path(text).expanduser()
     if looks_like_local_path(text) and not local.exists():
         raise FileNotFoundError(f"{role}: tokenizer folder not found: {text}")
-    tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else text)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else text)
+    except (OSError, ValueError) as error:  # a file, a folder without tokenizer files, a hub id not cached
+        raise UserError(f"{role} {text}: transformers cannot load it as a tokenizer: "
+                        f"{str(error).strip().splitlines()[0]}") from None
     missing = [name for name in ("eos_token_id", "pad_token_id") if getattr(tokenizer, name) is None]
     if missing:
         raise UserError(f"{role} {text}: tokenizer defines no {', '.join(missing)}")

@@ -1,0 +1,46 @@
+"""One run per ``out_dir``: opd's entries make the folder and lock it before anything loads, for the whole run.
+
+``hold_out_dir`` takes ``common.run_lock.OutputLock`` on ``{out_dir}/.lock``; the OS lets go when the process
+exits however it exits (``kill -9`` included), and a second run on the same folder (train, sft or evaluate) is
+refused at once with an ``error:`` naming the holder's pid. Making the folder and its lock file is also the check
+that ``out_dir`` can be written, before any compute: ``out_dir=/dev/null`` or a folder on a read-only disk stops
+the run there, not at its first save.
+
+Under ``torchrun`` only global rank 0 (``RANK``) takes the lock, since it alone writes files; the other ranks go
+on to join the process group, and if rank 0 is refused it exits before joining, so torchrun stops them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from common.run_lock import OutputLock
+from common.user_errors import UserError
+
+LOCK_NAME = ".lock"
+
+
+@contextmanager
+def hold_out_dir(out_dir: str | Path) -> Iterator[None]:
+    """Hold ``out_dir`` (made if missing) for the block's whole run; raises ``UserError`` when it cannot be written
+    or another run holds it."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    folder = Path(out_dir).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"out_dir {out_dir} is not a folder", "choose another out_dir=")
+    lock = OutputLock(folder / LOCK_NAME, folder, job="opd",
+                      hint="wait for it to finish (or stop it), or choose another out_dir=")
+    try:
+        lock.acquire()
+    except OSError as error:  # the folder cannot be made, or written
+        raise UserError(f"cannot write to out_dir {out_dir} ({error.strerror or error})",
+                        "choose another out_dir=") from None
+    try:
+        yield
+    finally:
+        lock.release()
