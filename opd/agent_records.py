@@ -23,7 +23,7 @@ from common.user_errors import UserError
 
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_COLUMNS = ("messages", "conversations")  # regen reads rows the same way
-_MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "name", "tool_call_id")
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "name", "tool_call_id", "weight")
 # 8 MiB: a record that long is far past any context MiniMind has (32k positions); an agent prompt is kilobytes
 MAX_LINE_BYTES = 8 << 20
 MAX_NESTING = 100  # levels of arrays/objects; tool schemas use about ten
@@ -126,6 +126,9 @@ def parse_message(message, where: str) -> dict:
     content = message.get("content")
     if not isinstance(content, str) and not (role == "assistant" and content is None and message.get("tool_calls")):
         raise RecordError(f"{where}.content: expected a string, got {type(content).__name__}")
+    if "weight" in message and (role != "assistant" or type(message["weight"]) is not int or message["weight"] not in (0, 1)):
+        raise RecordError(f"{where}.weight: only an assistant message has a weight, 0 (context, not learned) or 1, "
+                          f"got {message['weight']!r} on {'an' if role == 'assistant' else 'a'} {role} message")
     return {key: message[key] for key in _MESSAGE_KEYS if key in message}
 
 

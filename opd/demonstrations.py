@@ -6,7 +6,9 @@ them, ending with an assistant turn. Its token sequence is built exactly as a ro
 templated prompt (with its generation prompt), then for each assistant turn the ids of what the chat
 template renders for that turn followed by the EOS id, then the context the template puts between that
 EOS and the next generation prompt (observations, role markers), each piece encoded on its own. Targets
-are exactly the assistant turns' tokens including each turn's EOS; everything else is context.
+are exactly the assistant turns' tokens including each turn's EOS; everything else is context. An assistant
+message with ``"weight": 0`` (OpenAI's fine-tuning convention) is context too: its turn is in the sequence, so
+what follows is conditioned on it, but it is not learned (a demonstrated mistake the next turn recovers from).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def parse_demonstration(row, source: str) -> Demonstration:
         raise RecordError(f"{source}: {key}[0]: starts with an assistant turn; a demonstration needs a prompt first")
     if messages[-1]["role"] != "assistant":
         raise RecordError(f"{source}: {key}[{len(messages) - 1}]: a demonstration must end with an assistant turn")
+    if all(message.get("weight", 1) == 0 for message in messages if message["role"] == "assistant"):
+        raise RecordError(f"{source}: {key}: every assistant turn has weight 0, so there is nothing to learn from")
     record = parse_record({**row, key: raw[:first]}, source)
     return Demonstration(record, messages)
 
@@ -98,7 +102,8 @@ def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
         start = len(episode.ids)
         episode.ids += chat_format.encode(text) + [eos_id]
         _, calls = split_tool_calls(chat_format.decode(episode.ids[start:]))
-        turn = Turn(start, len(episode.ids), [check_call(call, record.declared_tools) for call in calls])
+        turn = Turn(start, len(episode.ids), [check_call(call, record.declared_tools) for call in calls],
+                    trained=messages[index].get("weight", 1) == 1)
         episode.turns.append(turn)
         if number + 1 < len(assistant_at):
             following = chat_format.render(messages[:assistant_at[number + 1]], record.tools)

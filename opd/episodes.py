@@ -30,6 +30,7 @@ class Turn:
     end: int
     calls: list[CallOutcome] = field(default_factory=list)
     observation_end: int | None = None  # end of the observation context appended after this turn, if any
+    trained: bool = True  # its tokens are targets (a demonstration's assistant message with weight 0 is context)
 
 
 @dataclass
@@ -66,10 +67,11 @@ class Episode:
         return sum(1 for turn in self.turns for call in turn.calls if call.status != OK)
 
     def target_mask(self) -> list[bool]:
-        """One flag per id: True for generated (distillation target) tokens."""
+        """One flag per id: True for generated (distillation target) tokens of trained turns."""
         mask = [False] * len(self.ids)
         for turn in self.turns:
-            mask[turn.start:turn.end] = [True] * (turn.end - turn.start)
+            if turn.trained:
+                mask[turn.start:turn.end] = [True] * (turn.end - turn.start)
         return mask
 
     def turn_ids(self, index: int) -> list[int]:

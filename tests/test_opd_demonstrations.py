@@ -78,6 +78,37 @@ def test_demonstration_targets_are_exactly_the_assistant_turns(tokenizer, chat_f
     assert tokenizer.decode(ids) + "\n" == rendered
 
 
+def test_an_assistant_turn_with_weight_0_is_context_not_a_target(tokenizer, chat_format):
+    """A demonstrated mistake (weight 0) stays in the sequence, so the turns after it are conditioned on it, but
+    none of its tokens is a target; every other turn is learned as before."""
+    conversation = [dict(message) for message in DEMONSTRATION["conversations"]]
+    conversation[4]["weight"], conversation[7]["weight"] = 0, 1
+    weighted = demonstration_episode(parse_demonstration({"conversations": conversation}, "w.jsonl:1"), chat_format)
+    plain = demonstration_episode(parse_demonstration(DEMONSTRATION, "demos.jsonl:1"), chat_format)
+    assert weighted.ids == plain.ids and [t.trained for t in weighted.turns] == [True, False, True, True]
+    second = weighted.turns[1]
+    expected = plain.target_mask()
+    expected[second.start:second.end] = [False] * (second.end - second.start)
+    assert weighted.target_mask() == expected and sum(expected) == sum(plain.target_mask()) - (second.end - second.start)
+    assert [[c.status for c in turn.calls] for turn in weighted.turns][1] == ["ok", "undeclared"]  # still checked
+
+
+@pytest.mark.parametrize("conversation,message", [
+    ([SYSTEM, {"role": "user", "content": "hi", "weight": 0}, {"role": "assistant", "content": "x"}],
+     r"w.jsonl:2: conversations\[1\].weight: only an assistant message has a weight, 0 \(context, not learned\) or 1, "
+     "got 0 on a user message"),
+    ([SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "weight": 0.5}],
+     r"conversations\[2\].weight: .* got 0.5 on an assistant message"),
+    ([SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "weight": True}],
+     r"conversations\[2\].weight: .* got True"),
+    ([SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "weight": 0}],
+     "w.jsonl:2: conversations: every assistant turn has weight 0, so there is nothing to learn from"),
+])
+def test_bad_weights_are_refused_naming_the_message(conversation, message):
+    with pytest.raises(RecordError, match=message):
+        parse_demonstration({"conversations": conversation}, "w.jsonl:2")
+
+
 def test_a_demonstration_ending_in_tool_calls_is_not_an_answer(chat_format):
     row = {"conversations": DEMONSTRATION["conversations"][:3]}
     episode = demonstration_episode(parse_demonstration(row, "d.jsonl:2"), chat_format)
