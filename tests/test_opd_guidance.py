@@ -146,7 +146,8 @@ def test_provenance_and_kept_teacher_logits_are_exact_across_turns_and_observati
     student, teacher = models
     seeds = [1, 21, 2]  # their turn coins: student, teacher / teacher, student, teacher / student
     policy = BehaviourPolicy(teacher, settings, ScriptedSampler(scripts), seeds)
-    limits = RolloutConfig(max_turns=3, max_gen_len=64, max_total_len=4096, open_thinking=False)
+    # max_gen_len holds the longest scripted turn in either tokenizer (70 ids in the stand-in's bytes, fewer in MiniMind's)
+    limits = RolloutConfig(max_turns=3, max_gen_len=128, max_total_len=4096, open_thinking=False)
     episodes = AgentRollout(student, chat_format, ScriptedSampler(scripts), limits).run(records, policy)
     assert [len(e.turns) for e in episodes] == [2, 3, 1] and all(e.stop_reason == "answer" for e in episodes)
     assert all(t.observation_end is not None for e in episodes for t in e.turns[:-1])  # observations between turns
