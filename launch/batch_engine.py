@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.minimind.model import cache_keyword
 from launch.padded_batch import PaddedBatch, prefill_inputs
 from launch.sampling import SamplingParams, TokenSampler
-from opd.minimind.model import cache_keyword
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,7 @@ def load_service(args: argparse.Namespace) -> ChatService:
     """Load the model and tokenizer named by the CLI arguments and wrap them in a started engine."""
     import torch
 
-    from opd.minimind.model import MiniMindArch, ModelSpec, load_model
+    from common.minimind.model import MiniMindArch, ModelSpec, load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -196,7 +196,7 @@ def load_service(args: argparse.Namespace) -> ChatService:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from opd.minimind.model import MiniMindArch
+    from common.minimind.model import MiniMindArch
 
     parser = argparse.ArgumentParser(prog="python -m launch.chat_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="native MiniMind .pth, HF model folder or hub id")

@@ -9,8 +9,8 @@ rest is the observation context.
 
 from __future__ import annotations
 
+from common.chat_records import AgentRecord
 from common.user_errors import UserError
-from opd.agent_records import AgentRecord
 
 _MARKER = "OPD-ASSISTANT-CONTENT-MARKER-7f3a"
 

@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 from common.atomic_write import commit, stage
+from common.minimind.model import native_state_dict
 from common.user_errors import UserError
 from opd.data_order import DataCursor
-from opd.minimind.model import native_state_dict
 
 RESUME_FORMAT = "opd-resume/4"
 RESUME_KEYS = ("format", "model", "optimization", "step", "cursor", "rng", "signature", "weights_sha256",

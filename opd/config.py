@@ -9,7 +9,7 @@ key; code deeper down takes these objects and does not check them again. Values 
 
 Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollout.AgentRollout``, ``sampling`` →
 ``opd.sampling.TokenSampler``, ``guidance`` → ``opd.guidance.BehaviourPolicy``, ``loss`` → ``opd.loss.token_divergence``, ``optim`` → ``opd.optimization.Optimization``,
-``teacher``/``student``/``model``/``models.NAME`` → ``opd.minimind.model.load_model``.
+``teacher``/``student``/``model``/``models.NAME`` → ``common.minimind.model.load_model``.
 
 Model presets live once, in ``configs/model/``; ``register_model_groups`` makes the same files opd's
 ``teacher`` and ``student`` groups, so ``teacher=agent_768 student=full_sft_768`` picks from that folder.
@@ -29,9 +29,9 @@ from typing import TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from common.minimind.model import ModelSpec
+from common.minimind.precision import Precision, resolve_precision
 from common.user_errors import UserError
-from opd.minimind.model import ModelSpec
-from opd.minimind.precision import Precision, resolve_precision
 
 MODEL_PRESETS = Path(__file__).resolve().parents[1] / "configs" / "model"
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from opd.agent_records import (
+from common.chat_records import (
     MESSAGE_COLUMNS,
     AgentRecord,
     RecordError,

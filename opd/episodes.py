@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from opd.agent_records import AgentRecord
+from common.chat_records import AgentRecord
 from tools.tool_environment import OK, CallOutcome
 
 # Why an episode stopped. Only ANSWER (a turn without tool calls) is a complete episode.
@@ -122,7 +122,7 @@ def shared_prefix_length(episodes: list[Episode]) -> int:
     """Leading ids every episode shares (system prompt, tool list), capped one short of the shortest prompt so
     the prefix never reaches a target; 0 when there is one episode or the prefix is not worth sharing.
 
-    Rollout and loss forwards compute such a prefix once (``opd.minimind.model.prefill_shared_prefix``).
+    Rollout and loss forwards compute such a prefix once (``common.minimind.model.prefill_shared_prefix``).
     """
     if len(episodes) < 2:
         return 0

@@ -35,13 +35,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.atomic_write import atomic_write_json, atomic_write_text
+from common.chat_records import AgentRecord, RecordError, load_agent_records
+from common.minimind.model import ModelSpec, load_model
+from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from common.user_errors import UserError, exit_on_user_error
-from opd.agent_records import AgentRecord, RecordError, load_agent_records
 from opd.chat_format import ChatFormat
 from opd.checkpoints import vocabulary_fingerprint
 from opd.config import EvalConfig, parse_config
-from opd.minimind.model import ModelSpec, load_model
-from opd.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from opd.out_dir import hold_out_dir
 from opd.reporting import print_table, require_matplotlib, write_chart
 from opd.rollout import AgentRollout

@@ -24,9 +24,9 @@ import math
 
 import torch
 
+from common.minimind.model import cache_keyword, prefill_shared_prefix
 from opd.config import LossConfig
 from opd.episodes import PackedBatch
-from opd.minimind.model import cache_keyword, prefill_shared_prefix
 
 
 def target_positions(batch: PackedBatch) -> torch.Tensor:

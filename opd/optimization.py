@@ -12,8 +12,8 @@ import math
 import torch
 from transformers import get_scheduler
 
+from common.minimind.precision import Precision
 from opd.config import OptimConfig
-from opd.minimind.precision import Precision
 
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 

@@ -1,5 +1,5 @@
 """What the entries show and write: per-step training logs and run summaries, the evaluation's comparison table
-and its PNG chart, and the recipe's learning-curve chart (charts need matplotlib, an optional extra)."""
+and its PNG chart (charts need matplotlib, an optional extra)."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def require_matplotlib() -> None:
         raise ImportError("the chart needs matplotlib: pip install -e '.[chart]' (or set chart=false)") from None
 
 
-def _pyplot():
+def pyplot():
     """matplotlib's pyplot on the file-only Agg backend."""
     import matplotlib
 
@@ -161,19 +161,19 @@ def _pyplot():
     return plt
 
 
-def _save_png(figure, path: str | Path) -> Path:
+def save_png(figure, path: str | Path) -> Path:
     """Lay out, write atomically as PNG and close ``figure``."""
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda stream: figure.savefig(stream, format="png", dpi=120))
-    _pyplot().close(figure)
+    pyplot().close(figure)
     return path
 
 
 def write_chart(results: list[dict], path: str | Path, title: str = "held-out evaluation") -> Path:
     """A PNG with the rates, mean assistant tokens and mean turns of each checkpoint side by side."""
-    plt = _pyplot()
+    plt = pyplot()
     names = [result["name"] for result in results]
     figure, (rates, tokens, turns) = plt.subplots(1, 3, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3, 1.2, 1.2]})
     width = 0.8 / len(RATES)
@@ -192,33 +192,4 @@ def write_chart(results: list[dict], path: str | Path, title: str = "held-out ev
         axis.set_title(label, fontsize=10)
         axis.tick_params(axis="x", labelrotation=30)
     figure.suptitle(title)
-    return _save_png(figure, path)
-
-
-def write_curve_chart(report: dict, path: str | Path) -> Path:
-    """The recipe's learning curves: held-out accuracy of every arm against optimizer steps and against wall
-    seconds, with a band of ± one standard error (over seeds when there are several, else over problems), and
-    the teacher's and the starting student's accuracy as horizontal lines."""
-    plt = _pyplot()
-    over_seeds = len(report["seeds"]) > 1
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
-    for axis, x_key, x_label in ((axes[0], "step", "student updates (optimizer steps)"),
-                                 (axes[1], "wall_s", "seconds of training (loading and teacher rollouts included)")):
-        for arm, points in report["curves"].items():
-            xs = [point[x_key] for point in points]
-            ys = [point["accuracy"] for point in points]
-            ses = [(point["se_seeds"] if over_seeds else point["se_problems"]) or 0.0 for point in points]
-            line, = axis.plot(xs, ys, marker="o", markersize=3, label=arm)
-            axis.fill_between(xs, [y - se for y, se in zip(ys, ses, strict=True)],
-                              [y + se for y, se in zip(ys, ses, strict=True)], color=line.get_color(), alpha=0.2)
-        for name, style in (("teacher", "--"), ("student", ":")):
-            axis.axhline(report[name]["accuracy"], color="black", linestyle=style, linewidth=1,
-                         label=f"{name} ({report[name]['accuracy']:.3f})")
-        axis.set_xlabel(x_label)
-        axis.grid(alpha=0.3)
-    axes[0].set_ylabel("held-out accuracy")
-    axes[0].legend(fontsize=8, loc="best")
-    seeds = len(report["seeds"])
-    figure.suptitle(f"held-out accuracy, {report['heldout_problems']} problems, {seeds} seed{'s' if seeds > 1 else ''}"
-                    f" (bands: ± 1 SE over {'seeds' if over_seeds else 'problems'})")
-    return _save_png(figure, path)
+    return save_png(figure, path)

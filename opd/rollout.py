@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
-from opd.agent_records import AgentRecord
+from common.chat_records import AgentRecord
+from common.minimind.model import cache_keyword, prefill_shared_prefix
 from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig
 from opd.decode_cache import decode_cache
 from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn, shared_prefix_length
 from opd.guidance import BehaviourPolicy
-from opd.minimind.model import cache_keyword, prefill_shared_prefix
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import check_call, execute_call
 

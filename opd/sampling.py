@@ -1,10 +1,10 @@
-"""Choosing the next token of each rollout row: seeded temperature / top-k / top-p / min-p sampling, or a script.
+"""Choosing the next token of each rollout row: seeded temperature / top-k / top-p / min-p sampling.
 
 ``TokenSampler`` samples the batch from one seeded ``torch.Generator`` (the training rollout), or each row
 from its own record's generator (``TokenSampler.per_record``: cached teacher rollouts, whose episodes must
 not depend on which records shared a batch). The embedded server has its own per-request sampler
 (``launch/sampling.py``): it follows vLLM's request semantics row by row (penalties, per-request seeds),
-which a training rollout does not need. ``ScriptedSampler`` emits fixed turns for tests and the benchmark.
+which a training rollout does not need.
 """
 
 from __future__ import annotations
@@ -67,26 +67,3 @@ class TokenSampler:
 
     def set_state(self, state: torch.Tensor) -> None:
         self.generator.set_state(state)
-
-
-class ScriptedSampler:
-    """Emits fixed turns instead of sampling: ``scripts[record.source]`` lists each turn's generated ids.
-
-    The model still runs its forward on every step, so tests can force exact episode shapes and the
-    benchmark can time real compute with fixed turn lengths.
-    """
-
-    def __init__(self, scripts: Mapping[str, list[list[int]]]) -> None:
-        self.scripts = scripts
-
-    def __call__(self, logits: torch.Tensor, episodes: list[Episode]) -> torch.Tensor:
-        tokens = []
-        for episode in episodes:
-            turn_index, turn = len(episode.turns) - 1, episode.turns[-1]
-            position = turn.end - turn.start
-            script = self.scripts[episode.record.source]
-            if turn_index >= len(script) or position >= len(script[turn_index]):
-                raise ValueError(f"{episode.record.source}: the script has no token for turn {turn_index} "
-                                 f"position {position}")
-            tokens.append(script[turn_index][position])
-        return torch.tensor(tokens, dtype=torch.long, device=logits.device)

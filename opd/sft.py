@@ -20,6 +20,14 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from common.minimind.model import (
+    build_model,
+    check_tokenizer_fits,
+    enable_activation_checkpointing,
+    load_model,
+)
+from common.minimind.precision import Precision
+from common.minimind.tokenizer import load_tokenizer
 from common.user_errors import exit_on_user_error
 from opd.chat_format import ChatFormat
 from opd.checkpoints import (
@@ -38,9 +46,6 @@ from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.distributed import check_batch_divides, data_parallel, gradient_sync, idle_loss, start, stop, unwrap
 from opd.episodes import Episode, PackedBatch, pack_episodes, shared_prefix_length
 from opd.loss import TargetLogits, router_aux_coef, router_loss, target_cross_entropy
-from opd.minimind.model import build_model, check_tokenizer_fits, enable_activation_checkpointing, load_model
-from opd.minimind.precision import Precision
-from opd.minimind.tokenizer import load_tokenizer
 from opd.optimization import Optimization
 from opd.out_dir import hold_out_dir
 from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from opd.agent_records import AgentRecord
+from common.chat_records import AgentRecord
 from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig, SamplingConfig
 from opd.episodes import STOP_REASONS, Episode, Turn

@@ -26,8 +26,11 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from common.chat_records import AgentRecord, load_agent_records
+from common.minimind.model import enable_activation_checkpointing, load_model
+from common.minimind.precision import Precision
+from common.minimind.tokenizer import check_same_tokenizer
 from common.user_errors import UserError, exit_on_user_error
-from opd.agent_records import AgentRecord, load_agent_records
 from opd.chat_format import ChatFormat
 from opd.checkpoints import (
     check_out_dir,
@@ -46,9 +49,6 @@ from opd.distributed import check_batch_divides, data_parallel, gradient_sync, i
 from opd.episodes import Episode, PackedBatch, pack_episodes, shared_prefix_length
 from opd.guidance import BehaviourPolicy, episode_seed, turn_share_at
 from opd.loss import TargetLogits, logits_at_targets, router_aux_coef, router_loss, token_divergence
-from opd.minimind.model import enable_activation_checkpointing, load_model
-from opd.minimind.precision import Precision
-from opd.minimind.tokenizer import check_same_tokenizer
 from opd.optimization import Optimization
 from opd.out_dir import hold_out_dir
 from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders
 
-from opd.minimind.tokenizer import byte_level_symbols
+from common.minimind.tokenizer import byte_level_symbols
 from regen.errors import UserError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

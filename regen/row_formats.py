@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from opd.agent_records import MESSAGE_COLUMNS
+from common.chat_records import MESSAGE_COLUMNS
 from regen.conversation import Conversation, RowError, ToolResult, read_messages, read_tools
 
 Turns = tuple[list[dict[str, str]], list[ToolResult]]

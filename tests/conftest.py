@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import FORCE_STANDIN, real_tokenizer_path
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-FORCE_STANDIN = os.environ.get("STANDIN_TOKENIZER") == "1"
 if FORCE_STANDIN:
     os.environ.pop("MINIMIND_TOKENIZER", None)
 # A shell starts a background job (`make test &`, nohup) with SIGINT ignored, and an ignored signal stays
@@ -26,26 +27,11 @@ if FORCE_STANDIN:
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONFIG_DIR = REPO_ROOT / "configs"
-
-
-def real_tokenizer_path() -> Path | None:
-    """The real MiniMind-3 tokenizer: $MINIMIND_TOKENIZER, else ../shared/minimind3-tokenizer, else None (and
-    None under ``STANDIN_TOKENIZER=1``)."""
-    if FORCE_STANDIN:
-        return None
-    candidates = [os.environ.get("MINIMIND_TOKENIZER"), str(REPO_ROOT.parent / "shared" / "minimind3-tokenizer")]
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "tokenizer.json").is_file():
-            return Path(candidate)
-    return None
-
 
 @pytest.fixture(scope="session")
 def standin_tokenizer_path(tmp_path_factory) -> Path:
     """The MiniMind-shaped stand-in tokenizer, written once per session."""
-    from opd.minimind.tokenizer import build_standin_tokenizer
+    from standins.tokenizer import build_standin_tokenizer
 
     return build_standin_tokenizer(tmp_path_factory.mktemp("standin-tokenizer"))
 
@@ -58,6 +44,6 @@ def tokenizer_path(standin_tokenizer_path) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(tokenizer_path):
-    from opd.minimind.tokenizer import load_tokenizer
+    from common.minimind.tokenizer import load_tokenizer
 
     return load_tokenizer(str(tokenizer_path))

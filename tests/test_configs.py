@@ -8,15 +8,12 @@ import sys
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from opd.config import register_model_groups
-from opd.minimind.model import ModelSpec
-from tests.conftest import CONFIG_DIR, REPO_ROOT
-from tests.opd_support import entry_config
+from common.minimind.model import ModelSpec
+from tests.helpers.configs import compose_config, entry_config, options
+from tests.helpers.paths import CONFIG_DIR, REPO_ROOT
 
 GROUPS = {
     "regen": ("dataset", "server", "sampling"),
@@ -33,28 +30,16 @@ REQUIRED = {
 }
 
 
-def options(group: str) -> list[str]:
-    folder = "model" if group in ("teacher", "student") else group  # opd's teacher/student groups are configs/model/
-    return sorted(p.stem for p in (CONFIG_DIR / folder).glob("*.yaml"))
-
-
-def compose_config(config_name: str, overrides: list[str]):
-    register_model_groups()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-
-
 @pytest.mark.parametrize(
     "config_name,group,option",
     [(name, group, option) for name, groups in GROUPS.items() for group in groups for option in options(group)],
 )
 def test_every_group_option_composes(config_name, group, option):
     overrides = [o for o in REQUIRED[config_name] if not o.startswith(f"{group}=")] + [f"{group}={option}"]
-    cfg = compose_config(config_name, overrides)
+    cfg = compose_config(config_name, overrides, hydra_config=True)
     block = OmegaConf.to_container(cfg[group], resolve=True, throw_on_missing=False)
     reference = OmegaConf.to_container(
-        compose_config(config_name, REQUIRED[config_name])[group], resolve=True, throw_on_missing=False
+        compose_config(config_name, REQUIRED[config_name], hydra_config=True)[group], resolve=True, throw_on_missing=False
     )
     if group != "server":  # every preset of a group has the same keys, so overrides work on any of them
         assert set(block) == set(reference), f"{group}={option} keys differ from the default preset"
@@ -74,11 +59,11 @@ def test_no_config_file_is_a_byte_identical_twin_of_another():
 def test_one_model_preset_serves_every_entry(preset):
     """The same file is opd's teacher, opd's student, sft's model, an evaluate model and the local server's model."""
     reference = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "model" / f"{preset}.yaml"))
-    seen = [compose_config("opd", ["data=x", f"teacher={preset}"]).teacher,
-            compose_config("opd", ["data=x", f"student={preset}"]).student,
-            compose_config("sft", ["data=x", f"model={preset}"]).model,
-            compose_config("evaluate", ["data=x", f"+model@models.m={preset}"]).models.m,
-            compose_config("regen", ["dataset=sample", "server=local", f"model@server={preset}"]).server]
+    seen = [compose_config("opd", ["data=x", f"teacher={preset}"], hydra_config=True).teacher,
+            compose_config("opd", ["data=x", f"student={preset}"], hydra_config=True).student,
+            compose_config("sft", ["data=x", f"model={preset}"], hydra_config=True).model,
+            compose_config("evaluate", ["data=x", f"+model@models.m={preset}"], hydra_config=True).models.m,
+            compose_config("regen", ["dataset=sample", "server=local", f"model@server={preset}"], hydra_config=True).server]
     for block in seen:
         assert {key: block[key] for key in reference if key != "tokenizer"} == {
             key: value for key, value in reference.items() if key != "tokenizer"}
@@ -100,8 +85,8 @@ def test_group_key_sets():
 def test_dataset_aliases_match_their_presets():
     for alias, canonical in [("open-perfectblend", "open_perfectblend"), ("hermes-fc", "hermes_fc"),
                              ("sharegpt4v-coco", "sharegpt4v_coco")]:
-        a = compose_config("regen", [f"dataset={alias}"]).dataset
-        b = compose_config("regen", [f"dataset={canonical}"]).dataset
+        a = compose_config("regen", [f"dataset={alias}"], hydra_config=True).dataset
+        b = compose_config("regen", [f"dataset={canonical}"], hydra_config=True).dataset
         assert a == b
 
 
@@ -116,16 +101,16 @@ def test_model_presets_follow_minimind_naming():
 
 def test_unknown_key_and_missing_required_value_fail():
     with pytest.raises(ConfigCompositionException):
-        compose_config("regen", ["dataset=sample", "no_such_key=1"])
+        compose_config("regen", ["dataset=sample", "no_such_key=1"], hydra_config=True)
     with pytest.raises(ConfigCompositionException):
-        compose_config("regen", ["dataset=no_such_preset"])
-    cfg = compose_config("regen", ["dataset=magpie"])
+        compose_config("regen", ["dataset=no_such_preset"], hydra_config=True)
+    cfg = compose_config("regen", ["dataset=magpie"], hydra_config=True)
     assert OmegaConf.is_missing(cfg.server, "model")
 
 
 def test_multirun_job_dirs_never_collide():
     for name in GROUPS:
-        cfg = compose_config(name, REQUIRED[name])
+        cfg = compose_config(name, REQUIRED[name], hydra_config=True)
         assert "${hydra.job.num}" in OmegaConf.to_container(cfg.hydra.sweep)["subdir"]
 
 

@@ -1,13 +1,37 @@
-"""Scripts run as `python regen/main.py`, which puts regen/ first on sys.path: no module may shadow another."""
+"""The layout: product packages import only product code, regen and launch nothing of opd, and no module shadows
+another when a script runs from its folder (`python regen/main.py` puts regen/ first on sys.path)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import sys
 
-from tests.conftest import REPO_ROOT
+import pytest
+
+from tests.helpers.paths import REPO_ROOT
 
 PACKAGES = ("common", "regen", "opd", "tools", "launch")
+BESIDE_THE_PRODUCT = ("standins", "benchmarks", "experiments", "tests")  # measure, stand in, experiment, test
+
+
+def imported_packages(path) -> set[str]:
+    """The top-level names a module imports (at any depth of the module, function-level imports included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_product_packages_import_only_product_code(package):
+    refused = set(BESIDE_THE_PRODUCT) | ({"opd"} if package in ("regen", "launch", "common", "tools") else set())
+    found = {f"{path.relative_to(REPO_ROOT)} imports {name}" for path in (REPO_ROOT / package).rglob("*.py")
+             for name in imported_packages(path) & refused}
+    assert not found, sorted(found)
 
 
 def installed_top_level_names() -> set[str]:
@@ -23,7 +47,7 @@ def test_no_module_shadows_stdlib_or_dependencies():
     taken = set(sys.stdlib_module_names) | installed_top_level_names()
     clashes = [
         f"{package}/{path.name}"
-        for package in PACKAGES
+        for package in (*PACKAGES, *BESIDE_THE_PRODUCT)
         for path in (REPO_ROOT / package).iterdir()
         if (path.suffix == ".py" and path.stem != "__init__" and path.stem.lower() in taken - set(PACKAGES))
         or (path.is_dir() and path.name.lower() in taken - set(PACKAGES))

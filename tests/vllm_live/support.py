@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, real_tokenizer_path
+from tests.helpers.paths import REPO_ROOT, real_tokenizer_path
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "vllm"
 VENV = Path(os.environ.get("VLLM_VENV") or REPO_ROOT / "out" / "vllm-venv")

@@ -1,0 +1,55 @@
+"""One run per output: the flock beside it refuses a second holder (another process) naming the first's pid, and
+the OS drops it when the holder exits, kill -9 included."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from common.run_lock import OutputLock, OutputLocked
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.standin_vllm_cli import wait_for_file
+
+ROLE = {"job": "regen", "hint": "choose another output="}
+HOLD = """
+import sys, time
+from pathlib import Path
+from common.run_lock import OutputLock
+OutputLock(Path(sys.argv[1]), Path(sys.argv[2]), job="regen", hint="").acquire()
+Path(sys.argv[3]).write_text("held")
+time.sleep(300)
+"""
+
+
+def hold_in_another_process(tmp_path) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "out.lock"), str(tmp_path / "out.jsonl"),
+                               str(tmp_path / "held")], cwd=REPO_ROOT)
+    wait_for_file(tmp_path / "held", holder)
+    return holder
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_second_holder_is_refused_until_the_first_is_gone(tmp_path, signum):
+    holder = hold_in_another_process(tmp_path)
+    try:
+        with pytest.raises(OutputLocked) as refused:
+            OutputLock(tmp_path / "out.lock", tmp_path / "out.jsonl", **ROLE).acquire()
+        assert str(refused.value) == (f"{tmp_path / 'out.jsonl'} is being written by another regen run "
+                                      f"(pid {holder.pid}, lock {tmp_path / 'out.lock'})")
+    finally:
+        os.kill(holder.pid, signum)
+        holder.wait(timeout=60)
+    lock = OutputLock(tmp_path / "out.lock", tmp_path / "out.jsonl", **ROLE).acquire()  # the OS let go of it
+    assert (tmp_path / "out.lock").read_text() == f"{os.getpid()}\n"
+    lock.release()
+
+
+def test_release_lets_the_next_run_in(tmp_path):
+    first = OutputLock(tmp_path / "deep" / "out.lock", tmp_path / "deep" / "out.jsonl", **ROLE).acquire()
+    first.release()
+    second = OutputLock(tmp_path / "deep" / "out.lock", tmp_path / "deep" / "out.jsonl", **ROLE).acquire()
+    second.release()

@@ -1,0 +1,253 @@
+"""The CPU recipe: its stages (one run per arm keeps every curve checkpoint; every evaluation decodes alike), the stage runner
+(order, parallel jobs, skipping, failures), the statistics, and (slow) the whole recipe end to end at tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from common.user_errors import UserError
+from experiments.recipe.recipe import (
+    Stage,
+    curve_report,
+    curve_steps,
+    mean_and_se,
+    paired_difference,
+    recipe_stages,
+    run_stages,
+)
+from tests.helpers.configs import compose_config
+from tests.helpers.paths import REPO_ROOT
+
+TINY = ["data.train=40", "data.distill=16", "data.heldout=10", "teacher.sft_steps=3", "student.sft_steps=2",
+        "distill.steps=3", "distill.eval_every=2", "distill.batch_size=2", "teacher.hidden_size=64",
+        "teacher.num_hidden_layers=2", "student.hidden_size=64", "student.num_hidden_layers=2",
+        "distill.max_gen_len=8", "evaluation.max_gen_len=8", "evaluation.batch_size=5"]
+
+
+def recipe_config(tmp_path, *overrides):
+    return compose_config("recipe", [f"out_dir={tmp_path}", "tokenizer=TOK", *overrides])
+
+
+def argument(command: list[str], key: str) -> str | None:
+    return next((part.split("=", 1)[1] for part in command if part.startswith(f"{key}=")), None)
+
+
+def test_curve_steps_end_at_the_last_step():
+    assert curve_steps(compose_config("recipe", ["distill.steps=200", "distill.eval_every=40"])) == [40, 80, 120, 160, 200]
+    assert curve_steps(compose_config("recipe", ["distill.steps=100", "distill.eval_every=40"])) == [40, 80, 100]
+    with pytest.raises(UserError, match="distill.eval_every must be >= 1"):
+        curve_steps(compose_config("recipe", ["distill.eval_every=0"]))
+
+
+def test_every_arm_is_one_run_keeping_its_curve_checkpoints_on_one_schedule(tmp_path):
+    cfg = recipe_config(tmp_path, "seeds=[0,1]", "distill.steps=100", "distill.eval_every=40")
+    stages = {stage.name: stage for stage in recipe_stages(cfg)}
+    for seed in (0, 1):
+        for arm, spec in cfg.arms.items():
+            run = stages[f"seed{seed}-{arm}"]
+            stem = "agent_opd_128" if spec.entry == "opd" else "continued_sft_128"
+            assert run.outputs == [tmp_path / f"seed{seed}" / arm / f"{stem}_step{step}.pth" for step in (40, 80, 100)]
+            assert {key: argument(run.command, key) for key in ("max_steps", "save_interval", "keep_saved_weights",
+                                                                "resume")} == {
+                "max_steps": "100", "save_interval": "40", "keep_saved_weights": "true", "resume": None}
+            assert run.needs == (f"seed{seed}-student", *(["teacher"] if spec.entry == "opd" else []))
+            assert [entry for entry in run.command if entry.endswith(".py")] == [
+                "opd/train.py" if spec.entry == "opd" else "opd/sft.py"]
+            # every arm starts from the seed's student with the same batch and schedule
+            assert str(tmp_path / f"seed{seed}" / "student") in " ".join(run.command)
+            shared = ("batch_size", "optim.learning_rate", "optim.warmup_steps", "optim.lr_scheduler", "seed")
+            assert {key: argument(run.command, key) for key in shared} == {
+                "batch_size": "8", "optim.learning_rate": str(cfg.distill.learning_rate),
+                "optim.warmup_steps": str(cfg.distill.warmup_steps), "optim.lr_scheduler": "cosine", "seed": str(seed)}
+            evaluation = stages[f"seed{seed}-{arm}-eval"]
+            assert evaluation.needs == (run.name,) and all(str(path) in argument(evaluation.command, "models")
+                                                          for path in run.outputs)
+    assert argument(stages["seed0-opd_forward_kl"].command, "data").endswith("distill_prompts.jsonl")
+    assert argument(stages["seed0-continued_sft"].command, "data").endswith("train_demonstrations.jsonl")
+
+
+def test_every_evaluation_decodes_with_the_same_settings(tmp_path):
+    cfg = recipe_config(tmp_path, "seeds=[0,1]")
+    evaluations = [stage for stage in recipe_stages(cfg) if stage.name.endswith("eval")]
+    assert len(evaluations) == 1 + 2 * (1 + len(cfg.arms))
+
+    def decoding(stage):
+        return [part for part in stage.command if not part.startswith(("models=", "out_dir=", "hydra.run.dir="))]
+
+    assert all(decoding(stage) == decoding(evaluations[0]) for stage in evaluations)
+    assert {"sampling=greedy", "isolate=false", f"seed={cfg.evaluation.seed}"} <= set(decoding(evaluations[0]))
+
+
+def test_a_bad_arm_or_baseline_is_refused(tmp_path):
+    with pytest.raises(UserError, match="baseline_arm='nope' is not one of the arms"):
+        recipe_stages(recipe_config(tmp_path, "baseline_arm=nope"))
+    with pytest.raises(UserError, match="arms: entry must be one of opd, sft"):
+        recipe_stages(recipe_config(tmp_path, "arms.continued_sft.entry=rl"))
+
+
+def script(body: str) -> list[str]:
+    return [sys.executable, "-c", body]
+
+
+def writer(path: Path, text: str = "x", sleep: float = 0.0) -> list[str]:
+    return script(f"import time, pathlib; time.sleep({sleep}); pathlib.Path({str(path)!r}).write_text({text!r})")
+
+
+def test_stages_run_after_what_they_read_two_at_a_time_and_are_skipped_when_done(tmp_path):
+    log = tmp_path / "order.txt"
+
+    def step(name: str, needs=(), sleep=0.3):
+        body = (f"import time, pathlib; p = pathlib.Path({str(log)!r}); "
+                f"p.open('a').write('start {name}\\n'); time.sleep({sleep}); p.open('a').write('end {name}\\n'); "
+                f"pathlib.Path({str(tmp_path / name)!r}).write_text('done')")
+        return Stage(name, script(body), [tmp_path / name], tuple(needs))
+
+    stages = [step("a"), step("b"), step("c", ["a"]), step("d", ["a", "b"])]
+    first = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=Console(quiet=True))
+    events = log.read_text().splitlines()
+    assert {name for name, result in first.items() if not result["reused"]} == {"a", "b", "c", "d"}
+    assert events.index("end a") < events.index("start c") and events.index("end b") < events.index("start d")
+    running, most = 0, 0
+    for event in events:
+        running += 1 if event.startswith("start") else -1
+        most = max(most, running)
+    assert most == 2  # a and b ran together, never three at once
+    again = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=Console(quiet=True))
+    assert all(result["reused"] for result in again.values())
+    (tmp_path / "stages" / "b.json").unlink()  # b runs again, so d (which reads it) does too; a and c are reused
+    partly = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=Console(quiet=True))
+    assert {name for name, result in partly.items() if not result["reused"]} == {"b", "d"}
+
+
+def test_a_failing_stage_stops_the_recipe_naming_its_log(tmp_path):
+    stages = [Stage("fine", writer(tmp_path / "fine"), [tmp_path / "fine"]),
+              Stage("broken", script("import sys; print('it broke'); sys.exit(3)"), [tmp_path / "never"]),
+              Stage("after", writer(tmp_path / "after"), [tmp_path / "after"], ("broken",))]
+    with pytest.raises(UserError, match=r"recipe stage 'broken' failed \(exit 3\); its log: .*broken.log"):
+        run_stages(stages, tmp_path, jobs=1, threads=1, rerun=False, console=Console(quiet=True))
+    assert "it broke" in (tmp_path / "logs" / "broken.log").read_text()
+    assert not (tmp_path / "after").exists() and not (tmp_path / "stages" / "broken.json").exists()
+
+
+def test_mean_and_standard_error():
+    assert mean_and_se([0.5]) == (0.5, None)
+    mean, se = mean_and_se([0.2, 0.4, 0.6])
+    assert mean == pytest.approx(0.4) and se == pytest.approx(0.2 / 3**0.5)
+
+
+def test_paired_difference_is_per_problem_and_per_seed():
+    arm = [{"p1": True, "p2": True, "p3": False, "p4": True}, {"p1": True, "p2": False, "p3": False, "p4": True}]
+    baseline = [{"p1": False, "p2": True, "p3": False, "p4": False}, {"p1": True, "p2": False, "p3": True, "p4": False}]
+    result = paired_difference(arm, baseline)
+    per_problem = [0.5, 0.0, -0.5, 1.0]  # averaged over the two seeds
+    assert result["mean"] == pytest.approx(sum(per_problem) / 4) and result["problems"] == 4
+    assert result["se_problems"] == pytest.approx(mean_and_se(per_problem)[1])
+    assert result["per_seed"] == pytest.approx([0.5, 0.0]) and result["se_seeds"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="same held-out problems"):
+        paired_difference(arm, [{"p1": True}, {"p1": True}])
+
+
+@pytest.mark.slow
+def test_recipe_runs_every_stage_then_skips_them(tmp_path, tokenizer_path):
+    command = [sys.executable, "-m", "experiments.recipe.recipe", f"tokenizer={tokenizer_path}", f"out_dir={tmp_path}", *TINY]
+    first = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:] + first.stdout[-3000:]
+    summary = json.loads((tmp_path / "recipe_summary.json").read_text())
+    report = summary["report"]
+    arms = ["opd_forward_kl", "opd_reverse_kl", "kd_teacher_rollouts", "continued_sft"]
+    assert list(report["curves"]) == arms and report["steps"] == [2, 3]
+    for points in report["curves"].values():
+        assert [point["step"] for point in points] == [0, 2, 3]
+        assert points[0]["accuracy"] == report["student"]["accuracy"]  # every curve starts at the student
+        assert 0 < points[1]["wall_s"] < points[2]["wall_s"]
+    assert set(report["paired_vs_baseline"]) == set(arms) - {"kd_teacher_rollouts"}
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and summary["reused_stages"] == []
+    assert len(list((tmp_path / "seed0" / "teacher_rollouts").glob("*.jsonl"))) == 1
+    again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "recipe_summary.json").read_text())["reused_stages"] == list(summary["stage_wall_s"])
+    changed = subprocess.run([*command, "student.sft_steps=3"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=900)
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    # the student reran, so everything reading its weights reran too
+    assert json.loads((tmp_path / "recipe_summary.json").read_text())["reused_stages"] == ["data", "teacher",
+                                                                                         "teacher-eval"]
+
+
+def fake_evaluation(directory: Path, checkpoints: dict[str, list[bool]], settings: dict | None = None) -> None:
+    """An evaluation folder as opd/evaluate.py writes it: evaluation.json and each checkpoint's episodes."""
+    directory.mkdir(parents=True)
+    entries = []
+    for name, correct in checkpoints.items():
+        rows = [{"source": f"heldout.jsonl:{i + 1}", "correct": flag} for i, flag in enumerate(correct)]
+        (directory / f"episodes_{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        entries.append({"name": name, "episodes": len(correct), "accuracy": sum(correct) / len(correct),
+                        "tool_success_rate": 1.0, "tool_error_rate": 0.0, "recovery_rate": None,
+                        "truncation_rate": 0.0, "mean_turns": 2.0})
+    (directory / "evaluation.json").write_text(json.dumps({
+        "data_sha256": "abc", "records": len(next(iter(checkpoints.values()))),
+        "settings": settings or {"sampling": {"temperature": 0.0}, "seed": 0}, "checkpoints": entries}))
+
+
+def test_the_report_pairs_every_arm_with_the_baseline_problem_by_problem(tmp_path):
+    cfg = recipe_config(tmp_path, "seeds=[0,1]", "distill.steps=4", "distill.eval_every=2")
+    OmegaConf.set_struct(cfg, False)
+    cfg.arms = {name: {"entry": "opd", "data": "distill_prompts", "overrides": []} for name in ("opd", "kd")}
+    cfg.baseline_arm = "kd"
+    fake_evaluation(tmp_path / "eval" / "teacher", {"teacher": [True, True, True, False]})
+    for seed in (0, 1):
+        fake_evaluation(tmp_path / f"seed{seed}" / "eval" / "student", {"student": [False, False, True, False]})
+        fake_evaluation(tmp_path / f"seed{seed}" / "eval" / "opd",
+                        {"step2": [True, False, True, False], "step4": [True, True, True, seed == 1]})
+        fake_evaluation(tmp_path / f"seed{seed}" / "eval" / "kd",
+                        {"step2": [False, False, True, False], "step4": [True, False, True, False]})
+        for arm in ("opd", "kd"):  # a run's metrics, its step 2 logged twice (a rerun appends): the last counts
+            rows = [(1, 1.0), (2, 99.0), (1, 4.0), (2, 10.0 + seed), (3, 15.0), (4, 20.0 + 2 * seed)]
+            (tmp_path / f"seed{seed}" / arm / "run").mkdir(parents=True)
+            (tmp_path / f"seed{seed}" / arm / "run" / "metrics.jsonl").write_text(
+                "".join(json.dumps({"step": step, "elapsed_s": elapsed}) + "\n" for step, elapsed in rows))
+    report = curve_report(cfg)
+    assert [p["accuracy"] for p in report["curves"]["opd"]] == [0.25, 0.5, 0.875]
+    assert [p["wall_s"] for p in report["curves"]["opd"]] == [0.0, 10.5, 21.0]  # seconds of training, mean over seeds
+    assert report["curves"]["opd"][2]["se_seeds"] == pytest.approx(0.125)
+    final = report["paired_vs_baseline"]["opd"][-1]
+    assert final["step"] == 4 and final["mean"] == pytest.approx((0 + 1 + 0 + 0.5) / 4)
+    assert final["per_seed"] == pytest.approx([0.25, 0.5])
+    assert report["final"]["opd"]["gap_closed"] == pytest.approx((0.875 - 0.25) / (0.75 - 0.25))
+    metrics = tmp_path / "seed1" / "opd" / "run" / "metrics.jsonl"
+    complete = metrics.read_text()
+    metrics.write_text("".join(complete.splitlines(keepends=True)[:-1]))  # a run that never reached step 4
+    with pytest.raises(RuntimeError, match=r"seed1/opd/run/metrics.jsonl has no metrics for steps \[4\]"):
+        curve_report(cfg)
+    metrics.write_text(complete)
+    # evaluations that did not decode alike are never compared
+    (tmp_path / "seed1" / "eval" / "kd" / "evaluation.json").unlink()
+    fake_evaluation(tmp_path / "seed1" / "eval" / "kd2", {"step2": [True] * 4, "step4": [True] * 4},
+                    settings={"sampling": {"temperature": 1.0}, "seed": 0})
+    (tmp_path / "seed1" / "eval" / "kd2" / "evaluation.json").rename(tmp_path / "seed1" / "eval" / "kd" / "evaluation.json")
+    with pytest.raises(RuntimeError, match="differ in decoding settings or held-out data"):
+        curve_report(cfg)
+
+
+def test_a_terminated_recipe_stops_the_stages_it_runs(tmp_path):
+    pid_file = tmp_path / "stage.pid"
+    stage = script(f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)")
+    runner = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from pathlib import Path; from rich.console import Console; "
+        "from experiments.recipe.recipe import Stage, run_stages; from common.user_errors import exit_on_user_error\n"
+        f"with exit_on_user_error(): run_stages([Stage('slow', {stage!r}, [])], Path({str(tmp_path)!r}), jobs=1, "
+        "threads=1, rerun=False, console=Console(quiet=True))")], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+    while not pid_file.exists() or not pid_file.read_text():
+        assert runner.poll() is None, runner.stderr.read()
+        time.sleep(0.05)
+    runner.terminate()
+    assert runner.wait(timeout=60) == 130 and "error: interrupted" in runner.stderr.read()
+    assert not Path(f"/proc/{int(pid_file.read_text())}").exists()  # the stage was stopped and reaped

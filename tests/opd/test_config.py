@@ -1,0 +1,49 @@
+"""The typed settings schema: every bad value stops the run at start with a message naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from opd.config import ConfigError, LossConfig, OptimConfig, RolloutConfig, SamplingConfig
+from tests.helpers.configs import entry_config
+
+BASE = ["data=agent.jsonl", "tokenizer=tok", "device=cpu"]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("batch_size=0", "batch_size must be an integer >= 1, got 0"),
+    ("max_steps=0", "max_steps must be null or an integer >= 1, got 0"),
+    ("optim.learning_rate=-1", "optim.learning_rate must be a positive number, got -1.0"),
+    ("optim.learning_rate=nan", "optim.learning_rate must be a positive number, got nan"),
+    ("optim.warmup_steps=-2", "optim.warmup_steps must be an integer >= 0, got -2"),
+    ("optim.grad_clip=0", "optim.grad_clip must be null or > 0, got 0.0"),
+    ("rollout.max_gen_len=0", "rollout.max_gen_len must be an integer >= 1, got 0"),
+    ("loss.temperature=0", "loss.temperature must be a number > 0, got 0.0"),
+    ("sampling.top_p=1.5", "sampling.top_p must be in (0, 1], got 1.5"),
+    ("mode=both", "mode must be one of on_policy, offline, got 'both'"),
+    ("device=tpu", "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    ("dtype=int8", "dtype must be auto or one of float32, bfloat16, float16, got 'int8'"),
+    ("dtype=float16", "dtype=float16 needs CUDA"),
+    ("teacher.hidden_size=wide", "teacher.hidden_size: Value 'wide' of type 'str' could not be converted to Integer"),
+    ("+optim.momentum=0.9", "optim.momentum: Key 'momentum' not in 'OptimConfig'"),
+])
+def test_each_bad_value_names_its_key(override, message):
+    with pytest.raises(ConfigError) as caught:
+        entry_config("opd", [*BASE, override])
+    assert message in str(caught.value)
+
+
+def test_a_missing_required_value_is_named():
+    with pytest.raises(ConfigError, match="data"):
+        entry_config("opd", ["tokenizer=tok"])
+
+
+def test_blocks_become_the_objects_that_use_them():
+    cfg = entry_config("opd", [*BASE, "sampling.seed=7", "rollout.max_turns=5"])
+    assert isinstance(cfg.rollout, RolloutConfig) and cfg.rollout.max_turns == 5
+    assert isinstance(cfg.loss, LossConfig) and isinstance(cfg.optim, OptimConfig)
+    assert isinstance(cfg.sampling, SamplingConfig) and cfg.sampling.seed_or(42) == 7
+    assert SamplingConfig().seed_or(42) == 42
+    assert cfg.teacher.tokenizer == cfg.student.tokenizer == "tok"  # the presets' ${tokenizer}
+    assert entry_config("evaluate", [*BASE, "models={m: {checkpoint: x.pth}}"]).models["m"].tokenizer == "tok"
+    assert cfg.precision.device.type == "cpu" and cfg.precision.dtype_name == "float32"

@@ -1,0 +1,195 @@
+"""Data parallelism: two torchrun processes (gloo, CPU) make the update one process makes on the global batch,
+resume exactly after a kill, refuse another world size, and only rank 0 writes files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.minimind.tokenizer import MINIMIND_VOCAB_SIZE
+from opd.checkpoints import ResumeRefusedError, load_resume
+from opd.distributed import Ranks
+from opd.train import train
+from tests.helpers.configs import entry_config
+from tests.helpers.opd_support import HOLD_OUT_DIR, write_agent_data
+from tests.helpers.paths import REPO_ROOT
+
+# The logged loss is the mean over the window's targets of each token's KL, sum_v p_v (log p_v - log q_v) over the
+# 6,400 ids. Each log-softmax row is z - logsumexp(z) with logsumexp near log(6400) = 8.8 for these near-uniform
+# models, so fp32 rounding (eps = 1.19e-7) shifts a row by up to eps/2 * 8.8, and a shifted row moves the KL by that
+# shift however small the KL is (0.03 here). Two processes run the same sums in another order (other batch shapes
+# and shared prefixes, per-rank partial sums): teacher and student rows and the vocabulary sum make about
+# 2 * eps * log(V) = 2.1e-6 per token, and so for their mean (permuting the vocabulary of 60 such rows moved one
+# token's KL by 1.5e-6). The bound is twice that, 4.2e-6; a relative 1e-5 of 0.034 (3.4e-7) is below what the
+# stand-in tokenizer's sequences differ by (4e-7). It still rejects every real fault: a rank's share lost or counted
+# twice, or a wrong world-size scaling, moves the loss by 10% or more.
+LOSS_ROUNDING = 4 * torch.finfo(torch.float32).eps * math.log(MINIMIND_VOCAB_SIZE)
+
+
+def test_shares_split_a_micro_batch_in_rank_order():
+    batch = [7, 3, 9, 1, 4]
+    assert [Ranks(r, 2).share(batch) for r in range(2)] == [[7, 3, 9], [1, 4]]
+    assert [Ranks(r, 3).share(batch) for r in range(3)] == [[7, 3], [9, 1], [4]]
+    assert [Ranks(r, 2).share([5]) for r in range(2)] == [[5], []]  # a short last micro-batch can leave a rank idle
+    assert Ranks().share(batch) == batch and Ranks().seed(42) == 42
+    assert len({Ranks(r, 4).seed(42) for r in range(4)}) == 4
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, tiny_pair):
+    root = tmp_path_factory.mktemp("ddp")
+    data = write_agent_data(root / "agent.jsonl", 5)
+    base = [*tiny_pair, f"data={data}",
+            "rollout.max_turns=2", "rollout.max_gen_len=6", "rollout.max_total_len=1024", "optim.learning_rate=1e-3",
+            "device=cpu", "batch_size=4", "epochs=2", "max_steps=3", "optim.lr_schedule_steps=6"]
+    return {"root": root, "base": base}
+
+
+def launch(arguments: list[str]) -> subprocess.Popen:
+    """``torchrun --standalone`` with one thread per process."""
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", *arguments], cwd=REPO_ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def kill_job(process: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every process under it: its workers run in sessions of their own, so a kill of
+    torchrun's process group alone would leave them running, holding the output pipes open."""
+    pids, frontier = [], [process.pid]
+    while frontier:
+        pid = frontier.pop()
+        pids.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            frontier += [int(child) for child in task.read_text().split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Wait for a launch; on timeout kill it and its workers and fail with its output."""
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_job(process)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout} s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def torchrun(workspace, name: str, *overrides: str, processes: int = 2, start_only: bool = False):
+    """``torchrun --nproc_per_node N opd/train.py ...``; returns the run's folders (and the process if start_only)."""
+    out, run = workspace["root"] / name, workspace["root"] / f"{name}-run"
+    process = launch([f"--nproc_per_node={processes}", "opd/train.py", *workspace["base"], f"out_dir={out}",
+                      f"hydra.run.dir={run}", *overrides])
+    if start_only:
+        return process, out, run
+    done = finish(process)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out, run
+
+
+def single(workspace, name: str, *overrides: str):
+    torch.set_num_threads(1)
+    try:
+        train(entry_config("opd", [*workspace["base"], f"out_dir={workspace['root'] / name}", *overrides]))
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+    return workspace["root"] / name
+
+
+def weights(out) -> dict:
+    return load_resume(out / "agent_opd_64_resume.pth")["model"]
+
+
+def max_difference(first: dict, second: dict) -> float:
+    return max((first[k] - second[k]).abs().max().item() for k in first)
+
+
+def metrics(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", [["mode=offline", "offline.source=dataset"], ["sampling=greedy"],
+                                  ["sampling=greedy", "guidance.token_mix=0.5", "loss.kl_direction=jsd"]])
+def test_two_processes_make_the_single_process_update(workspace, mode):
+    """3 steps of a global batch of 4 over 5 records: the second epoch's first micro-batch holds 1 record, so one
+    rank is idle for it; fixed sequences, greedy on-policy rollouts, and greedy rollouts that a token mixture guides
+    (its coins are drawn per episode, whichever rank rolls it out) under the JSD loss: identical episodes."""
+    name = "-".join(mode).replace("=", "-")
+    two, two_run = torchrun(workspace, f"{name}-two", *mode)
+    one = single(workspace, f"{name}-one", *mode)
+    difference = max_difference(weights(two), weights(one))
+    print(f"max |difference| of student parameters after 3 steps ({name}): {difference:.3g}")
+    assert difference < 5e-6
+    steps_two, steps_one = metrics(two_run), metrics(one)
+    assert [m["episodes"] for m in steps_two] == [m["episodes"] for m in steps_one] == [4, 1, 4]
+    for a, b in zip(steps_two, steps_one, strict=True):
+        assert (a["assistant_tokens"], a["target_tokens"], a["tool_calls"], a["teacher_token_share"]) == (
+            b["assistant_tokens"], b["target_tokens"], b["tool_calls"], b["teacher_token_share"])
+        assert a["loss"] == pytest.approx(b["loss"], abs=LOSS_ROUNDING) and a["grad_norm"] == pytest.approx(
+            b["grad_norm"], rel=1e-4)
+    if "guidance.token_mix=0.5" in mode:  # the teacher wrote some of the tokens, the same ones in both runs
+        assert all(0 < m["teacher_token_share"] < 1 for m in steps_two)
+    summary = json.loads((two_run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["episodes_per_rank"] == [5, 4]
+    assert sorted(p.name for p in two.iterdir()) == [".lock", "agent_opd_64.pth", "agent_opd_64_resume.pth",
+                                                     "agent_opd_64_summary.json"]  # .lock: rank 0 held out_dir
+    assert len(load_resume(two / "agent_opd_64_resume.pth")["rng"]) == 2  # every rank's RNG states
+
+
+def test_killed_and_resumed_two_process_run_equals_the_straight_one(workspace):
+    sampled = ["max_steps=6", "save_interval=1"]
+    straight, _ = torchrun(workspace, "straight", *sampled)
+    process, killed, killed_run = torchrun(workspace, "killed", *sampled, start_only=True)
+    deadline = time.monotonic() + 300
+    while not (killed_run / "metrics.jsonl").is_file() or len(metrics(killed_run)) < 2:
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    kill_job(process)
+    process.communicate()
+    resume = killed / "agent_opd_64_resume.pth"
+    reached = load_resume(resume)["step"]
+    assert 1 <= reached < 6  # killed mid-run
+    torchrun(workspace, "killed", *sampled, f"resume={resume}")
+    final_straight, final_resumed = weights(straight), weights(killed)
+    assert all(torch.equal(final_straight[k], v) for k, v in final_resumed.items())
+    with pytest.raises(ResumeRefusedError, match="world_size: saved 2, now 1"):
+        single(workspace, "killed", *sampled, f"resume={resume}", "max_steps=7")
+
+
+def test_a_global_batch_that_does_not_split_is_refused(workspace):
+    out, run = workspace["root"] / "odd", workspace["root"] / "odd-run"
+    done = finish(launch(["--nproc_per_node=2", "opd/train.py", *workspace["base"], "batch_size=3", f"out_dir={out}",
+                          f"hydra.run.dir={run}"]))
+    assert done.returncode != 0
+    assert "error: batch_size=3 does not divide by the 2 processes" in done.stderr
+    assert [path.name for path in out.iterdir()] == [".lock"]  # held from the start, nothing written
+
+
+def test_a_held_out_dir_refuses_a_two_process_run_without_a_hang(workspace):
+    """Only rank 0 takes out_dir's lock: refused, it exits before joining the process group and torchrun stops
+    the other rank (which would otherwise wait in the rendezvous)."""
+    out, run = workspace["root"] / "held", workspace["root"] / "held-run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUT_DIR, str(out)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        done = finish(launch(["--nproc_per_node=2", "opd/train.py", *workspace["base"], f"out_dir={out}",
+                              f"hydra.run.dir={run}"]))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode != 0
+    assert f"error: {out} is being written by another opd run (pid {holder.pid}, lock {out / '.lock'})" in done.stderr
+    assert not (run / "metrics.jsonl").exists()

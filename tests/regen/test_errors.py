@@ -1,0 +1,186 @@
+"""What a person sees from ``python regen/main.py``: one or two ``error:`` lines and exit 1 for a mistake they can
+fix (no traceback unless HYDRA_FULL_ERROR=1), and for Ctrl-C / SIGTERM with every server kind a summary with
+status ``interrupted``, no traceback, exit 130 / 143."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import torch
+
+from common.minimind.model import MiniMindArch, build_model, save_native
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.regen_support import EOS, ok, read_jsonl, write_jsonl
+from tests.helpers.standin_vllm_cli import free_port, install_standin_vllm, wait_until
+
+
+def regen_cli(*overrides: str, env: dict | None = None, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO_ROOT / "regen" / "main.py"), *overrides], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_the_readme_command_without_a_model_says_what_to_add(tmp_path):
+    result = regen_cli("dataset=magpie", "server.dp=4", f"hydra.run.dir={tmp_path / 'h'}")
+    assert error_lines(result) == [
+        "error: server.model is required",
+        "error: add server.model=<hub id or model folder> (e.g. server.model=Qwen/Qwen3-8B) for server=vllm, "
+        "or use server=external 'server.endpoints=[URL]'"]
+    assert result.stderr.startswith("error:")  # nothing before it: no server was started, nothing was read
+    full = regen_cli("dataset=magpie", "server.dp=4", f"hydra.run.dir={tmp_path / 'h'}",
+                     env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert full.returncode == 1 and "Traceback" in full.stderr and "SettingsError: server.model is required" in full.stderr
+
+
+@pytest.mark.parametrize("setup,overrides,expected", [
+    (None, ["concurrency=0"], ["error: concurrency must be auto or an integer >= 1, got 0",
+                               "error: set it like concurrency=auto (adapts to each endpoint) or concurrency=64"]),
+    (None, ["extra_request_params={n: 4}"], ["error: extra_request_params.n=4 is refused: regen writes one row per "
+                                             "generation and reads choices[0] only; for several samples per prompt "
+                                             "run a multirun over sampling.seed"]),
+    ("object", [], ["error: {data} is not a top-level JSON array of rows",
+                    "error: wrap the rows in [...], or write one row per line in a .jsonl file"]),
+    ("existing", [], ["error: {out} exists from an earlier run",
+                      "error: pass resume=true to continue it, or choose another output= (or remove the old files)"]),
+    ("blocked", [], ["error: cannot write the output {tmp}/blocked/out.jsonl (File exists)",
+                     "error: choose another output= or output_dir="]),
+], ids=["config-value", "n>1", "json-object", "existing-output", "unwritable-output"])
+def test_user_errors_are_one_or_two_error_lines_before_any_request(serve, tmp_path, tokenizer_path, setup, overrides,
+                                                                   expected):
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    data = tmp_path / ("rows.json" if setup == "object" else "rows.jsonl")
+    data.write_text('{"prompt": "a"}' if setup == "object" else '{"id": "a", "prompt": "a"}\n')
+    out = tmp_path / ("blocked/out.jsonl" if setup == "blocked" else "out.jsonl")
+    if setup == "existing":
+        out.write_text('{"id": "z_gen0", "primary_id": "z"}\n')
+    if setup == "blocked":
+        (tmp_path / "blocked").write_text("a file where the folder should be")
+    result = regen_cli("dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{server.url}]",
+                       "server.model=standin", f"tokenizer={tokenizer_path}", f"output={out}", *overrides,
+                       f"hydra.run.dir={tmp_path / 'h'}")
+    assert error_lines(result) == [line.format(data=data, out=out, tmp=tmp_path) for line in expected]
+    assert server.requests == []
+
+
+def test_a_server_that_fails_to_start_is_an_error_line_after_its_log(tmp_path, tokenizer_path):
+    install_standin_vllm(tmp_path / "bin")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "STANDIN_VLLM_MODE": "die",
+           "VLLM_READY_POLL_S": "0.1"}
+    log = tmp_path / "vllm.log"
+    result = regen_cli("dataset=sample", "server.model=org/m", f"server.port={free_port()}", f"server.log_file={log}",
+                       f"tokenizer={tokenizer_path}", f"output={tmp_path / 'out.jsonl'}",
+                       f"hydra.run.dir={tmp_path / 'h'}", env=env)
+    assert error_lines(result) == [
+        f"error: launch/vllm.sh failed with status 1: vllm exited with status 3 before it was ready (log: {log})"]
+    assert "CUDA out of memory while loading weights" in result.stderr  # the log's tail, shown above the error
+
+
+def test_checks_run_before_a_vllm_server_would_start(tmp_path, tokenizer_path):
+    install_standin_vllm(tmp_path / "bin")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+           "STANDIN_VLLM_ARGV_LOG": str(tmp_path / "argv.jsonl")}
+    (tmp_path / "out.jsonl").write_text('{"id": "z_gen0", "primary_id": "z"}\n')
+    result = regen_cli("dataset=sample", "server.model=org/m", f"server.port={free_port()}", f"tokenizer={tokenizer_path}",
+                       f"output={tmp_path / 'out.jsonl'}", f"hydra.run.dir={tmp_path / 'h'}", env=env)
+    assert error_lines(result)[0] == f"error: {tmp_path / 'out.jsonl'} exists from an earlier run"
+    assert not (tmp_path / "argv.jsonl").exists()  # vllm was never started
+
+
+class Held:
+    """Answers every request only after ``release`` (so a run is mid-way when it is interrupted)."""
+
+    def __init__(self):
+        self.count, self.event = 0, None
+
+    async def __call__(self, payload):
+        self.count += 1
+        self.event = self.event or asyncio.Event()
+        await self.event.wait()
+        return ok("late", [1, 5], [6, EOS])
+
+
+def interrupt(process: subprocess.Popen, signum: int, ready) -> tuple[int, str]:
+    wait_until(ready, process, "the run has requests in flight")
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    return process.returncode, stderr
+
+
+def start(tmp_path, data, *overrides, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "regen/main.py", "dataset=local", f"dataset.path={data}",
+                             f"output={tmp_path / 'out.jsonl'}", f"hydra.run.dir={tmp_path / 'h'}", *overrides],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def assert_interrupted(tmp_path, status: int, stderr: str, signum: int) -> None:
+    assert status == 128 + signum, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert f"regen: interrupted ({signal.Signals(signum).name}); finished conversations are kept" in stderr
+    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["conversations_failed"] == 0
+    assert read_jsonl(tmp_path / "out.errors.jsonl") == []  # in-flight conversations are not failures
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_a_run_on_external_endpoints(serve, tmp_path, tokenizer_path, signum):
+    held = Held()
+    server = serve(held)
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(20)])
+    process = start(tmp_path, data, "server=external", f"server.endpoints=[{server.url}]", f"tokenizer={tokenizer_path}",
+                    "concurrency=4")
+    status, stderr = interrupt(process, signum, lambda: held.count >= 4)
+    assert_interrupted(tmp_path, status, stderr, signum)
+    held.event and server.loop.call_soon_threadsafe(held.event.set)
+
+
+def test_interrupting_a_run_on_a_vllm_server_stops_it(tmp_path, tokenizer_path):
+    install_standin_vllm(tmp_path / "bin")
+    requests = tmp_path / "requests.jsonl"
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "VLLM_READY_POLL_S": "0.1",
+           "STANDIN_VLLM_CHAT_DELAY_S": "300", "STANDIN_VLLM_REQUEST_LOG": str(requests)}
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(5)])
+    log = tmp_path / "vllm.log"
+    process = start(tmp_path, data, "server.model=org/m", f"server.port={free_port()}", f"server.log_file={log}",
+                    f"tokenizer={tokenizer_path}", env=env)
+    status, stderr = interrupt(process, signal.SIGTERM,
+                               lambda: requests.is_file() and "/v1/chat/completions" in requests.read_text())
+    assert_interrupted(tmp_path, status, stderr, signal.SIGTERM)
+    stopped = re.search(r"\[server\] stopping the server at \S+ \(pid (\d+)\)", stderr)
+    assert stopped and not log.with_suffix(".pid").exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(int(stopped.group(1)), 0)
+
+
+def test_interrupting_a_run_on_the_embedded_server(tmp_path, tokenizer_path):
+    torch.manual_seed(0)
+    checkpoint = save_native(build_model(MiniMindArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                      num_key_value_heads=2)), tmp_path / "tiny.pth")
+    port = free_port()
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(40)])
+    process = start(tmp_path, data, "server=local", f"server.checkpoint={checkpoint}", "server.hidden_size=64",
+                    f"server.port={port}", f"server.log_file={tmp_path / 'local.log'}", f"tokenizer={tokenizer_path}",
+                    "max_tokens=2000", "+extra_request_params={ignore_eos: true}", "concurrency=2")
+
+    def generating() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as reply:
+                return json.load(reply)["running"] > 0
+        except OSError:
+            return False
+
+    status, stderr = interrupt(process, signal.SIGINT, generating)
+    assert_interrupted(tmp_path, status, stderr, signal.SIGINT)
+    assert not generating()  # the embedded server was stopped with the run

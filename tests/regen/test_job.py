@@ -1,0 +1,156 @@
+"""regen end to end: ``run(cfg)`` against a scripted vLLM-dialect server on 127.0.0.1 (exact ids, masks, rows),
+resume, one run per output, the manifest check, credentials that never reach a file, file permissions."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from regen.detokenizer import TokenizerMismatch
+from regen.errors import UserError
+from regen.job import EndpointsUnusable, run
+from regen.settings import SettingsError
+from standins.vllm_server import Reply
+from tests.helpers.regen_support import EOS, Script, ok, read_jsonl, regen_config, write_jsonl
+
+
+def test_single_and_multi_turn_rows_are_exact(serve, regen, tokenizer, tmp_path):
+    script = Script({
+        "Hi": [ok("Hello!", [1, 300, 301, 2], [400, 401, EOS])],
+        "Q1": [ok("A1", [1, 310, 2, 1, 311], [410, EOS]),
+               ok("A2", [1, 310, 2, 1, 311, 410, EOS, 1, 312], [420, 421, 422, EOS], finish_reason="stop")],
+        "Only": [ok("Done", [1, 320], [430, EOS])],
+    })
+    server = serve(script, model="org/Target-1B")
+    rows = [
+        {"id": "A", "prompt": "Hi"},
+        {"id": "B", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Q1"},
+                                      {"from": "gpt", "value": "OLD1"}, {"from": "human", "value": "Q2"},
+                                      {"from": "gpt", "value": "OLD2"}]},
+        {"messages": [{"role": "user", "content": "Only"}, {"role": "assistant", "content": "OLD"}]},
+    ]
+    summary, out, errors = regen([server.url], rows, "concurrency=1")
+    hashed = next(r["primary_id"] for r in out if r["primary_id"].startswith("hash_"))
+    assert [r["id"] for r in out] == ["A_gen0", "B_gen0", "B_gen1", f"{hashed}_gen0"]
+    b1 = out[2]
+    assert b1["input_ids"] == [1, 310, 2, 1, 311, 410, EOS, 1, 312, 420, 421, 422, EOS]
+    assert b1["loss_mask"] == [0] * 9 + [1] * 4
+    assert b1["text"] == tokenizer.decode(b1["input_ids"], skip_special_tokens=False)
+    assert b1["metadata"] == {
+        "idx": 1, "finish_reason": "stop", "is_tool_call": False,
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13, "prompt_tokens_details": None},
+        "endpoint": server.chat_url, "sampling_params": {}, "num_generations": 2}
+    assert out[0]["loss_mask"] == [0, 0, 0, 0, 1, 1, 1] and out[3]["metadata"]["idx"] == 2
+    first, second = script.seen["Q1"]
+    assert first["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q1"}]
+    assert second["messages"][2:] == [{"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"}]
+    assert all(p["model"] == "org/Target-1B" and p["return_token_ids"] is True and p["max_tokens"] == 8192
+               and "tools" not in p for p in server.requests)
+    assert errors == []
+    assert (summary["conversations_done"], summary["rows_written"], summary["requests"], summary["status"]) == (3, 4, 4, "completed")
+    assert summary["endpoints"][server.chat_url]["conversations"] == 3
+    written = json.loads((tmp_path / "out.summary.json").read_text())
+    assert written["rows_written"] == 4 and written["model"] == "org/Target-1B"
+
+
+def test_sampling_and_extra_params_are_merged_never_override(serve, regen):
+    server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}))
+    summary, out, _ = regen([server.url], [{"id": "A", "prompt": "Hi"}], "sampling=qwen3_thinking",
+                            "sampling.seed=3", "+extra_request_params={chat_template_kwargs: {enable_thinking: false}}",
+                            "max_tokens=77")
+    payload = server.requests[0]
+    expected = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "seed": 3,
+                "chat_template_kwargs": {"enable_thinking": False}}
+    assert {k: v for k, v in payload.items() if k not in ("model", "messages", "max_tokens", "return_token_ids")} == expected
+    assert payload["max_tokens"] == 77
+    assert out[0]["metadata"]["sampling_params"] == expected == summary["sampling_params"]
+
+
+def test_resume_skips_done_retries_failed_and_repairs_a_torn_tail(serve, regen, tmp_path):
+    rows = [{"id": name, "prompt": name} for name in ("a", "b", "c", "d")]
+    flaky = {"a": [ok("A", [1, 5], [6, EOS])], "b": [Reply({"error": {"message": "no"}}, status=400)],
+             "c": [ok("C", [1, 5], [7, EOS])], "d": [ok("D", [1, 5], [8, EOS])]}
+    first = serve(Script(flaky))
+    summary, out, errors = regen([first.url], rows)
+    assert sorted(r["id"] for r in out) == ["a_gen0", "c_gen0", "d_gen0"] and [e["id"] for e in errors] == ["b"]
+    output = tmp_path / "out.jsonl"
+    lines = output.read_text().splitlines(keepends=True)
+    torn_id = json.loads(lines[-1])["primary_id"]
+    output.write_text("".join(lines[:-1]) + lines[-1][:40])  # kill -9 in the middle of the last write
+
+    with pytest.raises(UserError, match="exists from an earlier run") as refused:
+        regen([first.url], rows)
+    assert refused.value.hint.startswith("pass resume=true to continue it")
+
+    second = serve(lambda payload: ok("again", [1, 5], [9, EOS]))
+    summary, out, errors = regen([second.url], rows, "resume=true")
+    assert sorted(r["primary_id"] for r in out) == ["a", "b", "c", "d"]  # each exactly once
+    assert sorted(p["messages"][0]["content"] for p in second.requests) == sorted(["b", torn_id])
+    assert errors == []  # b succeeded this time: it no longer counts as failed
+    assert (summary["skipped_already_done"], summary["recovered_from_errors"], summary["errors_file_rows"]) == (2, 1, 0)
+    assert summary["resume_dropped_bytes"] == 40
+
+
+def test_resume_removes_blocks_a_second_run_appended(serve, regen, tmp_path):
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    rows = [{"id": name, "prompt": name} for name in ("a", "b", "c")]
+    regen([server.url], rows)
+    output = tmp_path / "out.jsonl"
+    first = output.read_text()
+    output.write_text(first + first.splitlines(keepends=True)[1] + first)  # two runs once shared this file
+    summary, out, _ = regen([server.url], rows, "resume=true")
+    assert output.read_text() == first and len(server.requests) == 3
+    assert (summary["resume_removed_duplicate_blocks"], summary["resume_removed_duplicate_rows"]) == (4, 4)
+    assert (summary["skipped_already_done"], summary["conversations_done"]) == (3, 0)
+
+
+def test_model_is_detected_and_checked(serve, regen):
+    server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}), model="served/name")
+    with pytest.raises(EndpointsUnusable, match=r"server.model='other' is not served by the endpoints \(they serve \['served/name'\]\)"):
+        regen([server.url], [{"prompt": "Hi"}], "server.model=other")
+    summary, _, _ = regen([server.url], [{"prompt": "Hi"}], "server.model=served/name")
+    assert summary["model"] == "served/name"
+
+
+def test_api_key_is_sent_but_never_written(serve, regen, tmp_path, monkeypatch):
+    server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}))
+    monkeypatch.setenv("REGEN_TEST_KEY", "sk-secret-123")
+    regen([server.url], [{"id": "A", "prompt": "Hi"}], "api_key_env=REGEN_TEST_KEY")
+    assert server.server.authorizations == ["Bearer sk-secret-123", "Bearer sk-secret-123"]  # /v1/models, chat
+    for name in ("out.jsonl", "out.summary.json"):
+        assert "sk-secret" not in (tmp_path / name).read_text()
+    with pytest.raises(SettingsError, match="api_key_env=REGEN_MISSING_KEY: that environment variable is not set"):
+        regen([server.url], [{"prompt": "Hi"}], "api_key_env=REGEN_MISSING_KEY")
+
+
+def test_wrong_tokenizer_stops_the_run(serve, regen, tmp_path):
+    server = serve(Script({"Hi": [ok("x", [1, 5], [151644, EOS])]}))
+    with pytest.raises(TokenizerMismatch, match="token id 151644 is outside the vocabulary"):
+        regen([server.url], [{"id": "A", "prompt": "Hi"}])
+    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    assert summary["status"].startswith("failed: TokenizerMismatch")
+
+
+def test_output_is_named_after_dataset_and_model(serve, tmp_path, tokenizer_path):
+    server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}), model="org/Qwen3-8B")
+    data = write_jsonl(tmp_path / "my_prompts.jsonl", [{"prompt": "Hi"}])
+    summary = run(regen_config(tmp_path, [server.url], data, tokenizer_path, "output=null", f"output_dir={tmp_path / 'o'}"))
+    assert summary["output"] == str(tmp_path / "o" / "my_prompts_Qwen3-8B.jsonl")
+    assert len(read_jsonl(tmp_path / "o" / "my_prompts_Qwen3-8B.jsonl")) == 1
+
+
+def test_every_file_of_a_run_gets_the_outputs_permissions(serve, regen, tmp_path):
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    rows = [{"id": "a", "prompt": "Hi"}, {"id": "b", "messages": []}]
+    siblings = ["out.jsonl", "out.errors.jsonl", "out.summary.json", "out.manifest.json", "out.lock"]
+    previous = os.umask(0o027)
+    try:
+        regen([server.url], rows)
+    finally:
+        os.umask(previous)
+    assert {name: (tmp_path / name).stat().st_mode & 0o777 for name in siblings} == dict.fromkeys(siblings, 0o640)
+    (tmp_path / "out.jsonl").chmod(0o600)  # e.g. a private output being resumed
+    regen([server.url], rows, "resume=true")
+    assert {name: (tmp_path / name).stat().st_mode & 0o777 for name in siblings} == dict.fromkeys(siblings, 0o600)

@@ -1,0 +1,118 @@
+"""``python regen/main.py`` as users run it: kill -9 then resume, one run per output (a second is refused
+naming the first's pid), Hydra multirun, credentials that never reach a file, a torch-free client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+from regen.job import run
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.regen_support import EOS, ok, read_jsonl, regen_config, write_jsonl
+from tests.helpers.standin_vllm_cli import wait_until
+
+
+def cli(*overrides: str) -> list[str]:
+    return [sys.executable, "regen/main.py", *overrides]
+
+
+class Gate:
+    """Answers the first ``open_for`` requests; later ones wait until ``release`` (the run is stuck mid-way)."""
+
+    def __init__(self, open_for: int):
+        self.open_for, self.count, self.event = open_for, 0, None
+
+    async def __call__(self, payload):
+        self.count += 1
+        if self.count > self.open_for:
+            self.event = self.event or asyncio.Event()
+            await self.event.wait()
+        return ok("answer", [1, 5, 6], [7, 8, EOS])
+
+    def release(self, loop) -> None:
+        if self.event is not None:
+            loop.call_soon_threadsafe(self.event.set)
+
+
+def test_kill_9_mid_run_then_resume_finishes_every_conversation_once(serve, tmp_path, tokenizer_path):
+    gate = Gate(open_for=100)
+    stuck = serve(gate)
+    rows = [{"id": f"k{i}", "messages": [{"role": "user", "content": f"q{i}"}, {"role": "user", "content": "more"}]}
+            for i in range(300)]
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    output = tmp_path / "out.jsonl"
+    process = subprocess.Popen(cli("dataset=local", f"dataset.path={data}", "server=external",
+                                   f"server.endpoints=[{stuck.url}]", f"tokenizer={tokenizer_path}",
+                                   f"output={output}", "concurrency=16", f"hydra.run.dir={tmp_path / 'h'}"),
+                               cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: gate.count >= 100 + 16, process, "every worker waits at the gate")
+    second = subprocess.run(cli("dataset=local", f"dataset.path={data}", "server=external",
+                                f"server.endpoints=[{stuck.url}]", f"tokenizer={tokenizer_path}", f"output={output}",
+                                "resume=true", f"hydra.run.dir={tmp_path / 'h2'}"),
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert second.stderr.splitlines()[-2:] == [
+        f"error: {output} is being written by another regen run (pid {process.pid}, lock {tmp_path / 'out.lock'})",
+        "error: wait for it to finish (or stop it), or choose another output="]
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    gate.release(stuck.loop)
+    before = Counter(row["primary_id"] for row in read_jsonl(output))
+    assert 0 < len(before) < 300 and set(before.values()) == {2}
+
+    fresh = serve(lambda payload: ok("answer", [1, 5, 6], [7, 8, EOS]))  # the OS dropped the killed run's lock
+    summary = run(regen_config(tmp_path, [fresh.url], data, tokenizer_path, "resume=true", "concurrency=16"))
+    counts = Counter(row["primary_id"] for row in read_jsonl(output))
+    assert counts == {f"k{i}": 2 for i in range(300)}
+    assert (summary["skipped_already_done"], summary["conversations_done"]) == (len(before), 300 - len(before))
+    assert sorted(r["id"] for r in read_jsonl(output)) == sorted(f"k{i}_gen{k}" for i in range(300) for k in (0, 1))
+
+
+def test_multirun_jobs_write_distinct_files_with_their_sampling(serve, tmp_path, tokenizer_path):
+    server = serve(lambda payload: ok("hi", [1, 5], [6, EOS]), model="org/Tiny")
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}])
+    result = subprocess.run(
+        cli("-m", "sampling.temperature=0.6,1.0", "dataset=local", f"dataset.path={data}", "server=external",
+            f"server.endpoints=[{server.url}]", f"tokenizer={tokenizer_path}", f"output_dir={tmp_path / 'o'}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}"),
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for temperature in ("0.6", "1.0"):
+        rows = read_jsonl(tmp_path / "o" / f"rows_Tiny_sampling.temperature={temperature}.jsonl")
+        assert sorted(r["id"] for r in rows) == ["a_gen0", "b_gen0"]
+        assert {r["metadata"]["sampling_params"]["temperature"] for r in rows} == {float(temperature)}
+    assert sorted(p["temperature"] for p in server.requests) == [0.6, 0.6, 1.0, 1.0]
+
+
+def test_client_import_chain_has_no_torch():
+    code = ("import sys, regen.main, regen.job, benchmarks.regen_client, standins.vllm_server; "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.replace("'", '"')) == []
+
+
+def test_credentials_in_an_endpoint_reach_no_file_and_no_console(serve, tmp_path, tokenizer_path):
+    server = serve(lambda payload: ok("hi", [1, 5], [6, EOS]), model="org/Tiny")
+    secret = "pw-3f9a2b"
+    endpoint = server.url.replace("http://", f"http://alice:{secret}@") + "/v1"
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "messages": []}])
+    result = subprocess.run(
+        cli("dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{endpoint}]",
+            f"tokenizer={tokenizer_path}", f"output={tmp_path / 'o' / 'out.jsonl'}", f"hydra.run.dir={tmp_path / 'h'}"),
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert server.server.authorizations[-1] == "Basic " + base64.b64encode(f"alice:{secret}".encode()).decode()
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != data]
+    assert {p.name for p in written} >= {"out.jsonl", "out.errors.jsonl", "out.summary.json", "out.manifest.json",
+                                         "out.lock", "config.yaml", "overrides.yaml", "hydra.yaml"}
+    assert [p for p in written if secret in p.read_text(errors="replace")] == []
+    assert secret not in result.stdout + result.stderr
+    rows = read_jsonl(tmp_path / "o" / "out.jsonl")
+    assert rows[0]["metadata"]["endpoint"] == f"{server.url}/v1/chat/completions"
