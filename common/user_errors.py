@@ -1,25 +1,48 @@
-"""Errors a person caused (a setting, a data file, a checkpoint path, an output that exists) and how they are shown.
+"""What a person sees when a job stops: one or two ``error:`` lines and an exit status, never a traceback.
 
-A ``UserError`` says what is wrong; its optional ``hint`` says what to type instead. Inside
-``exit_on_user_error`` (opd's entries; regen's ``regen.errors.reported_to_user`` does the same and more),
-one, or ``FileNotFoundError``, prints as ``error: ...`` lines on stderr and exits with status 1 without a
-traceback; Ctrl-C exits with 130. ``HYDRA_FULL_ERROR=1`` re-raises, to see the traceback.
+A ``UserError`` is bad input a person can fix (a setting, a data file, a checkpoint path, an output that exists, a
+server that would not start); its message says what is wrong, its optional ``hint`` what to type instead, and its
+optional ``details`` what to read first (a server's log tail). An ``Interrupted`` is Ctrl-C or SIGTERM that a job
+stopped on; it carries the line to print and its exit status (128 + the signal number).
+
+``exit_on_user_error()`` wraps every entry (regen's and opd's): inside it a ``UserError`` (or ``FileNotFoundError``)
+prints its details, then its ``error:`` lines, and exits with status 1; an ``Interrupted`` prints its line and exits
+with its status; a bare Ctrl-C prints ``error: interrupted`` and exits with 130. ``HYDRA_FULL_ERROR=1`` re-raises
+errors and a bare Ctrl-C, to see the traceback.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 
 class UserError(ValueError):
-    """Bad input a person can fix; the message says what is wrong and where, ``hint`` what to do instead."""
+    """Bad input a person can fix; the message says what is wrong and where, ``hint`` what to do instead, and
+    ``details`` (printed above the error lines) what to read first."""
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, details: str | None = None):
         super().__init__(message)
-        self.message, self.hint = message, hint
+        self.message, self.hint, self.details = message, hint, details
+
+    def __str__(self) -> str:
+        return f"{self.message}\n{self.details}" if self.details else self.message
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM a job stopped on; ``message`` is the line to print. Cleanup that runs for Ctrl-C
+    runs for it too."""
+
+    def __init__(self, signum: int = signal.SIGINT, message: str = "error: interrupted"):
+        super().__init__(f"received {signal.Signals(signum).name}")
+        self.signum, self.message = signum, message
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
 
 
 def error_lines(error: BaseException) -> list[str]:
@@ -31,16 +54,21 @@ def error_lines(error: BaseException) -> list[str]:
 
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
-    """Turn user errors into ``error:`` lines and exit status 1 (see the module doc)."""
+    """Turn user errors and interrupts into what the module doc says, and exit."""
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
         yield
     except (UserError, FileNotFoundError) as error:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if full_error:
             raise
+        if getattr(error, "details", None):
+            print(error.details.rstrip(), file=sys.stderr)
         print("\n".join(error_lines(error)), file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as interrupt:
+        if not isinstance(interrupt, Interrupted):  # a Ctrl-C the job did not handle itself
+            if full_error:
+                raise
+            interrupt = Interrupted()
+        print(interrupt.message, file=sys.stderr)
+        sys.exit(interrupt.exit_status)

@@ -1,9 +1,9 @@
 """Bringing a server process up and down: readiness probe, bounded wait, log tail, process-group stop.
 
 Readiness is vLLM's: ``GET /health`` answers 200 (vLLM serves it without the API key), then
-``GET /v1/models`` answers with ``$VLLM_API_KEY`` as bearer token when it is set. Standard library only
-(the regen client imports this and must stay light). Servers run in their own process group (session),
-so one signal reaches the server and every worker it spawned.
+``GET /v1/models`` answers with ``$VLLM_API_KEY`` as bearer token when it is set. Standard library (and the
+shared error type) only: the regen client imports this and must stay light. Servers run in their own process
+group (session), so one signal reaches the server and every worker it spawned.
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from common.user_errors import UserError
 
-class ServerStartError(RuntimeError):
-    """A server that died, never became ready, or whose port is taken by another model."""
+
+class ServerStartError(UserError):
+    """A server that died, never became ready, or whose port is taken by another model; ``details`` holds the
+    last lines of its log (printed above the ``error:`` line)."""
 
 
 def _get_json(url: str, *, with_key: bool, timeout_s: float) -> tuple[int, object] | None:
@@ -92,14 +95,13 @@ def wait_until_ready(base_url: str, process: subprocess.Popen, *, timeout_s: flo
     while True:
         status = process.poll()
         if status is not None:
-            raise ServerStartError(
-                f"server exited with status {status} before it was ready; last lines of {log_path}:\n"
-                f"{log_tail(log_path)}")
+            raise ServerStartError(f"server exited with status {status} before it was ready; last lines of {log_path}:",
+                                   details=log_tail(log_path))
         if probe_models(base_url) is not None:
             return
         if time.monotonic() >= deadline:
-            raise ServerStartError(
-                f"server not ready at {base_url} after {timeout_s:g}s; last lines of {log_path}:\n{log_tail(log_path)}")
+            raise ServerStartError(f"server not ready at {base_url} after {timeout_s:g}s; last lines of {log_path}:",
+                                   details=log_tail(log_path))
         time.sleep(poll_s)
 
 

@@ -25,8 +25,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+from common.user_errors import UserError
 from regen.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpoint
-from regen.errors import UserError
+from regen.run_stats import RunStats
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 CONNECT_TIMEOUT_S = 30.0
@@ -117,19 +118,18 @@ def _completion_tokens(data: Any) -> int:
 
 
 class ChatClient:
-    """One shared aiohttp session sending chat requests to the pool's endpoints."""
+    """One shared aiohttp session sending chat requests to the pool's endpoints; retries are counted in ``stats``."""
 
     def __init__(self, session: aiohttp.ClientSession, pool: EndpointPool, policy: RetryPolicy,
-                 request_timeout_s: float, all_down_wait_s: float = 0.0, rng: random.Random | None = None):
+                 request_timeout_s: float, all_down_wait_s: float, stats: RunStats, rng: random.Random | None = None):
         self.session = session
         self.pool = pool
         self.policy = policy
         self.all_down_wait_s = all_down_wait_s
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s,
                                              sock_connect=min(CONNECT_TIMEOUT_S, request_timeout_s))
+        self.stats = stats
         self.rng = rng or random.Random()
-        self.retries = 0
-        self.retry_wait_s = 0.0  # time spent backing off, over all requests
 
     async def _attempt(self, endpoint: Endpoint, body: bytes) -> Any:
         try:
@@ -191,11 +191,11 @@ class ChatClient:
                 retry_number += 1
                 if retry_number > self.policy.max_retries:
                     raise RequestFailed(f"gave up after {retry_number} attempts: {error}", endpoint.url) from None
-                self.retries += 1
+                self.stats.retries += 1
                 moved = not endpoint.live  # taken out: go to another endpoint now, no wait
                 if not moved:
                     wait = self.policy.delay(retry_number, error.retry_after_s, self.rng)
-                    self.retry_wait_s += wait
+                    self.stats.retry_wait_s += wait
                     await asyncio.sleep(wait)
                 continue
             self.pool.record_success(endpoint, _completion_tokens(data))

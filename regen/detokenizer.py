@@ -19,7 +19,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders
 
 from common.minimind.tokenizer import byte_level_symbols
-from regen.errors import UserError
+from common.user_errors import UserError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")

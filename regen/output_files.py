@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from common.atomic_write import atomic_write
-from regen.errors import UserError
+from common.user_errors import UserError
 
 # Rows start {"id": ..., "primary_id": ...} (compact or with spaces); num_generations sits in the metadata.
 _HEAD = re.compile(rb'^\{"id": ?"(?:[^"\\]|\\.)*", ?"primary_id": ?("(?:[^"\\]|\\.)*")')

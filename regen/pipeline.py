@@ -1,15 +1,17 @@
 """The streaming pipeline: source records -> conversations -> bounded workers -> output/error lines.
 
-A producer reads the source in small chunks (in a thread, so a slow hub stream never stalls requests)
-into a queue of at most ``CHUNK`` conversations; a dispatcher takes them in order, waits until the
-endpoint pool has room for one more (``EndpointPool.claim``: a fixed ``concurrency`` over all endpoints,
-or each endpoint's own limit with ``concurrency=auto``) and starts it as a task of its own. A
-conversation that fails ends in the error file; any other error in one (a wrong tokenizer, no file
-descriptors left) stops the run. Nothing grows with the dataset except the index of ids already seen (a 64-bit digest and the row's
-position each). The first row with an id claims it: a later row with the same id, good or bad, becomes
-an error-file row naming both rows, so no conversation is ever in both files. When the client has given
-up on every endpoint, reading stops: conversations in flight end in the error file, the rest are not
-started and stay for a resumed run.
+``Pipeline(rows, regeneration, output, stats, warn).run()`` is regen's main loop. A producer reads the source
+(:class:`SourceRows`: the rows past the language filter, up to the limit) in small chunks (in a thread, so a slow
+hub stream never stalls requests) into a queue of at most ``CHUNK`` conversations; a dispatcher takes them in
+order, waits until the endpoint pool has room for one more (``EndpointPool.claim``: a fixed ``concurrency`` over
+all endpoints, or each endpoint's own limit with ``concurrency=auto``) and starts it as a task of its own, which
+regenerates it (``Regeneration.conversation``) and writes its rows to the output in one write. A conversation
+that fails ends in the error file; any other error in one (a wrong tokenizer, no file descriptors left) stops the
+run. Nothing grows with the dataset except the index of ids already seen (a 64-bit digest and the row's position
+each). The first row with an id claims it: a later row with the same id, good or bad, becomes an error-file row
+naming both rows, so no conversation is ever in both files. When the client has given up on every endpoint,
+reading stops: conversations in flight end in the error file, the rest are not started and stay for a resumed
+run. Everything the run counts goes into ``stats`` (``RunStats``).
 """
 
 from __future__ import annotations
@@ -19,57 +21,59 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from regen.chat_client import ChatClient
 from regen.conversation import Conversation, RowError
-from regen.detokenizer import Detokenizer
 from regen.endpoint_pool import Affinity
-from regen.output_files import IdIndex, LineAppender
-from regen.progress_view import ProgressView
-from regen.regenerate import ConversationFailed, RequestShape, regenerate
-from regen.request_params import RequestParams
+from regen.output_files import IdIndex
+from regen.regenerate import ConversationFailed, Regeneration
 from regen.row_formats import to_conversation
-from regen.row_sources import SourceRecord
+from regen.row_sources import Source, SourceRecord
+from regen.run_output import RunOutput
 from regen.run_stats import RunStats
 
 CHUNK = 256
 ALL_DOWN = "every endpoint is down; conversations not started yet are left for resume=true"
 
 
-@dataclass
-class Pipeline:
-    """Everything one run needs; :meth:`run` drives it to the end of the source (or the limit)."""
+@dataclass(frozen=True)
+class SourceRows:
+    """The rows a run reads: its source, their format, the language filter and the limit (rows past the filter)."""
 
-    records: Iterator[SourceRecord]
-    locate: Callable[[int], str]  # names a source row by its idx
+    source: Source
     format_name: str
-    client: ChatClient
-    shape: RequestShape
-    params: RequestParams
-    detokenizer: Detokenizer
-    output: LineAppender
-    errors: LineAppender
-    stats: RunStats
-    progress: ProgressView
-    done_ids: IdIndex
-    limit: int | None = None
-    language_filter: str | None = None
-    previous_error_ids: frozenset[str] = frozenset()
+    limit: int | None
+    language_filter: str | None
 
-    def __post_init__(self) -> None:
+    def eligible(self, stats: RunStats) -> Iterator[SourceRecord]:
+        """Source records that pass the language filter (the others counted in ``stats``), up to ``limit``."""
+        passed = (record for record in self.source.records() if self._passes(record, stats))
+        return itertools.islice(passed, self.limit)
+
+    def _passes(self, record: SourceRecord, stats: RunStats) -> bool:
+        if self.language_filter is None or (isinstance(record.row, dict)
+                                            and record.row.get("language") == self.language_filter):
+            return True
+        stats.skipped_language += 1
+        return False
+
+
+class Pipeline:
+    """One run's conversations from ``rows`` through ``regeneration`` into ``output``; :meth:`run` drives it to the
+    end of the source (or the limit)."""
+
+    def __init__(self, rows: SourceRows, regeneration: Regeneration, output: RunOutput, stats: RunStats,
+                 warn: Callable[[str], None]):
+        self.rows, self.regeneration, self.output, self.stats, self.warn = rows, regeneration, output, stats, warn
+        self.client = regeneration.client
         self.first_seen = IdIndex()  # primary id -> idx of the row that claimed it
-        self.recovered_ids: set[str] = set()  # in the error file at the start, written this run
-        self.tokenizer_warning: str | None = None
         self._tokenizer_checked = False
-        self.stopped: str | None = None  # why reading stopped before the end of the source
-        self.first_failure: str | None = None  # "WHERE: error" of the first error-file row this run
         self._conversations: set[asyncio.Task] = set()
         self._fatal: asyncio.Future | None = None  # the first error that stops the run
 
     def _record_error(self, key: str, idx: int, where: str, error: str, stage: str,
                       generations_completed: int = 0, endpoint: str | None = None) -> None:
-        if self.first_failure is None:
-            self.first_failure = error if error.startswith(where) else f"{where}: {error}"
-        self.errors.append([{"id": key, "metadata": {
+        if self.stats.first_failure is None:
+            self.stats.first_failure = error if error.startswith(where) else f"{where}: {error}"
+        self.output.errors.append([{"id": key, "metadata": {
             "idx": idx, "error": error, "generations_completed": generations_completed,
             "endpoint": endpoint, "source": where, "stage": stage}}])
 
@@ -86,36 +90,28 @@ class Pipeline:
                 self.stats.input_errors += 1
                 self.stats.duplicate_ids += 1
                 self._record_error(record.where, record.idx, record.where,
-                                   f"{record.where}: id {key!r} was already used by {self.locate(first)}; "
+                                   f"{record.where}: id {key!r} was already used by {self.rows.source.locate(first)}; "
                                    "only that row is regenerated (give this one its own id)", "input")
                 return None
             self.first_seen.add(key, record.idx)
         try:
-            conversation = to_conversation(record.row, self.format_name, record.idx, key or record.where)
+            conversation = to_conversation(record.row, self.rows.format_name, record.idx, key or record.where)
         except RowError as error:
             self.stats.input_errors += 1
             self._record_error(key or record.where, record.idx, record.where, f"{record.where}: {error}", "input")
             return None
-        if key in self.done_ids:
+        if key in self.output.resume.done_ids:
             self.stats.skipped_done += 1
             return None
         return conversation
 
-    def _eligible(self) -> Iterator[SourceRecord]:
-        """Source records that pass the language filter, up to ``limit`` of them."""
-        for record in self.records:
-            if self.language_filter is not None and (
-                    not isinstance(record.row, dict) or record.row.get("language") != self.language_filter):
-                self.stats.skipped_language += 1
-                continue
-            yield record
-
     async def _produce(self, queue: asyncio.Queue) -> None:
-        eligible = itertools.islice(self._eligible(), self.limit)
-        while not self.stopped and (chunk := await asyncio.to_thread(lambda: list(itertools.islice(eligible, CHUNK)))):
+        eligible = self.rows.eligible(self.stats)
+        while not self.stats.stopped and (
+                chunk := await asyncio.to_thread(lambda: list(itertools.islice(eligible, CHUNK)))):
             for record in chunk:
                 if self.client.gave_up_on_endpoints:
-                    self.stopped = ALL_DOWN
+                    self.stats.stopped = ALL_DOWN
                     break
                 conversation = self._admit(record)
                 if conversation is not None:
@@ -123,16 +119,14 @@ class Pipeline:
         await queue.put(None)
 
     async def _regenerate_one(self, conversation: Conversation, where: str, affinity: Affinity) -> None:
-        params = self.params.for_conversation(conversation.primary_id)
         try:
-            outcome = await regenerate(conversation, lambda payload: self.client.complete(payload, affinity),
-                                       self.shape, params, self.detokenizer)
+            outcome = await self.regeneration.conversation(conversation, affinity)
         except ConversationFailed as failure:
             self.stats.failed += 1
             self._record_error(conversation.primary_id, conversation.idx, where, str(failure), "generation",
                                failure.generations_completed, failure.endpoint)
             return
-        self.output.append(outcome.rows)
+        self.output.rows.append(outcome.rows)
         self.stats.done += 1
         self.stats.rows += len(outcome.rows)
         self.stats.prompt_tokens += outcome.prompt_tokens
@@ -140,8 +134,8 @@ class Pipeline:
         self.stats.reasoning_corrected += outcome.reasoning_corrected
         if outcome.truncation:
             self.stats.truncated[outcome.truncation] += 1
-        if conversation.primary_id in self.previous_error_ids:
-            self.recovered_ids.add(conversation.primary_id)
+        if conversation.primary_id in self.output.previous_error_ids:
+            self.stats.recovered_ids.add(conversation.primary_id)
         if not self._tokenizer_checked:
             self._tokenizer_checked = True
             self._check_tokenizer(conversation, outcome.rows[0]["text"])
@@ -150,10 +144,10 @@ class Pipeline:
         """Warn once when the decoded prompt does not contain the user's words (likely a wrong tokenizer)."""
         first_user = next(turn["content"] for turn in conversation.turns if turn["role"] == "user")
         if first_user.strip() not in text:
-            self.tokenizer_warning = (
+            self.stats.tokenizer_warning = (
                 f"the first row's decoded text does not contain its user message: tokenizer "
-                f"{self.detokenizer.source} may not be the served model's (row text would be wrong)")
-            self.progress.console.print(f"[yellow]warning:[/] {self.tokenizer_warning}")
+                f"{self.regeneration.detokenizer.source} may not be the served model's (row text would be wrong)")
+            self.warn(self.stats.tokenizer_warning)
 
     async def _converse(self, conversation: Conversation, where: str, affinity: Affinity) -> None:
         """One conversation's task: its room is given back however it ends; an error other than a failed
@@ -174,7 +168,7 @@ class Pipeline:
             affinity = await pool.claim()
             if self.client.gave_up_on_endpoints:  # not started: left for resume, like the rows not read
                 pool.release(affinity)
-                self.stopped = ALL_DOWN
+                self.stats.stopped = ALL_DOWN
                 continue
             self._conversations.add(asyncio.create_task(self._converse(*item, affinity)))
         while self._conversations:
@@ -185,7 +179,6 @@ class Pipeline:
         self._fatal = asyncio.get_running_loop().create_future()
         queue: asyncio.Queue = asyncio.Queue(maxsize=CHUNK)
         tasks = [asyncio.create_task(self._produce(queue)), asyncio.create_task(self._dispatch(queue))]
-        follower = asyncio.create_task(self.progress.follow())
         finished = asyncio.gather(*tasks)
         try:
             await asyncio.wait([finished, self._fatal], return_when=asyncio.FIRST_COMPLETED)
@@ -194,7 +187,7 @@ class Pipeline:
             finished.result()
         finally:
             finished.cancel()
-            pending = [*tasks, *self._conversations, follower]
+            pending = [*tasks, *self._conversations]
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)

@@ -5,7 +5,8 @@ Each generation (a final answer or a tool call) becomes one training row: ``inpu
 generation. Each generation is appended to the history as the assistant turn the chat template renders
 (``regen.history_turns``: its answer, and its reasoning only when carried). The k-th regenerated tool call is
 answered with the k-th cached result; the conversation stops early, keeping its rows, when a call cannot be
-paired 1:1 or a generation hits ``max_tokens``.
+paired 1:1 or a generation hits ``max_tokens``. :class:`Regeneration` holds what every conversation of a run
+shares (the client, the request shape and parameters, the row-text tokenizer).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.chat_client import RequestFailed
+from regen.chat_client import ChatClient, RequestFailed
 from regen.conversation import Conversation
 from regen.detokenizer import Detokenizer
+from regen.endpoint_pool import Affinity
 from regen.history_turns import assistant_turn, history_message
 from regen.replies import Generation, ReplyError, parse_reply
+from regen.request_params import RequestParams
 
 # send(payload) -> (decoded JSON reply, endpoint URL that answered)
 Send = Callable[[dict[str, Any]], Awaitable[tuple[Any, str]]]
@@ -136,3 +139,19 @@ async def regenerate(conversation: Conversation, send: Send, shape: RequestShape
     for row in outcome.rows:
         row["metadata"]["num_generations"] = len(outcome.rows)
     return outcome
+
+
+@dataclass(frozen=True)
+class Regeneration:
+    """What regenerating any conversation of a run takes: the client (and its endpoints), what every request
+    carries, the per-conversation parameters and the tokenizer that writes each row's ``text``."""
+
+    client: ChatClient
+    shape: RequestShape
+    params: RequestParams
+    detokenizer: Detokenizer
+
+    async def conversation(self, conversation: Conversation, affinity: Affinity) -> Outcome:
+        """The rows of ``conversation``, its requests sent on the endpoint ``affinity`` holds (see :func:`regenerate`)."""
+        return await regenerate(conversation, lambda payload: self.client.complete(payload, affinity), self.shape,
+                                self.params.for_conversation(conversation.primary_id), self.detokenizer)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.user_errors import UserError
 from regen.conversation import primary_id_of
-from regen.errors import UserError
 from regen.settings import DatasetSettings
 from regen.speculators_keys import LocalFileKeys
 

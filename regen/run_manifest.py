@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic_write import atomic_write_json
-from regen.errors import UserError
+from common.user_errors import UserError
 from regen.output_files import OutputPaths
 from regen.settings import RegenSettings
 

@@ -1,4 +1,4 @@
-"""Counters of one regen run, and the summary built from them."""
+"""What happened in one regen run: its counters, its first failure and why it stopped early (if it did)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ class RunStats:
     completion_tokens: int = 0
     reasoning_corrected: int = 0  # history turns whose split regen took from the token ids, not the parser
     truncated: Counter = field(default_factory=Counter)
+    retries: int = 0  # requests sent again, over all conversations
+    retry_wait_s: float = 0.0  # time spent backing off before them
+    first_failure: str | None = None  # "WHERE: error" of the first error-file row this run
+    recovered_ids: set[str] = field(default_factory=set)  # in the error file at the start, written this run
+    tokenizer_warning: str | None = None
+    stopped: str | None = None  # why reading stopped before the end of the source
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -37,8 +43,8 @@ class RunStats:
         elapsed = self.elapsed_s
         return count / elapsed if elapsed > 0 else 0.0
 
-    def summary(self, requests: int, retries: int, retry_wait_s: float) -> dict:
-        """The counts and rates of this run (the caller adds files, endpoints and settings)."""
+    def summary(self, requests: int) -> dict:
+        """The counts and rates of this run (``regen.run_summary`` adds files, endpoints and settings)."""
         return {
             "conversations_done": self.done,
             "conversations_truncated": sum(self.truncated.values()),
@@ -50,8 +56,8 @@ class RunStats:
             "skipped_language": self.skipped_language,
             "rows_written": self.rows,
             "requests": requests,
-            "retries": retries,
-            "retry_wait_s": round(retry_wait_s, 3),
+            "retries": self.retries,
+            "retry_wait_s": round(self.retry_wait_s, 3),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "reasoning_split_corrected": self.reasoning_corrected,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from common.user_errors import exit_on_user_error
 from launch.server_process import (
     ServerStartError,
     log_tail,
@@ -34,7 +35,6 @@ from launch.server_process import (
     wait_until_ready,
 )
 from regen.endpoint_pool import EndpointAddress
-from regen.errors import reported_to_user, signals_interrupt
 from regen.settings import (
     LOCAL_ARCH_KEYS,
     ExternalServer,
@@ -43,17 +43,19 @@ from regen.settings import (
     ServerSettings,
     VllmServer,
 )
+from regen.stop_signals import stop_signals
 
 VLLM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "vllm.sh"
 
 
 @contextmanager
 def provide_endpoints(server: ServerSettings) -> Iterator[tuple[EndpointAddress, ...]]:
-    """Yield ready endpoints for ``server`` and release what was started when the block exits."""
+    """Yield ready endpoints for ``server`` and release what was started when the block exits, Ctrl-C and SIGTERM
+    included (they raise ``Interrupted`` here: ``regen.stop_signals``, the run's own handler when it has one)."""
     if isinstance(server, ExternalServer):
         yield server.endpoints
         return
-    with signals_interrupt(), _managed_server(server):
+    with stop_signals(), _managed_server(server):
         yield server.endpoints
 
 
@@ -127,8 +129,8 @@ def _start_vllm(server: VllmServer) -> tuple[int, None]:
     if status != 0:
         reasons = "; ".join(line.strip().removeprefix("vllm.sh: ") for line in said if line.startswith("vllm.sh:")
                             and "starting:" not in line and "log:" not in line)
-        raise ServerStartError(f"launch/vllm.sh failed with status {status}: {reasons} (log: {log})\n"
-                               f"last lines of {log}:\n{log_tail(log)}")
+        raise ServerStartError(f"launch/vllm.sh failed with status {status}: {reasons} (log: {log})",
+                               details=f"last lines of {log}:\n{log_tail(log)}")
     return int(pid_file.read_text()), None
 
 
@@ -169,7 +171,8 @@ class SharedServerCallback(Callback):
             return
         self._stack = ExitStack()
         atexit.register(self._release)  # Hydra skips on_multirun_end when a job raises
-        with reported_to_user():  # a bad server setting or a failed start: error lines, not a traceback
+        with exit_on_user_error():  # a bad server setting or a failed start: error lines, not a traceback
+            self._stack.enter_context(stop_signals())  # held for every job: they share its handler
             self._stack.enter_context(provide_endpoints(RegenSettings.from_config(config).server))
 
     def on_multirun_end(self, config, **kwargs) -> None:

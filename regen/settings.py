@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from common.user_errors import UserError
 from regen.endpoint_pool import EndpointAddress, parse_endpoint
-from regen.errors import UserError
 from regen.row_formats import FORMATS, REFUSED_FORMATS
 
 LOCAL_SUFFIXES = (".json", ".jsonl")

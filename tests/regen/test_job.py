@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from common.user_errors import UserError
 from regen.detokenizer import TokenizerMismatch
-from regen.errors import UserError
 from regen.job import EndpointsUnusable, run
 from regen.settings import SettingsError
 from standins.vllm_server import Reply

@@ -1,0 +1,106 @@
+"""Opening a run's output, in one place: lock it, refuse what must be refused, check the manifest, repair a resume.
+
+``open_output(...)`` names the output (``output``, else ``{output_dir}/{dataset}_{model}[_{overrides}].jsonl``),
+takes the one-run-per-output lock, refuses an earlier run's files without ``resume=true``, compares a resume with
+the manifest (and writes it), repairs a resumed file's crashed tail and compacts its error file, and yields the
+:class:`RunOutput` the conversations are written to. It runs before any server starts whenever the model's name
+is known (always, except for external endpoints that name it themselves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.run_lock import OutputLock
+from common.user_errors import UserError
+from regen.detokenizer import Detokenizer
+from regen.hydra_runtime import multirun_suffix
+from regen.output_files import (
+    LineAppender,
+    OutputPaths,
+    ResumeState,
+    compact_errors,
+    repair_and_scan,
+    sanitize_name,
+)
+from regen.row_sources import Source
+from regen.run_manifest import check_and_record, run_settings
+from regen.settings import RegenSettings
+
+
+def output_paths(settings: RegenSettings, model: str) -> OutputPaths:
+    """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{multirun overrides}].jsonl``."""
+    if settings.output:
+        return OutputPaths(Path(settings.output))
+    source = settings.dataset.name or Path(settings.dataset.path).stem
+    model_short = model.rstrip("/").split("/")[-1]
+    name = f"{sanitize_name(source)}_{sanitize_name(model_short)}{multirun_suffix(sanitize_name)}.jsonl"
+    return OutputPaths(Path(settings.output_dir) / name)
+
+
+@dataclass
+class RunOutput:
+    """The open output of one run: its files, what resume found there, the row-text tokenizer, the appenders."""
+
+    paths: OutputPaths
+    resume: ResumeState  # the conversations already done (empty without resume=true)
+    previous_error_ids: frozenset[str]  # the error file's ids at the start
+    detokenizer: Detokenizer
+    rows: LineAppender
+    errors: LineAppender
+
+    def close(self) -> None:
+        self.rows.close()
+        self.errors.close()
+
+
+def _refuse_earlier_run(paths: OutputPaths) -> None:
+    for path in (paths.output, paths.errors):
+        if path.is_file() and path.stat().st_size:
+            raise UserError(f"{path} exists from an earlier run",
+                            "pass resume=true to continue it, or choose another output= (or remove the old files)")
+
+
+@contextmanager
+def open_output(settings: RegenSettings, source: Source, model: str, detokenizer: Detokenizer,
+                warn: Callable[[str], None]) -> Iterator[RunOutput]:
+    """The run's :class:`RunOutput`, held (locked) until the block ends; see the module doc."""
+    paths = output_paths(settings, model)
+    lock = OutputLock(paths.lock, paths.output, job="regen",
+                      hint="wait for it to finish (or stop it), or choose another output=")
+    try:
+        lock.acquire()
+    except OSError as error:  # the folder cannot be made or written
+        raise UserError(f"cannot write the output {paths.output} ({error.strerror or error})",
+                        "choose another output= or output_dir=") from None
+    try:
+        if not settings.resume:
+            _refuse_earlier_run(paths)
+        rows = LineAppender(paths.output)  # created first: the siblings copy its permissions
+        try:
+            paths.match_output_mode(paths.lock)
+            current = run_settings(settings, source.fingerprint, model, detokenizer.fingerprint)
+            accepted = check_and_record(paths, current, resuming=settings.resume,
+                                        accept_changes=settings.resume_accept_changes, warn=warn)
+            for key, (old, new) in accepted.items():
+                warn(f"resume_accept_changes: {key} was {old!r}, now {new!r} (recorded in the manifest)")
+            if settings.resume:
+                resume = repair_and_scan(paths.output)
+                previous = frozenset(compact_errors(paths.errors, resume.done_ids, drop_input_errors=True))
+            else:
+                resume, previous = ResumeState(), frozenset()
+            errors = LineAppender(paths.errors)
+            paths.match_output_mode(paths.errors)
+        except BaseException:
+            rows.close()
+            raise
+        output = RunOutput(paths, resume, previous, detokenizer, rows, errors)
+        try:
+            yield output
+        finally:
+            output.close()
+    finally:
+        lock.release()

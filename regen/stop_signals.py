@@ -1,0 +1,83 @@
+"""Ctrl-C and SIGTERM during a regen run: one handler for the whole run, installed by ``stop_signals()``.
+
+Where the run is in plain code (reading settings, starting a server, opening the output), a signal raises
+:class:`Interrupted`, so every cleanup on the way out runs (a server regen started is stopped). While
+:meth:`StopSignals.until_signal` runs the conversations, a signal instead cancels that work at its next
+``await`` (between requests, never in the middle of a write) and is kept in ``caught``: the run then writes its
+summary and raises ``Interrupted`` itself (:meth:`StopSignals.raise_if_caught`). The exit status is 128 + the
+signal number (130 for SIGINT, 143 for SIGTERM).
+
+Only in the main thread, and only over Python's default handlers: a second ``stop_signals()`` inside the first
+(a multirun's shared server holds one for every job) returns the first, and under a handler someone else
+installed nothing is changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from common.user_errors import Interrupted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+MESSAGE = "regen: interrupted ({signal}); finished conversations are kept, continue with resume=true"
+
+
+class StopSignals:
+    """The run's handler: raises :class:`Interrupted`, or cancels the work :meth:`until_signal` runs."""
+
+    def __init__(self) -> None:
+        self.caught: int | None = None  # the signal that cancelled the work
+        self._work: asyncio.Future | None = None
+
+    def interrupted(self, signum: int) -> Interrupted:
+        return Interrupted(signum, MESSAGE.format(signal=signal.Signals(signum).name))
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        work = self._work
+        if work is None or work.done():
+            raise self.interrupted(signum)
+        self.caught = self.caught or signum
+        work.get_loop().call_soon_threadsafe(work.cancel)  # as asyncio.Runner does for Ctrl-C
+
+    async def until_signal(self, work: Coroutine) -> None:
+        """Run ``work`` to its end, or until a signal cancels it (then ``caught`` says which)."""
+        self.caught = None
+        self._work = asyncio.ensure_future(work)
+        try:
+            await self._work
+        except asyncio.CancelledError:
+            if self.caught is None:  # cancelled by something else: not ours to swallow
+                raise
+        finally:
+            self._work = None
+
+    def raise_if_caught(self) -> None:
+        if self.caught is not None:
+            raise self.interrupted(self.caught)
+
+
+@contextmanager
+def stop_signals() -> Iterator[StopSignals]:
+    """Handle SIGINT and SIGTERM as the module doc says while the block runs; yields the handler."""
+    current = signal.getsignal(signal.SIGTERM)
+    if isinstance(getattr(current, "__self__", None), StopSignals):  # already handled: the outer block's
+        yield current.__self__
+        return
+    handler = StopSignals()
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    if (threading.current_thread() is not threading.main_thread() or previous[signal.SIGTERM] != signal.SIG_DFL
+            or previous[signal.SIGINT] is not signal.default_int_handler):
+        yield handler  # someone else's handling stays; until_signal then just runs the work
+        return
+    for signum in SIGNALS:
+        signal.signal(signum, handler._handle)
+    try:
+        yield handler
+    finally:
+        for signum, restored in previous.items():
+            signal.signal(signum, restored)
