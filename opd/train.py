@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -42,10 +43,19 @@ from opd.checkpoints import (
     save_checkpoint,
     vocabulary_fingerprint,
 )
-from opd.config import LossConfig, OPDConfig, parse_config, register_model_groups
-from opd.data_order import DataCursor, DataOrder
-from opd.demonstrations import demonstration_episode, load_demonstrations
-from opd.distributed import check_batch_divides, data_parallel, gradient_sync, idle_loss, start, stop, unwrap
+from opd.config import GuidanceConfig, LossConfig, OPDConfig, parse_config, register_model_groups
+from opd.data_order import DataCursor, DataOrder, Window
+from opd.demonstrations import Demonstration, demonstration_episode, load_demonstrations
+from opd.distributed import (
+    Ranks,
+    check_batch_divides,
+    data_parallel,
+    gradient_sync,
+    idle_loss,
+    start,
+    stop,
+    unwrap,
+)
 from opd.episodes import Episode, PackedBatch, pack_episodes, shared_prefix_length
 from opd.guidance import BehaviourPolicy, episode_seed, turn_share_at
 from opd.loss import TargetLogits, logits_at_targets, router_aux_coef, router_loss, token_divergence
@@ -81,12 +91,12 @@ def train(cfg: OPDConfig) -> dict:
     check_batch_divides(cfg.batch_size, ranks)
     torch.manual_seed(cfg.seed)
     # --- data and models, checked before any compute
-    records, data_sha256, fixed = read_data(cfg)
+    records, data_sha256, demonstrations = read_data(cfg)
     student, teacher, tokenizer = load_student_and_teacher(cfg)
-    guided = cfg.mode == "on_policy" and cfg.guidance.active
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
-    if fixed is not None:
-        fixed = [demonstration_episode(demonstration, chat_format, cfg.rollout.max_total_len) for demonstration in fixed]
+    # record index -> its fixed episode (the dataset's demonstration, or the teacher's cached rollout below)
+    fixed: dict[int, Episode] = {index: demonstration_episode(demonstration, chat_format, cfg.rollout.max_total_len)
+                                 for index, demonstration in enumerate(demonstrations)}
     for record in records:
         chat_format.prompt_ids(record, cfg.rollout.max_total_len)
     order = DataOrder(len(records), batch_size=cfg.batch_size, accumulation_steps=cfg.accumulation_steps,
@@ -99,8 +109,10 @@ def train(cfg: OPDConfig) -> dict:
     teacher.to(device).eval().requires_grad_(False)
     sampler = TokenSampler(cfg.sampling, device, ranks.seed(cfg.sampling.seed_or(cfg.seed)))
     rollout = AgentRollout(student, chat_format, sampler, cfg.rollout, autocast=precision.autocast)
+    guide = Guide(teacher, cfg.guidance, sampler, cfg.seed, schedule_steps) if (
+        cfg.mode == "on_policy" and cfg.guidance.active) else None
     share = cfg.mixture.teacher_share if cfg.mode == "on_policy" else 1.0  # the batch share the teacher's episodes take
-    if fixed is None and share > 0:
+    if share > 0 and not from_demonstrations(cfg):
         needed = [i for window in order.windows() for batch in window.batches for i in batch[:teacher_count(batch, share)]]
         fixed = cached_teacher_episodes(cfg, records, needed, teacher, chat_format, signature, ranks, device)
     if cfg.gradient_checkpointing:
@@ -116,53 +128,19 @@ def train(cfg: OPDConfig) -> dict:
     with TrainLog(run_dir / "metrics.jsonl", total_steps=order.total_steps, start_step=step, label="opd",
                   enabled=ranks.is_main) as log:
         for window in order.windows(cursor, step):
-            # --- episodes: this rank's share of the student's own rollouts, or of the baseline's fixed sequences
             began = time.perf_counter()
-            micro_batches = []
-            for index, batch in enumerate(window.batches):  # the teacher's share first (mixture), then the student's
-                taken = teacher_count(batch, share)
-                mine = ranks.share(list(range(len(batch))))  # this rank's positions in the global micro-batch
-                episodes = [fixed[batch[p]] for p in mine if p < taken]
-                rolled_out = [p for p in mine if p >= taken]
-                policy = BehaviourPolicy(
-                    teacher, cfg.guidance, sampler, [episode_seed(cfg.seed, window.step, index, p) for p in rolled_out],
-                    turn_share=turn_share_at(cfg.guidance, window.step, schedule_steps)) if guided else None
-                micro_batches.append(episodes + (rollout.run([records[batch[p]] for p in rolled_out], policy)
-                                                 if rolled_out else []))
+            micro_batches = collect_episodes(window, records, fixed, share, rollout, guide, ranks)
             fetched = time.perf_counter()
-            # --- the teacher scores exactly the student's tokens; KL over every target of the global window
-            packed = [pack_episodes(episodes, tokenizer.pad_token_id) if episodes else None for episodes in micro_batches]
-            (targets,) = ranks.sum([sum(batch.target_count for batch in packed if batch is not None)])
-            kl, aux = 0.0, 0.0
-            student.train()
-            for index, (batch_episodes, batch) in enumerate(zip(micro_batches, packed, strict=True)):
-                with gradient_sync(student_forward, last=index == len(packed) - 1):
-                    if batch is None:  # this rank's share of a short micro-batch is empty: join the gradient sum
-                        optimization.backward(idle_loss(student_forward, tokenizer.pad_token_id, device))
-                        continue
-                    kl_sum, router = distill_loss_step(student_forward, teacher, batch_episodes, batch.to(device),
-                                                       cfg.loss, precision, share_prefix=not cfg.gradient_checkpointing)
-                    # DDP averages the ranks' gradients: scaled by the world size they add up to the window's mean
-                    loss = kl_sum / targets * ranks.world_size
-                    if router is not None:
-                        router = router * (batch.target_count / targets * ranks.world_size)
-                        loss, aux = loss + router, aux + router.item() / ranks.world_size
-                    optimization.backward(loss)
-                    kl += kl_sum.item() / targets
-            # --- optimizer step, log, checkpoint
-            lr, grad_norm = optimization.lr, optimization.step()
+            update = score_and_update(micro_batches, student_forward, teacher, optimization, cfg, precision, ranks,
+                                      tokenizer.pad_token_id, device)
             step, cursor = window.step, window.next_cursor
-            counts = episode_counts([episode for batch in micro_batches for episode in batch], chat_format)
-            totals = dict(zip([*counts, "kl", "aux"], ranks.sum([*counts.values(), kl, aux]), strict=True))
-            kl, aux, figures = totals.pop("kl"), totals.pop("aux"), episode_figures(totals)
-            rolled += counts["episodes"]
-            log.step({"step": step, "epoch": window.epoch, "loss": kl + aux, "kl": kl, "aux_loss": aux,
-                      "grad_norm": grad_norm, "target_tokens": int(targets), **figures,
-                      "tokens_per_s": figures["assistant_tokens"] / (time.perf_counter() - began), "lr": lr,
-                      "rollout_s" if cfg.mode == "on_policy" else "data_s": fetched - began,
-                      "update_s": time.perf_counter() - fetched, "elapsed_s": time.perf_counter() - entered})
-            losses.append(kl + aux)
-            tokens += figures["assistant_tokens"]
+            # --- log and save
+            metrics = step_metrics(window, update, micro_batches, chat_format, ranks, mode=cfg.mode,
+                                   times=(entered, began, fetched))
+            log.step(metrics)
+            losses.append(metrics["loss"])
+            tokens += metrics["assistant_tokens"]
+            rolled += sum(len(episodes) for episodes in micro_batches)
             if step % cfg.save_interval == 0 or step == order.total_steps:
                 rng_states = ranks.gather(rng_state(sampler if cfg.mode == "on_policy" else None))
                 if ranks.is_main:
@@ -179,18 +157,115 @@ def train(cfg: OPDConfig) -> dict:
     return summary
 
 
+@dataclass(frozen=True)
+class Guide:
+    """The behaviour policy of every guided rollout of a run (``opd.guidance``): the teacher steers as ``settings``
+    say, its draws seeded per episode by (run seed, step, micro-batch, place in the global micro-batch)."""
+
+    teacher: torch.nn.Module
+    settings: GuidanceConfig
+    sampler: TokenSampler
+    seed: int
+    schedule_steps: int
+
+    def policy(self, step: int, micro_batch: int, positions: list[int]) -> BehaviourPolicy:
+        """The policy of one rollout call: micro-batch ``micro_batch`` of step ``step``, the episodes at
+        ``positions`` of the global micro-batch."""
+        return BehaviourPolicy(self.teacher, self.settings, self.sampler,
+                               [episode_seed(self.seed, step, micro_batch, position) for position in positions],
+                               turn_share=turn_share_at(self.settings, step, self.schedule_steps))
+
+
+def collect_episodes(window: Window, records: list[AgentRecord], fixed: dict[int, Episode], share: float,
+                     rollout: AgentRollout, guide: Guide | None, ranks: Ranks) -> list[list[Episode]]:
+    """This rank's episodes of each micro-batch of ``window``: of the positions it holds (``ranks.share``), the
+    first ``share`` of the micro-batch are fixed episodes (the mixture's cached teacher rollouts, or every episode of
+    the fixed-data baseline), and the rest are the current student's rollouts of their records, guided when
+    ``guide`` is set."""
+    micro_batches = []
+    for index, batch in enumerate(window.batches):
+        taken = teacher_count(batch, share)
+        mine = ranks.share(list(range(len(batch))))  # this rank's positions in the global micro-batch
+        episodes = [fixed[batch[p]] for p in mine if p < taken]
+        rolled_out = [p for p in mine if p >= taken]
+        if rolled_out:
+            policy = guide.policy(window.step, index, rolled_out) if guide else None
+            episodes += rollout.run([records[batch[p]] for p in rolled_out], policy)
+        micro_batches.append(episodes)
+    return micro_batches
+
+
+@dataclass(frozen=True)
+class Update:
+    """What one optimizer step did: this rank's part of the window's mean divergence and router loss (the ranks'
+    parts add up to the window's), the window's targets over every rank, the learning rate, the gradient norm."""
+
+    kl: float
+    aux: float
+    targets: float
+    lr: float
+    grad_norm: float
+
+
+def score_and_update(micro_batches: list[list[Episode]], student_forward: torch.nn.Module, teacher: torch.nn.Module,
+                     optimization: Optimization, cfg: OPDConfig, precision: Precision, ranks: Ranks, pad_token_id: int,
+                     device: torch.device) -> Update:
+    """The teacher scores exactly each micro-batch's tokens; the gradient of the divergence averaged over every target
+    of the global window accumulates over the micro-batches (``distill_loss_step``); then one clipped optimizer step."""
+    packed = [pack_episodes(episodes, pad_token_id) if episodes else None for episodes in micro_batches]
+    (targets,) = ranks.sum([sum(batch.target_count for batch in packed if batch is not None)])
+    kl, aux = 0.0, 0.0
+    unwrap(student_forward).train()
+    for index, (batch_episodes, batch) in enumerate(zip(micro_batches, packed, strict=True)):
+        with gradient_sync(student_forward, last=index == len(packed) - 1):
+            if batch is None:  # this rank's share of a short micro-batch is empty: join the gradient sum
+                optimization.backward(idle_loss(student_forward, pad_token_id, device))
+                continue
+            kl_sum, router = distill_loss_step(student_forward, teacher, batch_episodes, batch.to(device), cfg.loss,
+                                               precision, share_prefix=not cfg.gradient_checkpointing)
+            # DDP averages the ranks' gradients: scaled by the world size they add up to the window's mean
+            loss = kl_sum / targets * ranks.world_size
+            if router is not None:
+                router = router * (batch.target_count / targets * ranks.world_size)
+                loss, aux = loss + router, aux + router.item() / ranks.world_size
+            optimization.backward(loss)
+            kl += kl_sum.item() / targets
+    lr = optimization.lr
+    return Update(kl, aux, targets, lr, optimization.step())
+
+
+def step_metrics(window: Window, update: Update, micro_batches: list[list[Episode]], chat_format: ChatFormat,
+                 ranks: Ranks, *, mode: str, times: tuple[float, float, float]) -> dict:
+    """The step's line of ``metrics.jsonl``, summed over every rank; ``times`` are when the run was entered, when the
+    step began and when its episodes were collected (``time.perf_counter``)."""
+    entered, began, fetched = times
+    counts = episode_counts([episode for episodes in micro_batches for episode in episodes], chat_format)
+    totals = dict(zip([*counts, "kl", "aux"], ranks.sum([*counts.values(), update.kl, update.aux]), strict=True))
+    kl, aux, figures = totals.pop("kl"), totals.pop("aux"), episode_figures(totals)
+    return {"step": window.step, "epoch": window.epoch, "loss": kl + aux, "kl": kl, "aux_loss": aux,
+            "grad_norm": update.grad_norm, "target_tokens": int(update.targets), **figures,
+            "tokens_per_s": figures["assistant_tokens"] / (time.perf_counter() - began), "lr": update.lr,
+            "rollout_s" if mode == "on_policy" else "data_s": fetched - began,
+            "update_s": time.perf_counter() - fetched, "elapsed_s": time.perf_counter() - entered}
+
+
 def teacher_count(batch: list[int], share: float) -> int:
     """How many episodes of a micro-batch come from the teacher's rollouts: ``share`` of it, rounded down."""
     return math.floor(share * len(batch) + 1e-9)  # 0.29 * 100 is 28.999...: still 29
 
 
-def read_data(cfg: OPDConfig) -> tuple[list[AgentRecord], str, list | None]:
-    """The records, the data file's sha256, and (``offline.source=dataset``) its demonstrations."""
-    if cfg.mode == "offline" and cfg.offline.source == "dataset":
+def from_demonstrations(cfg: OPDConfig) -> bool:
+    """Whether the fixed episodes are the data file's own demonstrations (``offline.source=dataset``)."""
+    return cfg.mode == "offline" and cfg.offline.source == "dataset"
+
+
+def read_data(cfg: OPDConfig) -> tuple[list[AgentRecord], str, list[Demonstration]]:
+    """The records, the data file's sha256, and their demonstrations (``offline.source=dataset``; otherwise none)."""
+    if from_demonstrations(cfg):
         demonstrations, data_sha256 = load_demonstrations(cfg.data)
         return [demonstration.record for demonstration in demonstrations], data_sha256, demonstrations
     records, data_sha256 = load_agent_records(cfg.data)
-    return records, data_sha256, None
+    return records, data_sha256, []
 
 
 def opd_signature(cfg: OPDConfig, teacher, student, tokenizer, data_sha256: str, schedule_steps: int,
