@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.minimind.model import load_native, save_native
 from common.minimind.tokenizer import MINIMIND_VOCAB_SIZE
 from opd.checkpoints import ResumeRefusedError, load_resume
 from opd.distributed import Ranks
 from opd.train import train
+from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import HOLD_OUT_DIR, write_agent_data
 from tests.helpers.paths import REPO_ROOT
@@ -46,13 +48,25 @@ def test_shares_split_a_micro_batch_in_rank_order():
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory, tiny_pair):
+def workspace(tmp_path_factory, tiny_pair, tiny_checkpoints):
     root = tmp_path_factory.mktemp("ddp")
     data = write_agent_data(root / "agent.jsonl", 5)
     base = [*tiny_pair, f"data={data}",
             "rollout.max_turns=2", "rollout.max_gen_len=6", "rollout.max_total_len=1024", "optim.learning_rate=1e-3",
             "device=cpu", "batch_size=4", "epochs=2", "max_steps=3", "optim.lr_schedule_steps=6"]
-    return {"root": root, "base": base}
+    return {"root": root, "base": base, "contrary_teacher": contrary_teacher(tiny_checkpoints["teacher"], root)}
+
+
+def contrary_teacher(checkpoint: Path, folder: Path) -> Path:
+    """The tiny teacher with random signs on its final norm. Random-init models with tied embeddings predict the last
+    input token, so under greedy decoding the tiny student's token is always the tiny teacher's argmax and
+    speculative top-k would never replace one; this teacher's argmax is another token, and its top-50 holds the
+    student's token about half of the time."""
+    teacher = load_native(checkpoint, tiny_arch("teacher"))
+    signs = torch.randn(teacher.model.norm.weight.shape, generator=torch.Generator().manual_seed(0)).sign()
+    with torch.no_grad():
+        teacher.model.norm.weight.copy_(signs)
+    return save_native(teacher, folder / "contrary_teacher.pth")
 
 
 def launch(arguments: list[str]) -> subprocess.Popen:
@@ -120,13 +134,20 @@ def metrics(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("mode", [["mode=offline", "offline.source=dataset"], ["sampling=greedy"],
-                                  ["sampling=greedy", "guidance.token_mix=0.5", "loss.kl_direction=jsd"]])
+GUIDED = [["sampling=greedy", "guidance.token_mix=0.5", "loss.kl_direction=jsd"],
+          ["sampling=greedy", "guidance.turn_share=0.8", "guidance.turn_share_final=0.2"],
+          ["sampling=greedy", "guidance.top_k=50", "teacher.checkpoint={contrary_teacher}"]]
+
+
+@pytest.mark.parametrize("mode", [["mode=offline", "offline.source=dataset"], ["sampling=greedy"], *GUIDED])
 def test_two_processes_make_the_single_process_update(workspace, mode):
     """3 steps of a global batch of 4 over 5 records: the second epoch's first micro-batch holds 1 record, so one
-    rank is idle for it; fixed sequences, greedy on-policy rollouts, and greedy rollouts that a token mixture guides
-    (its coins are drawn per episode, whichever rank rolls it out) under the JSD loss: identical episodes."""
-    name = "-".join(mode).replace("=", "-")
+    rank is idle for it; fixed sequences, greedy on-policy rollouts, and greedy rollouts that the teacher guides: a
+    token mixture (under the JSD loss), teacher-written turns with a share moving over the schedule, speculative
+    top-k replacement. The guidance's coins are drawn per episode, whichever rank rolls it out, and a greedy
+    replacement is the teacher's argmax: identical episodes."""
+    name = "-".join(mode).replace("=", "-").replace("{", "").replace("}", "")
+    mode = [override.format(**workspace) for override in mode]
     two, two_run = torchrun(workspace, f"{name}-two", *mode)
     one = single(workspace, f"{name}-one", *mode)
     difference = max_difference(weights(two), weights(one))
@@ -141,6 +162,9 @@ def test_two_processes_make_the_single_process_update(workspace, mode):
             b["grad_norm"], rel=1e-4)
     if "guidance.token_mix=0.5" in mode:  # the teacher wrote some of the tokens, the same ones in both runs
         assert all(0 < m["teacher_token_share"] < 1 for m in steps_two)
+    if "guidance" in name:  # over the run, each option let the teacher write some tokens but not all
+        written = sum(m["teacher_token_share"] * m["assistant_tokens"] for m in steps_two)
+        assert 0 < written < sum(m["assistant_tokens"] for m in steps_two)
     summary = json.loads((two_run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["episodes_per_rank"] == [5, 4]
     assert sorted(p.name for p in two.iterdir()) == [".lock", "agent_opd_64.pth", "agent_opd_64_resume.pth",
