@@ -3,21 +3,370 @@
 speculators reads a local file with ``datasets.load_dataset("json", data_files=FILE, split="train",
 streaming=True)`` and keys a row without ``id``/``uuid`` by the sha256 of that row's canonical JSON. The
 row it hashes is the one ``datasets`` yields, not the line as written: it has every column of the file
-(absent ones null), nested objects gain the keys their siblings have, and integer columns that also hold
-floats become floats. So the key of an id-less row comes from that same ``datasets`` view of the file,
-read alongside regen's own reader, lazily (from the first id-less row) so a file whose rows all carry
-ids never pays for it. Where ``datasets`` cannot read the file (speculators could not either), the
-remaining id-less rows are keyed by their own JSON.
+(absent ones null), nested objects gain the keys their siblings have, integer columns that also hold
+floats become floats, and objects of mixed shapes become JSON strings (decoded again in a ``.jsonl``, not
+in a ``.json`` array). So the key of an id-less row comes from that same view of the file, read alongside
+regen's own reader, lazily (from the first id-less row) so a file whose rows all carry ids never pays for it.
+
+That view is built here without ``datasets`` (whose import pulls in torch: ~400 MB) and without iterating
+it row by row: :class:`ArrowView` is a port of the JSON builder of ``datasets`` 5.1.0 (the newest that
+speculators 0.9.0 accepts; ``packaged_modules/json/json.py``), which reads the file with ``pyarrow``'s JSON
+reader in the same 10 MiB chunks, with the same block sizes, the same detection of mixed-shape objects and
+the same casts, so it hands ``pyarrow`` the same bytes and gets the same table. A row is converted to Python
+only when an id-less row asks for it. Where ``datasets`` takes a path this port does not mirror (a later
+chunk whose columns differ from the first one's, which datasets casts or fails on; a file only pandas'
+reader gets through; agent-trace files), :class:`ArrowView` raises :class:`NotMirrored` and the rows from
+there on come from ``datasets`` itself, as before: exact, only slower. ``pandas`` (its ujson: what
+``datasets`` encodes and decodes mixed-shape objects with, and converts a ``.json`` array with; its
+``read_json``, datasets' fallback after a pyarrow error) is imported only for such files.
+
+Where ``datasets`` cannot read the file (speculators could not either), the remaining id-less rows are keyed
+by their own JSON.
 """
 
 from __future__ import annotations
 
+import codecs
 import itertools
+import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from regen.conversation import content_hash, explicit_id
+
+CHUNK_BYTES = 10 << 20  # datasets' JsonConfig.chunksize: the file is read (and typed) this much at a time
+# Agent-trace files are decoded by datasets into another schema (with the optional teich package): columns that
+# make datasets look for those markers (packaged_modules/json/json.py, AGENT_TRACES_FEATURES_MARKERS).
+AGENT_TRACE_MARKERS = [{"type", "message"}, {"type", "payload"}, {"id", "source", "model", "system_prompt", "messages"},
+                       {"type", "id", "version", "cwd"}]
+# Where stdlib json and pandas' ujson may parse a line differently (NaN, Infinity, integers beyond 64 bits), the
+# detection of mixed-shape objects uses ujson itself.
+_UJSON_ONLY = re.compile(rb"NaN|Infinity|\d{19}")
+
+
+class NotMirrored(Exception):
+    """``datasets`` takes a path here that :class:`ArrowView` does not reproduce: read on with ``datasets``."""
+
+
+class DatasetsCannotRead(Exception):
+    """A file ``datasets`` 5.1.0 would not get through (it raises or loops), so speculators could not read it."""
+
+
+def _ujson():
+    """pandas' ujson ``(loads, dumps)``: what datasets uses (``datasets.utils.json``); imported only when needed."""
+    from pandas.io.json import ujson_dumps, ujson_loads
+
+    return ujson_loads, ujson_dumps
+
+
+class _Shapes:
+    """The shapes of the values found at one path of many rows, built one row at a time, so that
+    :meth:`mixed_paths` gives what ``datasets.utils.json.find_mixed_struct_types_field_paths`` gives for the
+    list of all those rows (the paths where objects differ in shape), without holding the rows."""
+
+    __slots__ = ("dicts", "lists", "others", "keys", "differ", "fields", "items")
+
+    def __init__(self):
+        self.dicts = self.lists = self.others = False
+        self.keys: frozenset | None = None  # the first object's keys
+        self.differ = False  # an object with other keys than the first
+        self.fields: dict[str, _Shapes] = {}
+        self.items: _Shapes | None = None
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, dict):
+            self.dicts = True
+            if self.keys is None:
+                self.keys = frozenset(value)
+            elif not self.differ and (len(value) != len(self.keys) or not self.keys.issuperset(value)):
+                self.differ = True
+            for field, child in value.items():
+                if child is not None:
+                    shapes = self.fields.get(field)
+                    if shapes is None:
+                        shapes = self.fields[field] = _Shapes()
+                    shapes.add(child)
+        elif isinstance(value, list):
+            self.lists = True
+            for item in value:
+                if item is not None:
+                    if self.items is None:
+                        self.items = _Shapes()
+                    self.items.add(item)
+        else:
+            self.others = True
+
+    def mixed_paths(self, path: list | None = None) -> list[list]:
+        path = path or []
+        if self.dicts and not (self.lists or self.others):
+            if path and (self.differ or not self.keys):
+                return [path]
+            return [found for field, child in self.fields.items() for found in child.mixed_paths([*path, field])]
+        if self.lists and not (self.dicts or self.others):
+            return self.items.mixed_paths([*path, 0]) if self.items is not None else []
+        if self.dicts or self.lists:
+            return [path]
+        return []
+
+
+def mixed_struct_paths(examples: list) -> list[list]:
+    """``find_mixed_struct_types_field_paths(examples)`` (order aside: datasets walks a set)."""
+    shapes = _Shapes()
+    for example in examples:
+        shapes.add(example)
+    return shapes.mixed_paths()
+
+
+def _encode_field(example: Any, path: list, loads, dumps) -> Any:
+    """Port of ``datasets.utils.json.json_encode_field``."""
+    if path:
+        field, *rest = path
+        if example is None:
+            return None
+        if field == 0:
+            return [_encode_field(x, rest, loads, dumps) for x in example]
+        return {**example, field: _encode_field(example.get(field), rest, loads, dumps)}
+    if example is None:
+        return None
+    try:
+        loads(example)
+    except Exception:  # noqa: BLE001 - datasets' own test: anything ujson cannot load is encoded
+        return dumps(example)
+    return example
+
+
+def _decode_field(example: Any, path: list, loads) -> Any:
+    """What ``Features.decode_example`` does to a ``Json()`` feature at ``path`` (``Json.decode_example``)."""
+    if example is None:
+        return None
+    if not path:
+        return loads(example)
+    field, *rest = path
+    if field == 0:
+        return [_decode_field(x, rest, loads) for x in example]
+    return {**example, field: _decode_field(example.get(field), rest, loads)}
+
+
+def _insert_path(paths: list[list], path: list) -> bool:
+    """Port of ``datasets.utils.json.insert_json_field_path``; False when ``paths`` did not change."""
+    for index, existing in enumerate(paths):
+        if existing[:len(path)] == path:
+            if existing == path:
+                return False
+            paths[index] = path
+            return True
+    paths.append(path)
+    return True
+
+
+def _path_from_error(message: str) -> list:
+    """Port of datasets 5.1.0's ``get_json_field_path_from_pyarrow_json_error``."""
+    column = message.split("Column(", 1)[1].rsplit(") changed from", 1)[0].strip("/")
+    return [0 if segment == "[]" else segment for segment in column.split("/")]
+
+
+def _encode_lines(batch: bytes, paths: list[list], loads, dumps) -> bytes:
+    """Port of ``json_encode_fields_in_json_lines`` (a line ujson cannot load fails as it fails datasets)."""
+    try:
+        examples = [loads(line) for line in batch.splitlines()]
+    except ValueError as error:
+        raise DatasetsCannotRead(f"ValueError: {error}") from None
+    for path in paths:
+        try:
+            examples = [_encode_field(example, path, loads, dumps) for example in examples]
+        except (TypeError, AttributeError) as error:
+            raise DatasetsCannotRead(f"{type(error).__name__}: {error}") from None
+    return "\n".join(dumps(example) for example in examples).encode()
+
+
+class ArrowView:
+    """The rows ``datasets`` 5.1.0 streams from a local ``.json``/``.jsonl`` file, as Python dicts, in order.
+
+    :meth:`row` gives the ``ordinal``-th row (0-based, asked for in increasing order). It raises
+    :class:`NotMirrored` where ``datasets`` would take a path not ported here, and :class:`DatasetsCannotRead`
+    where ``datasets`` itself fails."""
+
+    def __init__(self, path: Path):
+        import pyarrow  # noqa: F401 - fail here (ImportError) rather than in the middle of a table
+
+        self.path = path
+        self._tables = self._generate_tables()
+        self._table = None
+        self._start = 0  # ordinal of the current table's first row
+        self._columns: list[str] = []  # the first table's columns: datasets' features
+        self._decode_paths: list[list] = []  # Json() features, decoded on the way out (JSON Lines only)
+        self._loads = self._dumps = None  # pandas' ujson, once a file needs it
+
+    def row(self, ordinal: int) -> dict:
+        while self._table is None or ordinal >= self._start + self._table.num_rows:
+            if self._table is not None:
+                self._start += self._table.num_rows
+                self._table = None  # let it go before the next chunk is read
+            table = next(self._tables, None)
+            if table is None:
+                raise IndexError(f"datasets yields no row {ordinal} (the file has {self._start})")
+            self._table = table
+        if ordinal < self._start:
+            raise RuntimeError(f"rows are read in order (asked for {ordinal} after {self._start})")
+        [row] = self._table.slice(ordinal - self._start, 1).to_pylist()
+        for column in self._columns:
+            row.setdefault(column, None)  # _cast_table adds a column a later chunk lacks
+        for path in self._decode_paths:
+            row = _decode_field(row, path, self._loads)
+        return row
+
+    # -- the port of datasets' Json._split_generators + _generate_tables + _cast_table, one file, one shard --
+
+    def _generate_tables(self) -> Iterator:
+        """Pass 1 (``_split_generators``) reads the first chunk to fix the features; pass 2 reads every chunk with
+        the mixed-shape paths found in pass 1 already encoded, from the initial block size (an array has no pass
+        1: its features stay unset). Pass 2's first table is pass 1's when pass 1 needed no retry: same input."""
+        with self.path.open("rb") as handle:
+            batch, array = self._next_batch(handle, 0)
+            if not batch:
+                return
+            if array:  # the whole file, read once
+                yield self._read(batch, [], self._initial_block_size, detect=True)[0]
+                return
+            table, json_paths, block_size, retried = self._read(batch, [], self._initial_block_size, detect=True)
+            features = table.schema
+            if any(marker <= set(table.column_names) for marker in AGENT_TRACE_MARKERS):
+                raise NotMirrored("columns that datasets checks for agent traces")
+            self._columns, self._decode_paths = list(table.column_names), [list(path) for path in json_paths]
+            if retried:
+                table, json_paths, block_size, _ = self._read(batch, json_paths, self._initial_block_size,
+                                                              detect=False)
+                if table.schema != features:
+                    raise NotMirrored("pass 2 typed the first chunk differently")
+            yield table
+            batch_idx = 1
+            while True:
+                batch, array = self._next_batch(handle, batch_idx)
+                if not batch:
+                    return
+                if array:
+                    raise NotMirrored("a later chunk starts with '['")
+                table, json_paths, block_size, _ = self._read(batch, json_paths, block_size, detect=False)
+                yield self._cast_like_first(table, features)
+                batch_idx += 1
+
+    chunk_bytes = CHUNK_BYTES  # smaller in tests, to have several chunks in a small file
+
+    @property
+    def _initial_block_size(self) -> int:
+        return max(self.chunk_bytes // 32, 16 << 10)
+
+    def _ujson_needed(self, needed: bool = True) -> None:
+        if needed and self._loads is None:
+            self._loads, self._dumps = _ujson()
+
+    def _next_batch(self, handle, batch_idx: int) -> tuple[bytes, bool]:
+        """The next chunk as datasets cuts it: 10 MiB and the rest of its last line; an array (when the chunk starts
+        with '[') is the whole file, converted to JSON Lines. Empty at the end of the file."""
+        batch = handle.read(self.chunk_bytes)
+        if not batch:
+            return b"", False
+        if batch_idx == 0 and batch.startswith(codecs.BOM_UTF8):
+            batch = batch[len(codecs.BOM_UTF8):]
+        array = batch.startswith(b"[")
+        if array:
+            if batch_idx:
+                raise NotMirrored("a later chunk starts with '['")
+            self._ujson_needed()
+            loads, dumps = self._loads, self._dumps
+            full_data = batch + handle.read()
+            try:
+                elements = loads(full_data)
+            except ValueError as error:
+                raise DatasetsCannotRead(f"ValueError: {error}") from None
+            if not isinstance(elements, list):
+                raise NotMirrored("a top-level value that is not an array")
+            if b"{" in batch[:100].split(b'"', 1)[0]:  # a list of objects
+                batch = "\n".join(dumps(x) for x in elements).encode()
+            else:  # a list of strings
+                batch = "\n".join(dumps({"text": x}) for x in elements).encode()
+        return batch + handle.readline(), array
+
+    def _read(self, batch: bytes, json_paths: list[list], block_size: int, *, detect: bool):
+        """One chunk through pyarrow's reader as datasets reads it: ``(table, json_paths, block_size, retried)``."""
+        import pyarrow as pa
+        import pyarrow.json as paj
+
+        json_paths = [list(path) for path in json_paths]
+        if detect:
+            json_paths += self._detect(batch, self._loads)
+        original_batch = batch
+        if json_paths:
+            self._ujson_needed()
+            batch = _encode_lines(batch, json_paths, self._loads, self._dumps)
+        block_size = len(batch) if len(batch) // 8 > block_size else block_size
+        retried = False
+        while True:
+            try:
+                table = paj.read_json(pa.BufferReader(batch), read_options=paj.ReadOptions(block_size=block_size),
+                                      memory_pool=pa.system_memory_pool())
+                return table, json_paths, block_size, retried
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                message = str(error)
+                retried = True
+                if batch.startswith(b"[") or not isinstance(error, pa.ArrowInvalid):
+                    pass  # datasets re-raises
+                elif "JSON parse error: Column(" in message and ") changed from" in message:
+                    if not _insert_path(json_paths, _path_from_error(message)):
+                        raise DatasetsCannotRead(f"ArrowInvalid: {message} (datasets 5.1 retries this forever)"
+                                                 ) from None
+                    self._ujson_needed()
+                    batch = _encode_lines(original_batch, json_paths, self._loads, self._dumps)
+                    continue
+                elif ("straddling" in message or "JSON conversion to" in message) and block_size < len(batch):
+                    block_size *= 2
+                    continue
+                if isinstance(error, pa.ArrowInvalid):
+                    self._whole_file_through_pandas()
+                raise DatasetsCannotRead(f"{type(error).__name__}: {message.splitlines()[0]}") from None
+
+    def _whole_file_through_pandas(self) -> None:
+        """After an ``ArrowInvalid`` datasets reads the whole file with ``pandas.read_json`` and fails if that raises
+        ``ValueError``; a file pandas reads is not mirrored here (:class:`NotMirrored`)."""
+        import pandas as pd
+
+        try:
+            with self.path.open(encoding="utf-8") as handle:
+                pd.read_json(handle, dtype_backend="pyarrow")
+        except ValueError:
+            return
+        raise NotMirrored("a file only pandas' reader gets through")
+
+    @staticmethod
+    def _detect(batch: bytes, loads) -> list[list]:
+        """Mixed-shape objects in the first batch; none when a line does not load (datasets' ujson raises at a
+        blank line, say, and datasets then skips the detection). stdlib json stands in for ujson where they agree
+        (not on NaN, Infinity, integers beyond 64 bits, or lines only ujson loads: those use ujson itself)."""
+        if loads is None and _UJSON_ONLY.search(batch):
+            loads = _ujson()[0]
+        shapes = _Shapes()
+        for line in batch.splitlines():
+            try:
+                shapes.add((loads or json.loads)(line))
+            except ValueError:
+                if loads is None and line.strip():  # not blank: let ujson say whether it loads
+                    return ArrowView._detect(batch, _ujson()[0])
+                return []
+        return shapes.mixed_paths()
+
+    def _cast_like_first(self, table, features):
+        """datasets casts every later table to the first one's features; only the cases that change nothing but
+        missing columns (added as nulls, by :meth:`row`) are mirrored."""
+        if table.schema == features:
+            return table
+        types = {field.name: field.type for field in features}
+        if all(field.name in types and field.type == types[field.name] for field in table.schema):
+            return table
+        raise NotMirrored("a later chunk's columns differ from the first chunk's")
 
 
 class LocalFileKeys:
@@ -26,9 +375,11 @@ class LocalFileKeys:
     def __init__(self, path: Path, warn: Callable[[str], None] | None = None):
         self.path = path
         self.warn = warn or (lambda message: None)
-        self._rows: Iterator[dict] | None = None
+        self._view: ArrowView | None = None
+        self._rows: Iterator[dict] | None = None  # datasets itself, once the view does not mirror it
         self._position = 0  # ordinal of the next row self._rows yields
         self.unreadable_from: int | None = None  # first ordinal datasets could not give
+        self.datasets_from: int | None = None  # first ordinal read through datasets itself
 
     def key(self, ordinal: int, row: Any) -> str | None:
         """The row's id/uuid, else speculators' content hash of its datasets view; ``None`` for a non-object."""
@@ -39,9 +390,23 @@ class LocalFileKeys:
     def _datasets_row(self, ordinal: int) -> dict | None:
         if self.unreadable_from is not None:
             return None
+        if self._rows is None:
+            try:
+                if self._view is None:
+                    self._view = ArrowView(self.path)
+                return self._view.row(ordinal)
+            except (NotMirrored, IndexError):  # IndexError: fewer rows than regen's reader counted; datasets says why
+                self.datasets_from = ordinal
+            except DatasetsCannotRead as error:
+                return self._unreadable(ordinal, error)
+        return self._datasets_itself(ordinal)
+
+    def _datasets_itself(self, ordinal: int) -> dict | None:
         try:
             if self._rows is None:
-                from datasets import load_dataset  # heavy; only for files with id-less rows
+                from datasets import (
+                    load_dataset,  # heavy (imports torch); only where the view does not mirror it
+                )
 
                 self._rows = iter(load_dataset("json", data_files=str(self.path), split="train", streaming=True))
             if ordinal < self._position:
@@ -50,8 +415,11 @@ class LocalFileKeys:
             self._position = ordinal + 1
             return row
         except Exception as error:  # noqa: BLE001 - any failure of datasets means speculators cannot read it either
-            self.unreadable_from = ordinal
-            self.warn(f"datasets cannot read {self.path} from row {ordinal} on ({type(error).__name__}: "
-                      f"{str(error).splitlines()[0] if str(error) else ''}), so speculators could not either; "
-                      "id-less rows from there on are keyed by their own JSON")
-            return None
+            return self._unreadable(ordinal, error)
+
+    def _unreadable(self, ordinal: int, error: Exception) -> None:
+        self.unreadable_from = ordinal
+        self.warn(f"datasets cannot read {self.path} from row {ordinal} on ({type(error).__name__}: "
+                  f"{str(error).splitlines()[0] if str(error) else ''}), so speculators could not either; "
+                  "id-less rows from there on are keyed by their own JSON")
+        return None
