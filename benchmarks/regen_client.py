@@ -10,6 +10,11 @@ its start-up cost, reported apart from the per-conversation CPU. First, both cli
     python -m benchmarks.regen_client --sizes 10000,100000          # make bench-regen
     python -m benchmarks.regen_client --sizes 2000 --skip-speculators
     python -m benchmarks.regen_client --parity-only                 # just the resume-key check
+    python -m benchmarks.regen_client --sizes 10000 --id-less-share 0.25   # a quarter of the rows without an id
+
+With ``--id-less-share`` that share of the rows has no ``id`` (evenly spread), so both clients key them by
+speculators' content hash of the row ``datasets`` yields; the primary ids both clients wrote for every size
+must then be the same set too.
 
 speculators is installed (once) into ``--speculators-venv`` with ``pip install --no-deps
 speculators==0.9.0 hs-connectors==0.9.0`` plus the dependencies its CLI imports.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -81,8 +87,9 @@ def ensure_speculators(venv: Path) -> Path:
     return executable
 
 
-def write_dataset(path: Path, conversations: int, turns: int) -> Path:
-    """``conversations`` rows with ``turns`` user turns each (messages form, with ids)."""
+def write_dataset(path: Path, conversations: int, turns: int, id_less_share: float = 0.0) -> Path:
+    """``conversations`` rows with ``turns`` user turns each (messages form), with ids except on
+    ``id_less_share`` of them (evenly spread: 0.25 leaves out every 4th row's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as out:
         for index in range(conversations):
@@ -91,8 +98,19 @@ def write_dataset(path: Path, conversations: int, turns: int) -> Path:
                 messages.append({"role": "user", "content": f"Question {turn} of conversation {index}: explain "
                                                             f"topic {index % 997} in a few sentences."})
                 messages.append({"role": "assistant", "content": "An old answer that regen replaces."})
-            out.write(json.dumps({"id": f"bench-{index}", "messages": messages}) + "\n")
+            id_less = int((index + 1) * id_less_share) > int(index * id_less_share)
+            out.write(json.dumps({"messages": messages} if id_less else {"id": f"bench-{index}", "messages": messages})
+                      + "\n")
     return path
+
+
+_PRIMARY_ID = re.compile(r'"primary_id": ?"((?:[^"\\]|\\.)*)"')
+
+
+def written_keys(output: Path) -> set[str]:
+    """The primary ids an output file holds (read from each row's head, without parsing the whole row)."""
+    with output.open(encoding="utf-8") as rows:
+        return {json.loads(f'"{match.group(1)}"') for line in rows if (match := _PRIMARY_ID.search(line))}
 
 
 def measure(client: str, command: list[str], conversations: int, output: Path, log: Path) -> Measurement:
@@ -195,24 +213,30 @@ def main() -> None:
     parser.add_argument("--skip-speculators", action="store_true")
     parser.add_argument("--parity-only", action="store_true", help="only compare the resume keys on PARITY_FILE")
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: MiniMind-3's, else a stand-in)")
+    parser.add_argument("--id-less-share", type=float, default=0.0,
+                        help="share of the rows without an id (keyed by speculators' content hash), e.g. 0.25")
     args = parser.parse_args()
 
     sizes = [int(size) for size in args.sizes.split(",")]
+    args.work_dir = args.work_dir.resolve()
+    args.work_dir.mkdir(parents=True, exist_ok=True)  # the parity check writes there before any dataset
     tokenizer = (args.tokenizer or default_tokenizer()).resolve()
     speculators = None if args.skip_speculators else ensure_speculators(args.speculators_venv)
     server, url = start_server(tokenizer, args.latency_ms, args.answer_words)
     results: list[Measurement] = []
     startup: dict[str, Measurement] = {}
     parity = None
+    key_parity: dict[int, bool] = {}
     try:
         if speculators is not None:
             parity = check_parity(url, args.work_dir, tokenizer, speculators)
             if not parity["same"]:
                 raise SystemExit("the resume keys differ from speculators'")
+        suffix = f"_idless{args.id_less_share:g}" if args.id_less_share else ""
         for size in [] if args.parity_only else [1, *sizes]:
-            data = write_dataset(args.work_dir / f"bench_{size}.jsonl", size, args.turns)
-            for client, (command, output) in client_commands(url, data, args.work_dir, tokenizer, args.concurrency,
-                                                             speculators).items():
+            data = write_dataset(args.work_dir / f"bench_{size}{suffix}.jsonl", size, args.turns, args.id_less_share)
+            commands = client_commands(url, data, args.work_dir, tokenizer, args.concurrency, speculators)
+            for client, (command, output) in commands.items():
                 print(f"running {client} on {size} conversations ...", flush=True)
                 measured = measure(client, command, size, output, args.work_dir / f"{Path(output).stem}.log")
                 if measured.rows != size * args.turns:
@@ -221,6 +245,13 @@ def main() -> None:
                     startup[client] = measured
                 else:
                     results.append(measured)
+            if args.id_less_share and speculators is not None:
+                ours, theirs = (written_keys(output) for _, output in commands.values())
+                key_parity[size] = ours == theirs
+                print(f"  primary ids of the {size} conversations: "
+                      + ("the same set" if ours == theirs else f"DIFFERENT ({len(ours ^ theirs)} differ)"), flush=True)
+                if ours != theirs:
+                    raise SystemExit("the resume keys differ from speculators'")
     finally:
         server.kill()
         server.wait()
@@ -228,11 +259,11 @@ def main() -> None:
     figures = compare(results, startup)
     if results:
         print(f"\nstand-in latency {args.latency_ms:g} ms, concurrency {args.concurrency}, {args.turns} turn(s) per "
-              f"conversation, tokenizer {tokenizer}\n")
+              f"conversation, {args.id_less_share:.0%} of rows without an id, tokenizer {tokenizer}\n")
         print_table(results, startup)
         for name, value in figures.items():
             print(f"{name}: {value:.3f}")
-    report = {"settings": {k: str(v) for k, v in vars(args).items()}, "parity": parity,
+    report = {"settings": {k: str(v) for k, v in vars(args).items()}, "parity": parity, "key_parity": key_parity,
               "startup": {k: asdict(v) for k, v in startup.items()},
               "results": [asdict(m) | {"conversations_per_s": m.conversations_per_s} for m in results],
               "figures": figures}
