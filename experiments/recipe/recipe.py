@@ -21,6 +21,7 @@ Stages run ``jobs`` at a time, each once the stages it reads are done, with ``th
 its output in ``logs/{name}.log``. A stage is skipped when ``stages/{name}.json`` records the same command,
 its outputs exist and none of the stages it reads ran in this invocation; ``rerun=true`` runs everything
 again. ``recipe_summary.json`` holds every stage's command and wall time, the curves and the table.
+Settings: ``configs/recipe.yaml`` (schema ``experiments.recipe.config.RecipeConfig``, checked once at start).
 """
 
 from __future__ import annotations
@@ -37,22 +38,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
 from common.atomic_write import atomic_write_json
 from common.user_errors import UserError, exit_on_user_error
 from experiments.charts import write_curve_chart
+from experiments.recipe.config import TASK_FILES, RecipeConfig, RecipeModel
 from opd.checkpoints import step_weights_path
+from opd.config import parse_config
 from opd.reporting import require_matplotlib
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 NO_INTERMEDIATE_SAVES = 1_000_000  # save_interval: only each run's final checkpoint
-ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
 POLL_S = 0.2
-TASK_FILES = ("train_demonstrations", "distill_prompts", "heldout_prompts")  # what the data stage leaves behind
 
 
 @dataclass(frozen=True)
@@ -65,53 +66,52 @@ class Stage:
     needs: tuple[str, ...] = ()
 
 
-def _architecture(block: DictConfig, prefix: str) -> list[str]:
-    return [f"{prefix}.{key}={block[key]}" for key in ARCHITECTURE_KEYS]
+def _architecture(block: RecipeModel, prefix: str) -> list[str]:
+    return [f"{prefix}.{key}={getattr(block, key)}" for key in ARCHITECTURE_KEYS]
 
 
-def _model_block(checkpoint: Path, block: DictConfig) -> str:
-    return "{" + f"checkpoint: '{checkpoint}', " + ", ".join(f"{key}: {block[key]}" for key in ARCHITECTURE_KEYS) + "}"
+def _model_block(checkpoint: Path, block: RecipeModel) -> str:
+    return "{" + f"checkpoint: '{checkpoint}', " + ", ".join(
+        f"{key}: {getattr(block, key)}" for key in ARCHITECTURE_KEYS) + "}"
 
 
-def curve_steps(cfg: DictConfig) -> list[int]:
+def curve_steps(cfg: RecipeConfig) -> list[int]:
     """The optimizer steps at which every arm's checkpoint is evaluated (the last one is ``distill.steps``)."""
     d = cfg.distill
-    if d.eval_every < 1 or d.steps < 1:
-        raise UserError(f"distill.steps and distill.eval_every must be >= 1, got {d.steps} and {d.eval_every}")
     return sorted({*range(d.eval_every, d.steps, d.eval_every), d.steps})
 
 
-def _paths(cfg: DictConfig) -> dict:
+def _paths(cfg: RecipeConfig) -> dict:
     out = Path(cfg.out_dir)
     data = out / "data"
     return {"out": out, "data": data, "teacher": out / "teacher" / f"teacher_sft_{cfg.teacher.hidden_size}.pth",
             "files": {name: data / f"{name}.jsonl" for name in TASK_FILES}}
 
 
-def seed_dir(cfg: DictConfig, seed: int) -> Path:
+def seed_dir(cfg: RecipeConfig, seed: int) -> Path:
     return Path(cfg.out_dir) / f"seed{seed}"
 
 
-def student_weights(cfg: DictConfig, seed: int) -> Path:
+def student_weights(cfg: RecipeConfig, seed: int) -> Path:
     return seed_dir(cfg, seed) / "student" / f"student_sft_{cfg.student.hidden_size}.pth"
 
 
-def arm_dir(cfg: DictConfig, seed: int, arm: str) -> Path:
+def arm_dir(cfg: RecipeConfig, seed: int, arm: str) -> Path:
     return seed_dir(cfg, seed) / arm
 
 
-def arm_checkpoint(cfg: DictConfig, seed: int, arm: str, step: int) -> Path:
+def arm_checkpoint(cfg: RecipeConfig, seed: int, arm: str, step: int) -> Path:
     """The weights an arm's run keeps at ``step`` (``agent_opd_{hidden}`` or ``{save_prefix}_{hidden}`` stem)."""
     stem = f"{'agent_opd' if cfg.arms[arm].entry == 'opd' else 'continued_sft'}_{cfg.student.hidden_size}"
     return step_weights_path(arm_dir(cfg, seed, arm), stem, step)
 
 
-def eval_dir(cfg: DictConfig, seed: int | None, name: str) -> Path:
+def eval_dir(cfg: RecipeConfig, seed: int | None, name: str) -> Path:
     return (Path(cfg.out_dir) if seed is None else seed_dir(cfg, seed)) / "eval" / name
 
 
-def _sft_command(cfg: DictConfig, role: str, seed: int, data: Path, out_dir: Path) -> list[str]:
-    block = cfg[role]
+def _sft_command(cfg: RecipeConfig, role: str, seed: int, data: Path, out_dir: Path) -> list[str]:
+    block = getattr(cfg, role)
     epochs = math.ceil(block.sft_steps * cfg.sft.batch_size / cfg.data.train)
     return [sys.executable, "opd/sft.py", f"data={data}", f"tokenizer={cfg.tokenizer}", "device=cpu",
             "from_scratch=true", f"model.name=recipe_{role}", *_architecture(block, "model"), f"seed={seed}",
@@ -121,22 +121,13 @@ def _sft_command(cfg: DictConfig, role: str, seed: int, data: Path, out_dir: Pat
             f"out_dir={out_dir}", f"hydra.run.dir={out_dir / 'run'}", f"save_interval={NO_INTERMEDIATE_SAVES}"]
 
 
-def _record_count(cfg: DictConfig, data: str) -> int:
-    """Records in one of the task's files (``experiments.recipe.synthetic_task`` writes exactly the configured counts)."""
-    counts = {"train_demonstrations": cfg.data.train, "distill_prompts": cfg.data.distill,
-              "heldout_prompts": cfg.data.heldout}
-    if data not in counts:
-        raise UserError(f"arms: data must be one of {', '.join(counts)}, got {data!r}")
-    return counts[data]
-
-
-def _arm_command(cfg: DictConfig, seed: int, arm: str) -> list[str]:
+def _arm_command(cfg: RecipeConfig, seed: int, arm: str) -> list[str]:
     """An arm's run from the seed's student: ``distill.steps`` steps, weights kept every ``distill.eval_every``."""
     d, spec, paths = cfg.distill, cfg.arms[arm], _paths(cfg)
     data = paths["files"][spec.data]
     out = arm_dir(cfg, seed, arm)
-    epochs = math.ceil(d.steps * d.batch_size / _record_count(cfg, spec.data))
-    learning_rate = spec.get("learning_rate") or d.learning_rate  # an arm's own lr: for sweeps only
+    epochs = math.ceil(d.steps * d.batch_size / cfg.data.count(spec.data))
+    learning_rate = spec.learning_rate or d.learning_rate  # an arm's own lr: for sweeps only
     common = [f"data={data}", f"tokenizer={cfg.tokenizer}", "device=cpu", f"seed={seed}", f"max_steps={d.steps}",
               f"epochs={epochs}", f"batch_size={d.batch_size}", f"optim.learning_rate={learning_rate}",
               f"optim.warmup_steps={d.warmup_steps}", f"optim.lr_scheduler={d.lr_scheduler}",
@@ -155,7 +146,7 @@ def _arm_command(cfg: DictConfig, seed: int, arm: str) -> list[str]:
             *spec.overrides]
 
 
-def _eval_stage(cfg: DictConfig, name: str, out: Path, models: dict[str, tuple[Path, DictConfig]],
+def _eval_stage(cfg: RecipeConfig, name: str, out: Path, models: dict[str, tuple[Path, RecipeModel]],
                 needs: Iterable[str]) -> Stage:
     """Held-out evaluation of ``models``; every evaluation stage of the recipe decodes with these same settings."""
     e, paths = cfg.evaluation, _paths(cfg)
@@ -168,15 +159,10 @@ def _eval_stage(cfg: DictConfig, name: str, out: Path, models: dict[str, tuple[P
     return Stage(name, command, [out / "evaluation.json"], tuple(needs))
 
 
-def recipe_stages(cfg: DictConfig) -> list[Stage]:
+def recipe_stages(cfg: RecipeConfig) -> list[Stage]:
     """The recipe's commands, each after the stages it reads (see the module doc). Training stages come before
     evaluations: of the stages ready to start, the runner starts the first listed."""
     paths, python = _paths(cfg), sys.executable
-    unknown = {arm: spec.entry for arm, spec in cfg.arms.items() if spec.entry not in ENTRIES}
-    if unknown:
-        raise UserError(f"arms: entry must be one of {', '.join(ENTRIES)}, got {unknown}")
-    if cfg.baseline_arm not in cfg.arms:
-        raise UserError(f"baseline_arm={cfg.baseline_arm!r} is not one of the arms ({', '.join(cfg.arms)})")
     files = paths["files"]
     stages = [Stage("data", [python, "-m", "experiments.recipe.synthetic_task", "--out", str(paths["data"]),
                              "--train", str(cfg.data.train), "--distill", str(cfg.data.distill),
@@ -319,7 +305,7 @@ def _point(step: int, wall: float, runs: list[dict]) -> dict:
             "se_problems": math.sqrt(accuracy * (1 - accuracy) / episodes), "seeds": len(runs), **metrics}
 
 
-def training_seconds(cfg: DictConfig, seed: int, arm: str, steps: list[int]) -> list[float]:
+def training_seconds(cfg: RecipeConfig, seed: int, arm: str, steps: list[int]) -> list[float]:
     """Seconds an arm's run had trained when it reached each of ``steps`` (``elapsed_s`` of its metrics; a
     rerun appends to the file, so the last row of a step counts)."""
     path = arm_dir(cfg, seed, arm) / "run" / "metrics.jsonl"
@@ -330,7 +316,7 @@ def training_seconds(cfg: DictConfig, seed: int, arm: str, steps: list[int]) -> 
     return [elapsed[step] for step in steps]
 
 
-def curve_report(cfg: DictConfig) -> dict:
+def curve_report(cfg: RecipeConfig) -> dict:
     """Curves, the final table and the paired differences, from every evaluation the stages wrote."""
     steps, seeds = curve_steps(cfg), list(cfg.seeds)
     teacher = _evaluation(eval_dir(cfg, None, "teacher"))
@@ -402,15 +388,12 @@ def print_report(report: dict, console: Console) -> None:
 @hydra.main(version_base="1.3", config_path="../../configs", config_name="recipe")
 def main(cfg: DictConfig) -> None:
     with exit_on_user_error():
-        run(cfg)
+        run(parse_config(RecipeConfig, cfg))
 
 
-def run(cfg: DictConfig) -> dict:
-    """Run (or resume) the recipe; returns the summary also written to ``recipe_summary.json``."""
-    if not cfg.tokenizer:
-        raise UserError("tokenizer is not set: pass tokenizer=PATH or export MINIMIND_TOKENIZER")
-    if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
-        raise UserError(f"seeds must be a non-empty list of distinct integers, got {OmegaConf.to_container(cfg.seeds)}")
+def run(cfg: RecipeConfig) -> dict:
+    """Run (or resume) the recipe as ``cfg`` (checked by ``parse_config``) says; returns the summary also written
+    to ``recipe_summary.json``."""
     require_matplotlib()
     out, console = Path(cfg.out_dir), Console()
     stages = recipe_stages(cfg)

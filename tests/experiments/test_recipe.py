@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 from rich.console import Console
 
 from common.user_errors import UserError
+from experiments.recipe.config import Arm, RecipeConfig
 from experiments.recipe.recipe import (
     Stage,
     curve_report,
@@ -23,6 +23,7 @@ from experiments.recipe.recipe import (
     recipe_stages,
     run_stages,
 )
+from opd.config import ConfigError, parse_config
 from tests.helpers.configs import compose_config
 from tests.helpers.paths import REPO_ROOT
 
@@ -32,19 +33,20 @@ TINY = ["data.train=40", "data.distill=16", "data.heldout=10", "teacher.sft_step
         "distill.max_gen_len=8", "evaluation.max_gen_len=8", "evaluation.batch_size=5"]
 
 
-def recipe_config(tmp_path, *overrides):
-    return compose_config("recipe", [f"out_dir={tmp_path}", "tokenizer=TOK", *overrides])
+def recipe_config(tmp_path, *overrides) -> RecipeConfig:
+    """The recipe's settings as ``python -m experiments.recipe.recipe`` parses them."""
+    return parse_config(RecipeConfig, compose_config("recipe", [f"out_dir={tmp_path}", "tokenizer=TOK", *overrides]))
 
 
 def argument(command: list[str], key: str) -> str | None:
     return next((part.split("=", 1)[1] for part in command if part.startswith(f"{key}=")), None)
 
 
-def test_curve_steps_end_at_the_last_step():
-    assert curve_steps(compose_config("recipe", ["distill.steps=200", "distill.eval_every=40"])) == [40, 80, 120, 160, 200]
-    assert curve_steps(compose_config("recipe", ["distill.steps=100", "distill.eval_every=40"])) == [40, 80, 100]
-    with pytest.raises(UserError, match="distill.eval_every must be >= 1"):
-        curve_steps(compose_config("recipe", ["distill.eval_every=0"]))
+def test_curve_steps_end_at_the_last_step(tmp_path):
+    assert curve_steps(recipe_config(tmp_path, "distill.steps=200", "distill.eval_every=40")) == [40, 80, 120, 160, 200]
+    assert curve_steps(recipe_config(tmp_path, "distill.steps=100", "distill.eval_every=40")) == [40, 80, 100]
+    with pytest.raises(ConfigError, match="distill.eval_every must be an integer >= 1, got 0"):
+        recipe_config(tmp_path, "distill.eval_every=0")
 
 
 def test_every_arm_is_one_run_keeping_its_curve_checkpoints_on_one_schedule(tmp_path):
@@ -87,10 +89,43 @@ def test_every_evaluation_decodes_with_the_same_settings(tmp_path):
 
 
 def test_a_bad_arm_or_baseline_is_refused(tmp_path):
-    with pytest.raises(UserError, match="baseline_arm='nope' is not one of the arms"):
-        recipe_stages(recipe_config(tmp_path, "baseline_arm=nope"))
-    with pytest.raises(UserError, match="arms: entry must be one of opd, sft"):
-        recipe_stages(recipe_config(tmp_path, "arms.continued_sft.entry=rl"))
+    with pytest.raises(ConfigError, match="baseline_arm must be one of the arms .*, got 'nope'"):
+        recipe_config(tmp_path, "baseline_arm=nope")
+    with pytest.raises(ConfigError, match="arms.continued_sft.entry must be one of opd, sft, got 'rl'"):
+        recipe_config(tmp_path, "arms.continued_sft.entry=rl")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["tokenizer=null"], "tokenizer is not set: pass tokenizer=PATH or export MINIMIND_TOKENIZER"),
+    (["seeds=[0,0]"], "seeds must be a non-empty list of distinct integers, got [0, 0]"),
+    (["seeds=[]"], "seeds must be a non-empty list of distinct integers, got []"),
+    (["jobs=0"], "jobs must be an integer >= 1, got 0"),
+    (["data.heldout=0"], "data.heldout must be an integer >= 1, got 0"),
+    (["teacher.sft_steps=0"], "teacher.sft_steps must be an integer >= 1, got 0"),
+    (["student.learning_rate=-1"], "student.learning_rate must be a positive number, got -1.0"),
+    (["distill.lr_scheduler=step"], "distill.lr_scheduler must be one of constant, linear, cosine, got 'step'"),
+    (["sft.warmup_steps=-1"], "sft.warmup_steps must be an integer >= 0, got -1"),
+    (["evaluation.max_gen_len=0"], "evaluation.max_gen_len must be an integer >= 1, got 0"),
+    (["arms.continued_sft.data=everything"], "arms.continued_sft.data must be one of train_demonstrations, "
+                                             "distill_prompts, heldout_prompts, got 'everything'"),
+    (["+arms.x={entry: opd, data: distill_prompts}"], "arms.x.overrides"),
+    (["+arms.x={entry: opd, data: distill_prompts, overrides: [], learning_rate: 0}"],
+     "arms.x.learning_rate must be a positive number, got 0.0"),
+    (["distill.steps=many"], "distill.steps: Value 'many' of type 'str' could not be converted to Integer"),
+    (["+distill.momentum=0.9"], "distill.momentum: Key 'momentum' not in 'DistillSettings'"),
+])
+def test_each_bad_setting_stops_the_recipe_at_start_naming_its_key(tmp_path, overrides, message):
+    with pytest.raises(ConfigError) as caught:
+        recipe_config(tmp_path, *overrides)
+    assert message in str(caught.value)
+
+
+def test_an_arm_may_set_its_own_learning_rate(tmp_path):
+    cfg = recipe_config(tmp_path, "+arms.fast={entry: opd, data: distill_prompts, overrides: [], learning_rate: 3e-3}")
+    assert isinstance(cfg.arms["fast"], Arm) and cfg.arms["opd_forward_kl"].learning_rate is None
+    stages = {stage.name: stage for stage in recipe_stages(cfg)}
+    assert argument(stages["seed0-fast"].command, "optim.learning_rate") == "0.003"
+    assert argument(stages["seed0-opd_forward_kl"].command, "optim.learning_rate") == str(cfg.distill.learning_rate)
 
 
 def script(body: str) -> list[str]:
@@ -199,8 +234,7 @@ def fake_evaluation(directory: Path, checkpoints: dict[str, list[bool]], setting
 
 def test_the_report_pairs_every_arm_with_the_baseline_problem_by_problem(tmp_path):
     cfg = recipe_config(tmp_path, "seeds=[0,1]", "distill.steps=4", "distill.eval_every=2")
-    OmegaConf.set_struct(cfg, False)
-    cfg.arms = {name: {"entry": "opd", "data": "distill_prompts", "overrides": []} for name in ("opd", "kd")}
+    cfg.arms = {name: Arm("opd", "distill_prompts", []) for name in ("opd", "kd")}
     cfg.baseline_arm = "kd"
     fake_evaluation(tmp_path / "eval" / "teacher", {"teacher": [True, True, True, False]})
     for seed in (0, 1):
