@@ -1,24 +1,33 @@
-"""Every regen setting, checked once at start: typed, self-validating dataclasses filled from the config.
+"""Every regen setting, checked once at start: typed dataclasses filled from the config, as opd's are.
 
-``RegenSettings.from_config(cfg)`` turns the composed Hydra config into plain typed values and refuses,
-naming the key, anything missing (``???``), unknown, of the wrong type or out of range, before any
-server starts or any file is touched; the rest of regen takes these values as given. Each block is one
-dataclass whose ``__post_init__`` checks (and normalizes) its own fields: :class:`DatasetSettings`,
-:class:`ExternalServer` / :class:`VllmServer` / :class:`LocalServer`, and :class:`RegenSettings`.
-Per-key meanings live in the YAML comments under ``configs/``.
+``RegenSettings.from_config(cfg)`` fills the schema the way ``opd.config.parse_config`` does: OmegaConf merges the
+composed config into ``OmegaConf.structured(schema)``, refusing an unknown key, a missing (``???``) value or one of
+the wrong type, and builds the dataclasses, whose ``__post_init__`` checks ranges and choices (and normalizes);
+every refusal is a :class:`SettingsError` naming the key, before any server starts or any file is touched, and the
+rest of regen takes these values as given. Blocks: :class:`DatasetSettings`, the ``server`` block as its kind's
+dataclass (:class:`ExternalServer` / :class:`VllmServer` / :class:`LocalServer`; OmegaConf has no unions of
+dataclasses, so the ``kind`` key picks one), and :class:`RegenSettings`.
+
+Every default lives once, in the YAML under ``configs/`` (``regen.yaml`` and the groups), with the key's meaning
+in its comment; the dataclasses hold none, except :class:`DatasetSettings`' optional ``name``/``subset``/``split``
+(null = not set, so code can describe a local file by its path alone). A few keys are typed ``Any`` and checked
+by hand, where OmegaConf would convert rather than refuse (``language_filter=1`` would become ``"1"``) or where a
+value takes several shapes (``concurrency``: ``auto`` or a number; ``server.endpoints``, ``server.gpus``: a list or
+one string; the request mappings, which a wrong shape would make OmegaConf report without their key).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
 from common.user_errors import UserError
 from regen.endpoint_pool import EndpointAddress, parse_endpoint
@@ -95,11 +104,6 @@ def check_number(key: str, value: Any, minimum: float | None = None, *, exclusiv
         _refuse(key, f"a finite number{span}" + (" or null" if optional else ""), value, example)
 
 
-def check_bool(key: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        _refuse(key, "true or false", value)
-
-
 def check_text(key: str, value: Any, *, optional: bool = False, example: str | None = None) -> None:
     if optional and value is None:
         return
@@ -125,14 +129,38 @@ def check_finite_values(key: str, value: Any) -> None:
             stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
 
 
-def _fill(cls, block: Mapping, prefix: str, **extra):
-    """``cls`` from the keys of ``block`` its fields name; any other key is refused."""
-    names = {f.name for f in fields(cls) if f.init} - set(extra)
-    unknown = sorted(set(block) - names - getattr(cls, "IGNORED_KEYS", frozenset()))
-    if unknown:
-        raise SettingsError(f"unknown setting {prefix}{unknown[0]}",
-                            f"{prefix.rstrip('.') or 'regen'} has no such key; see configs/ for the keys it takes")
-    return cls(**{name: block[name] for name in names if name in block}, **extra)
+# What a key of each type must be, in a refusal ("resume must be true or false, got 'maybe'").
+WANTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
+
+
+def _wanted(schema: type, key: str) -> str:
+    """What the field ``key`` (dotted, from ``schema``) must be, from its annotation."""
+    annotation: Any = schema
+    for part in key.split("."):
+        annotation = typing.get_type_hints(annotation).get(part) if isinstance(annotation, type) else None
+    options = [option for option in typing.get_args(annotation) if option is not type(None)] or [annotation]
+    base = typing.get_origin(options[0]) or options[0]
+    nullable = type(None) in typing.get_args(annotation)
+    return WANTED.get(base, "a valid value") + (" or null" if nullable else "")
+
+
+def parse_block(schema: type, block: Mapping, prefix: str = ""):
+    """``block`` (plain values) as ``schema``, filled as ``opd.config.parse_config`` fills opd's: OmegaConf refuses
+    an unknown key, a missing value or one of the wrong type, each a :class:`SettingsError` naming the key
+    (``prefix`` + its own); the dataclasses' ``__post_init__`` then check the rest."""
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), block))
+    except MissingMandatoryValue as error:
+        raise SettingsError(f"{prefix}{error.full_key} is required", f"add {prefix}{error.full_key}=<value>") from None
+    except ConfigKeyError as error:
+        raise SettingsError(f"unknown setting {prefix}{error.full_key}",
+                            f"{prefix.rstrip('.') or 'regen'} has no such key; see configs/ for the keys it takes"
+                            ) from None
+    except ValidationError as error:
+        key = str(error.full_key)
+        raise SettingsError(f"{prefix}{key} must be {_wanted(schema, key)}, got {error.value!r}") from None
+    except OmegaConfBaseException as error:
+        raise SettingsError(f"{prefix}{error.full_key}: {str(error).splitlines()[0]}") from None
 
 
 @dataclass(frozen=True)
@@ -168,7 +196,7 @@ def _temperature(option: Any) -> float:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass
 class DatasetSettings:
     """Where rows come from (``dataset`` group): a hub dataset or a local ``.json``/``.jsonl`` file."""
 
@@ -214,19 +242,19 @@ class DatasetSettings:
         return self.name or self.path
 
 
-@dataclass(frozen=True)
+@dataclass
 class _ManagedServer:
     """What the ``vllm`` and ``local`` kinds share: where the server listens and how it is stopped."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_model_len: int | None = None
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = "hermes"
-    keep_server: bool = False
-    ready_timeout_s: float = 1800
-    stop_grace_s: float = 30
-    log_file: str | None = None
+    host: str
+    port: int
+    max_model_len: int | None
+    reasoning_parser: str | None
+    tool_call_parser: str | None
+    keep_server: bool
+    ready_timeout_s: float
+    stop_grace_s: float
+    log_file: str | None
 
     def _check_common(self) -> None:
         check_text("server.host", self.host)
@@ -236,7 +264,6 @@ class _ManagedServer:
         check_integer("server.max_model_len", self.max_model_len, 1, optional=True)
         check_text("server.reasoning_parser", self.reasoning_parser, optional=True, example="qwen3")
         check_text("server.tool_call_parser", self.tool_call_parser, optional=True, example="hermes")
-        check_bool("server.keep_server", self.keep_server)
         check_number("server.ready_timeout_s", self.ready_timeout_s, 0, exclusive=True)
         check_number("server.stop_grace_s", self.stop_grace_s, 0)
         check_text("server.log_file", self.log_file, optional=True)
@@ -255,13 +282,13 @@ class _ManagedServer:
         return Path(self.log_file or f"out/servers/{self.kind}-{self.port}.log")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ExternalServer:
     """``server=external``: endpoints that already run; regen starts and stops nothing."""
 
     kind: ClassVar[str] = "external"
-    endpoints: tuple[EndpointAddress, ...] = ()
-    model: str | None = None
+    endpoints: Any  # a list of URLs (or one); becomes a tuple of EndpointAddress
+    model: str | None
 
     def __post_init__(self) -> None:
         given = self.endpoints
@@ -284,7 +311,7 @@ class ExternalServer:
         if len(set(urls)) != len(urls):
             duplicate = next(u for u in urls if urls.count(u) > 1)
             raise SettingsError(f"server.endpoints names {duplicate} twice", "list each server once")
-        object.__setattr__(self, "endpoints", tuple(addresses))
+        self.endpoints = tuple(addresses)
         check_text("server.model", self.model, optional=True)
 
     @property
@@ -292,19 +319,19 @@ class ExternalServer:
         return self.model
 
 
-@dataclass(frozen=True)
+@dataclass
 class VllmServer(_ManagedServer):
     """``server=vllm``: ``launch/vllm.sh`` starts ``vllm serve`` (single node, or the head of a multi-node DP run)."""
 
     kind: ClassVar[str] = "vllm"
-    model: str = ""
-    dp: int = 1
-    tp: int = 1
-    dp_local: int | None = None
-    dp_address: str | None = None
-    dp_rpc_port: int | None = None
-    gpus: tuple[int, ...] | None = None
-    extra_args: tuple[str, ...] = ()
+    model: str
+    dp: int
+    tp: int
+    dp_local: int | None
+    dp_address: str | None
+    dp_rpc_port: int | None
+    gpus: Any  # GPU indices: a list, one index, or "0,1,2"; becomes a tuple of ints (or None)
+    extra_args: list[str]
 
     def __post_init__(self) -> None:
         check_text("server.model", self.model, example="Qwen/Qwen3-8B")
@@ -320,11 +347,8 @@ class VllmServer(_ManagedServer):
         if self.dp_local is not None and self.dp_local < self.dp and not (self.dp_address and self.dp_rpc_port):
             raise SettingsError("a multi-node head (server.dp_local < server.dp) needs server.dp_address and "
                                 "server.dp_rpc_port", "add server.dp_address=<this node's IP> server.dp_rpc_port=13345")
-        object.__setattr__(self, "gpus", self._gpu_list(self.gpus))
-        if not isinstance(self.extra_args, (list, tuple)):
-            _refuse("server.extra_args", "a list of vllm serve arguments", self.extra_args,
-                    "[--gpu-memory-utilization,0.9]")
-        object.__setattr__(self, "extra_args", tuple(str(a) for a in self.extra_args))
+        self.gpus = self._gpu_list(self.gpus)
+        self.extra_args = tuple(self.extra_args)
 
     @staticmethod
     def _gpu_list(gpus: Any) -> tuple[int, ...] | None:
@@ -349,31 +373,30 @@ LOCAL_ARCH_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "n
                    "num_experts", "num_experts_per_tok", "vocab_size")
 
 
-@dataclass(frozen=True)
+@dataclass
 class LocalServer(_ManagedServer):
-    """``server=local``: the embedded CPU server (``launch/chat_server.py``) on a teacher preset or HF model."""
+    """``server=local``: the embedded CPU server (``launch/chat_server.py``) on a model preset or HF model."""
 
     kind: ClassVar[str] = "local"
-    IGNORED_KEYS: ClassVar[frozenset] = frozenset({"name"})  # the preset's own label
-    checkpoint: str = ""
-    tokenizer: str | None = None
-    use_moe: bool = False
-    model: str | None = None
-    max_batch_size: int = 32
-    max_prefill_tokens: int = 8192
-    threads: int | None = None
-    hidden_size: int | None = None
-    num_hidden_layers: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    num_experts: int | None = None
-    num_experts_per_tok: int | None = None
-    vocab_size: int | None = None
+    IGNORED_KEYS: ClassVar[frozenset] = frozenset({"name"})  # the model preset's own label
+    checkpoint: str
+    tokenizer: str | None
+    use_moe: bool
+    model: str | None
+    max_batch_size: int
+    max_prefill_tokens: int
+    threads: int | None
+    hidden_size: int | None
+    num_hidden_layers: int | None
+    num_attention_heads: int | None
+    num_key_value_heads: int | None
+    num_experts: int | None
+    num_experts_per_tok: int | None
+    vocab_size: int | None
 
     def __post_init__(self) -> None:
         check_text("server.checkpoint", self.checkpoint, example="out/tiny/tiny_teacher.pth")
         check_text("server.tokenizer", self.tokenizer, optional=True)
-        check_bool("server.use_moe", self.use_moe)
         check_text("server.model", self.model, optional=True)
         self._check_common()
         check_integer("server.max_batch_size", self.max_batch_size, 1)
@@ -393,54 +416,58 @@ SERVER_KINDS = {cls.kind: cls for cls in (ExternalServer, VllmServer, LocalServe
 
 
 def server_settings(block: Mapping) -> ServerSettings:
-    """The ``server`` block as its kind's dataclass."""
+    """The ``server`` block (plain values, every key given) as its kind's dataclass."""
     block = dict(block)
     kind = block.pop("kind", None)
     if kind not in SERVER_KINDS:
         _refuse("server.kind", "one of " + ", ".join(SERVER_KINDS), kind)
-    return _fill(SERVER_KINDS[kind], block, "server.")
+    schema = SERVER_KINDS[kind]
+    for key in getattr(schema, "IGNORED_KEYS", ()):
+        block.pop(key, None)
+    return parse_block(schema, block, "server.")
 
 
-@dataclass(frozen=True)
+@dataclass
 class RegenSettings:
     """One regen run's settings (``configs/regen.yaml``), checked and normalized."""
 
     dataset: DatasetSettings
-    server: ServerSettings
-    sampling: dict = field(default_factory=dict)
-    tokenizer: str | None = None
-    output: str | None = None
-    output_dir: str = "out/regen"
-    resume: bool = False
-    resume_accept_changes: bool = False
-    limit: int | None = None
-    language_filter: str | None = None
-    max_tokens: int = 8192
-    concurrency: int | str = "auto"
-    concurrency_start: int = 16
-    concurrency_max: int = 1024
-    concurrency_interval_s: float = 2.0
-    request_timeout_s: float = 1800
-    max_retries: int = 6
-    retry_backoff_s: float = 1.0
-    max_backoff_s: float = 60
-    endpoint_max_failures: int = 3
-    endpoint_reprobe_s: float = 30
-    all_endpoints_down_wait_s: float = 120
-    carry_reasoning: bool = False
-    api_key_env: str | None = None
-    extra_request_params: dict = field(default_factory=dict)
-    reasoning_effort_weights: WeightedChoice | None = None
-    temperature_weights: WeightedChoice | None = None
-    mix_seed: int = 0
-    progress_log_s: float = 60
+    server: Any  # the server block; becomes its kind's dataclass (ServerSettings)
+    sampling: Any  # a mapping of sampling parameters (null ones are not sent)
+    tokenizer: str | None
+    output: str | None
+    output_dir: str
+    resume: bool
+    resume_accept_changes: bool
+    limit: int | None
+    language_filter: Any  # a string or null
+    max_tokens: int
+    concurrency: Any  # auto, or an integer
+    concurrency_start: int
+    concurrency_max: int
+    concurrency_interval_s: float
+    request_timeout_s: float
+    max_retries: int
+    retry_backoff_s: float
+    max_backoff_s: float
+    endpoint_max_failures: int
+    endpoint_reprobe_s: float
+    all_endpoints_down_wait_s: float
+    carry_reasoning: bool
+    api_key_env: str | None
+    extra_request_params: Any  # a mapping or null; becomes a dict
+    reasoning_effort_weights: Any  # a mapping option -> weight or null; becomes a WeightedChoice
+    temperature_weights: Any  # the same
+    mix_seed: int
+    progress_log_s: float
 
     def __post_init__(self) -> None:
+        if not isinstance(self.server, Mapping):
+            _refuse("server", "a server block (server=vllm, external or local)", self.server)
+        self.server = server_settings(self.server)
         check_text("tokenizer", self.tokenizer, optional=True)
         check_text("output", self.output, optional=True, example="out/regen/my_run.jsonl")
         check_text("output_dir", self.output_dir)
-        check_bool("resume", self.resume)
-        check_bool("resume_accept_changes", self.resume_accept_changes)
         check_integer("limit", self.limit, 0, optional=True, example="1000")
         if self.language_filter is not None and not isinstance(self.language_filter, str):
             _refuse("language_filter", "a string (the row's language column, e.g. EN) or null",
@@ -451,7 +478,7 @@ class RegenSettings:
         if self.concurrency != "auto" and not (_is_int(self.concurrency) and self.concurrency >= 1):
             raise SettingsError(f"concurrency must be auto or an integer >= 1, got {self.concurrency!r}",
                                 "set it like concurrency=auto (adapts to each endpoint) or concurrency=64")
-        check_integer("concurrency_start", self.concurrency_start, 1, example="16")
+        check_integer("concurrency_start", self.concurrency_start, 1, example="64")
         check_integer("concurrency_max", self.concurrency_max, 1, example="1024")
         if self.concurrency_start > self.concurrency_max:
             raise SettingsError(f"concurrency_start={self.concurrency_start} is more than "
@@ -464,17 +491,12 @@ class RegenSettings:
         check_integer("endpoint_max_failures", self.endpoint_max_failures, 1)
         check_number("endpoint_reprobe_s", self.endpoint_reprobe_s, 0, exclusive=True)
         check_number("all_endpoints_down_wait_s", self.all_endpoints_down_wait_s, 0)
-        check_bool("carry_reasoning", self.carry_reasoning)
-        check_integer("mix_seed", self.mix_seed)
         check_number("progress_log_s", self.progress_log_s, 0, exclusive=True)
         self._check_sampling()
         self._check_extra_request_params()
-        if not isinstance(self.reasoning_effort_weights, (WeightedChoice, type(None))):
-            object.__setattr__(self, "reasoning_effort_weights", WeightedChoice.parse(
-                "reasoning_effort_weights", self.reasoning_effort_weights, str))
-        if not isinstance(self.temperature_weights, (WeightedChoice, type(None))):
-            object.__setattr__(self, "temperature_weights", WeightedChoice.parse(
-                "temperature_weights", self.temperature_weights, _temperature))
+        self.reasoning_effort_weights = WeightedChoice.parse("reasoning_effort_weights",
+                                                             self.reasoning_effort_weights, str)
+        self.temperature_weights = WeightedChoice.parse("temperature_weights", self.temperature_weights, _temperature)
         if self.api_key_env is not None:
             check_text("api_key_env", self.api_key_env, example="VLLM_API_KEY")
             if not os.environ.get(self.api_key_env):
@@ -494,7 +516,7 @@ class RegenSettings:
     def _check_extra_request_params(self) -> None:
         extra = self.extra_request_params
         if extra is None:
-            object.__setattr__(self, "extra_request_params", {})
+            self.extra_request_params = {}
             return
         if not isinstance(extra, Mapping):
             _refuse("extra_request_params", "a mapping merged into every request", extra,
@@ -512,15 +534,10 @@ class RegenSettings:
     def from_config(cls, cfg: DictConfig | Mapping) -> RegenSettings:
         """Check the composed config (``configs/regen.yaml``) and return its settings."""
         plain = _plain_config(cfg)
-        dataset = plain.pop("dataset", None)
-        server = plain.pop("server", None)
-        if not isinstance(dataset, Mapping):
+        if not isinstance(plain.get("dataset"), Mapping):
             raise SettingsError("no dataset chosen", "add dataset=<preset> (e.g. dataset=magpie) or "
                                 "dataset=local dataset.path=FILE.jsonl")
-        if not isinstance(server, Mapping):
-            _refuse("server", "a server block (server=vllm, external or local)", server)
-        return _fill(cls, plain, "", dataset=_fill(DatasetSettings, dataset, "dataset."),
-                     server=server_settings(server))
+        return parse_block(cls, plain)
 
     @property
     def served_model(self) -> str | None:
