@@ -28,13 +28,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -43,27 +39,17 @@ from rich.console import Console
 from rich.table import Table
 
 from common.atomic_write import atomic_write_json
-from common.user_errors import UserError, exit_on_user_error
+from common.user_errors import exit_on_user_error
 from experiments.charts import write_curve_chart
 from experiments.recipe.config import TASK_FILES, RecipeConfig, RecipeModel
+from experiments.stages import Stage, run_stages
+from experiments.statistics import mean_and_se, paired_difference, read_evaluation
 from opd.checkpoints import step_weights_path
 from opd.config import parse_config
 from opd.reporting import require_matplotlib
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 NO_INTERMEDIATE_SAVES = 1_000_000  # save_interval: only each run's final checkpoint
-POLL_S = 0.2
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One recipe step: the command it runs, the files it must leave behind, and the stages it reads."""
-
-    name: str
-    command: list[str]
-    outputs: list[Path]
-    needs: tuple[str, ...] = ()
 
 
 def _architecture(block: RecipeModel, prefix: str) -> list[str]:
@@ -190,107 +176,7 @@ def recipe_stages(cfg: RecipeConfig) -> list[Stage]:
     return stages
 
 
-def _is_done(stage: Stage, marker: Path) -> dict | None:
-    done = json.loads(marker.read_text()) if marker.is_file() else None
-    if done and done["command"] == stage.command and all(path.exists() for path in stage.outputs):
-        return done
-    return None
-
-
-def _log_tail(path: Path, lines: int = 15) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def run_stages(stages: list[Stage], out: Path, *, jobs: int, threads: int, rerun: bool,
-               console: Console) -> dict[str, dict]:
-    """Run every stage once the stages it needs are done, ``jobs`` at a time; returns name -> {wall_s, reused}.
-
-    A failing stage stops the others and raises ``UserError`` naming it and its log.
-    """
-    if jobs < 1 or threads < 1:
-        raise UserError(f"jobs and threads must be >= 1, got jobs={jobs}, threads={threads}")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    results, ran, waiting, running = {}, set(), list(stages), {}
-    previous_handler = signal.signal(signal.SIGTERM, _interrupt)  # a terminated recipe stops its stages too
-    try:
-        while waiting or running:
-            for stage in [stage for stage in waiting if all(need in results for need in stage.needs)]:
-                marker = out / "stages" / f"{stage.name}.json"
-                done = None if rerun or ran & set(stage.needs) else _is_done(stage, marker)
-                if done:
-                    waiting.remove(stage)
-                    results[stage.name] = {"wall_s": done["wall_s"], "reused": True}
-                    console.print(f"[dim]{stage.name}: done earlier ({done['wall_s']:.0f} s), skipped[/]")
-                elif len(running) < jobs:
-                    waiting.remove(stage)
-                    log = out / "logs" / f"{stage.name}.log"
-                    with log.open("w") as stream:
-                        process = subprocess.Popen(stage.command, cwd=REPO_ROOT, env=env, stdout=stream,
-                                                   stderr=subprocess.STDOUT)
-                    running[stage.name] = (stage, process, time.perf_counter(), log)
-                    console.print(f"[bold]{stage.name}[/]: started (log {log})")
-            if waiting and not running and not any(all(n in results for n in s.needs) for s in waiting):
-                raise RuntimeError(f"recipe stages wait on stages that do not exist: {[s.name for s in waiting]}")
-            time.sleep(POLL_S)
-            for name, (stage, process, started, log) in list(running.items()):
-                if process.poll() is None:
-                    continue
-                del running[name]
-                wall = time.perf_counter() - started
-                if process.returncode != 0:
-                    console.print(_log_tail(log), style="dim", soft_wrap=True, markup=False)
-                    raise UserError(f"recipe stage {name!r} failed (exit {process.returncode}); its log: {log}")
-                missing = [str(path) for path in stage.outputs if not path.exists()]
-                if missing:
-                    raise RuntimeError(f"recipe stage {name!r} finished without writing {missing}")
-                atomic_write_json(out / "stages" / f"{name}.json", {"command": stage.command, "wall_s": wall})
-                results[name], ran = {"wall_s": wall, "reused": False}, ran | {name}
-                console.print(f"[bold]{name}[/]: done in {wall:.0f} s")
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
-        for _, process, _, _ in running.values():
-            process.terminate()
-            process.wait()
-    return {stage.name: results[stage.name] for stage in stages}
-
-
 # --- the report: curves, errors bars, paired differences, the final table
-
-def mean_and_se(values: list[float]) -> tuple[float, float | None]:
-    """The mean and its standard error (sample standard deviation / sqrt(n); None for one value)."""
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    variance = sum((value - mean) ** 2 for value in values) / (len(values) - 1)
-    return mean, math.sqrt(variance / len(values))
-
-
-def paired_difference(correct: list[dict[str, bool]], baseline: list[dict[str, bool]]) -> dict:
-    """Arm minus baseline on the same held-out problems: per problem the difference of correctness averaged over
-    seeds (one dict source -> correct per seed, both in the same seed order); mean ± SE over problems, and the
-    per-seed mean differences with their SE over seeds."""
-    problems = sorted(correct[0])
-    if any(set(run) != set(problems) for run in [*correct, *baseline]) or len(correct) != len(baseline):
-        raise ValueError("paired runs must score the same held-out problems for the same seeds")
-    per_problem = [sum(a[p] - b[p] for a, b in zip(correct, baseline, strict=True)) / len(correct) for p in problems]
-    mean, se = mean_and_se(per_problem)
-    per_seed = [sum(a[p] - b[p] for p in problems) / len(problems) for a, b in zip(correct, baseline, strict=True)]
-    seed_mean, seed_se = mean_and_se(per_seed)
-    return {"mean": mean, "se_problems": se, "per_seed": per_seed, "se_seeds": seed_se, "problems": len(problems)}
-
-
-def _evaluation(directory: Path) -> dict:
-    report = json.loads((directory / "evaluation.json").read_text())
-    for checkpoint in report["checkpoints"]:
-        rows = (directory / f"episodes_{checkpoint['name']}.jsonl").read_text().splitlines()
-        checkpoint["correct"] = {row["source"]: row["correct"] for row in map(json.loads, rows)}
-    return report
-
 
 TABLE_METRICS = ("tool_success_rate", "tool_error_rate", "recovery_rate", "truncation_rate", "mean_turns")
 
@@ -319,9 +205,9 @@ def training_seconds(cfg: RecipeConfig, seed: int, arm: str, steps: list[int]) -
 def curve_report(cfg: RecipeConfig) -> dict:
     """Curves, the final table and the paired differences, from every evaluation the stages wrote."""
     steps, seeds = curve_steps(cfg), list(cfg.seeds)
-    teacher = _evaluation(eval_dir(cfg, None, "teacher"))
-    students = {seed: _evaluation(eval_dir(cfg, seed, "student")) for seed in seeds}
-    arms = {arm: {seed: _evaluation(eval_dir(cfg, seed, arm)) for seed in seeds} for arm in cfg.arms}
+    teacher = read_evaluation(eval_dir(cfg, None, "teacher"))
+    students = {seed: read_evaluation(eval_dir(cfg, seed, "student")) for seed in seeds}
+    arms = {arm: {seed: read_evaluation(eval_dir(cfg, seed, arm)) for seed in seeds} for arm in cfg.arms}
     evaluations = [teacher, *students.values(), *(report for runs in arms.values() for report in runs.values())]
     if any((e["settings"], e["data_sha256"]) != (teacher["settings"], teacher["data_sha256"]) for e in evaluations):
         raise RuntimeError("the recipe's evaluations differ in decoding settings or held-out data; rerun=true")

@@ -14,15 +14,9 @@ from rich.console import Console
 
 from common.user_errors import UserError
 from experiments.recipe.config import Arm, RecipeConfig
-from experiments.recipe.recipe import (
-    Stage,
-    curve_report,
-    curve_steps,
-    mean_and_se,
-    paired_difference,
-    recipe_stages,
-    run_stages,
-)
+from experiments.recipe.recipe import curve_report, curve_steps, recipe_stages
+from experiments.stages import Stage, run_stages
+from experiments.statistics import mean_and_se, paired_difference
 from opd.config import ConfigError, parse_config
 from tests.helpers.configs import compose_config
 from tests.helpers.paths import REPO_ROOT
@@ -166,7 +160,7 @@ def test_a_failing_stage_stops_the_recipe_naming_its_log(tmp_path):
     stages = [Stage("fine", writer(tmp_path / "fine"), [tmp_path / "fine"]),
               Stage("broken", script("import sys; print('it broke'); sys.exit(3)"), [tmp_path / "never"]),
               Stage("after", writer(tmp_path / "after"), [tmp_path / "after"], ("broken",))]
-    with pytest.raises(UserError, match=r"recipe stage 'broken' failed \(exit 3\); its log: .*broken.log"):
+    with pytest.raises(UserError, match=r"stage 'broken' failed \(exit 3\); its log: .*broken.log"):
         run_stages(stages, tmp_path, jobs=1, threads=1, rerun=False, console=Console(quiet=True))
     assert "it broke" in (tmp_path / "logs" / "broken.log").read_text()
     assert not (tmp_path / "after").exists() and not (tmp_path / "stages" / "broken.json").exists()
@@ -276,7 +270,7 @@ def test_a_terminated_recipe_stops_the_stages_it_runs(tmp_path):
     stage = script(f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)")
     runner = subprocess.Popen([sys.executable, "-c", (
         "import sys; from pathlib import Path; from rich.console import Console; "
-        "from experiments.recipe.recipe import Stage, run_stages; from common.user_errors import exit_on_user_error\n"
+        "from experiments.stages import Stage, run_stages; from common.user_errors import exit_on_user_error\n"
         f"with exit_on_user_error(): run_stages([Stage('slow', {stage!r}, [])], Path({str(tmp_path)!r}), jobs=1, "
         "threads=1, rerun=False, console=Console(quiet=True))")], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
     while not pid_file.exists() or not pid_file.read_text():

@@ -1,0 +1,100 @@
+"""Running an experiment as stages: each stage one real command of this repo, run as a subprocess once the stages
+it reads are done, ``jobs`` at a time, timed, its output in ``logs/{name}.log``, and skipped on a rerun when
+``stages/{name}.json`` records the same command, its outputs exist and none of the stages it reads ran again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from common.atomic_write import atomic_write_json
+from common.user_errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of an experiment: the command it runs, the files it must leave behind, and the stages it reads."""
+
+    name: str
+    command: list[str]
+    outputs: list[Path]
+    needs: tuple[str, ...] = ()
+
+
+def _is_done(stage: Stage, marker: Path) -> dict | None:
+    done = json.loads(marker.read_text()) if marker.is_file() else None
+    if done and done["command"] == stage.command and all(path.exists() for path in stage.outputs):
+        return done
+    return None
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def run_stages(stages: list[Stage], out: Path, *, jobs: int, threads: int, rerun: bool,
+               console: Console) -> dict[str, dict]:
+    """Run every stage once the stages it needs are done, ``jobs`` at a time; returns name -> {wall_s, reused}.
+
+    A failing stage stops the others and raises ``UserError`` naming it and its log.
+    """
+    if jobs < 1 or threads < 1:
+        raise UserError(f"jobs and threads must be >= 1, got jobs={jobs}, threads={threads}")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    results, ran, waiting, running = {}, set(), list(stages), {}
+    previous_handler = signal.signal(signal.SIGTERM, _interrupt)  # a terminated experiment stops its stages too
+    try:
+        while waiting or running:
+            for stage in [stage for stage in waiting if all(need in results for need in stage.needs)]:
+                marker = out / "stages" / f"{stage.name}.json"
+                done = None if rerun or ran & set(stage.needs) else _is_done(stage, marker)
+                if done:
+                    waiting.remove(stage)
+                    results[stage.name] = {"wall_s": done["wall_s"], "reused": True}
+                    console.print(f"[dim]{stage.name}: done earlier ({done['wall_s']:.0f} s), skipped[/]")
+                elif len(running) < jobs:
+                    waiting.remove(stage)
+                    log = out / "logs" / f"{stage.name}.log"
+                    with log.open("w") as stream:
+                        process = subprocess.Popen(stage.command, cwd=REPO_ROOT, env=env, stdout=stream,
+                                                   stderr=subprocess.STDOUT)
+                    running[stage.name] = (stage, process, time.perf_counter(), log)
+                    console.print(f"[bold]{stage.name}[/]: started (log {log})")
+            if waiting and not running and not any(all(n in results for n in s.needs) for s in waiting):
+                raise RuntimeError(f"stages wait on stages that do not exist: {[s.name for s in waiting]}")
+            time.sleep(POLL_S)
+            for name, (stage, process, started, log) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[name]
+                wall = time.perf_counter() - started
+                if process.returncode != 0:
+                    console.print(_log_tail(log), style="dim", soft_wrap=True, markup=False)
+                    raise UserError(f"stage {name!r} failed (exit {process.returncode}); its log: {log}")
+                missing = [str(path) for path in stage.outputs if not path.exists()]
+                if missing:
+                    raise RuntimeError(f"stage {name!r} finished without writing {missing}")
+                atomic_write_json(out / "stages" / f"{name}.json", {"command": stage.command, "wall_s": wall})
+                results[name], ran = {"wall_s": wall, "reused": False}, ran | {name}
+                console.print(f"[bold]{name}[/]: done in {wall:.0f} s")
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        for _, process, _, _ in running.values():
+            process.terminate()
+            process.wait()
+    return {stage.name: results[stage.name] for stage in stages}

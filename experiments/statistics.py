@@ -1,0 +1,40 @@
+"""The statistics the experiments report: means with standard errors, and paired differences on the same problems."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float | None]:
+    """The mean and its standard error (sample standard deviation / sqrt(n); None for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    variance = sum((value - mean) ** 2 for value in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))
+
+
+def paired_difference(correct: list[dict[str, bool]], baseline: list[dict[str, bool]]) -> dict:
+    """Arm minus baseline on the same held-out problems: per problem the difference of correctness averaged over
+    seeds (one dict source -> correct per seed, both in the same seed order); mean ± SE over problems, and the
+    per-seed mean differences with their SE over seeds."""
+    problems = sorted(correct[0])
+    if any(set(run) != set(problems) for run in [*correct, *baseline]) or len(correct) != len(baseline):
+        raise ValueError("paired runs must score the same held-out problems for the same seeds")
+    per_problem = [sum(a[p] - b[p] for a, b in zip(correct, baseline, strict=True)) / len(correct) for p in problems]
+    mean, se = mean_and_se(per_problem)
+    per_seed = [sum(a[p] - b[p] for p in problems) / len(problems) for a, b in zip(correct, baseline, strict=True)]
+    seed_mean, seed_se = mean_and_se(per_seed)
+    return {"mean": mean, "se_problems": se, "per_seed": per_seed, "se_seeds": seed_se, "problems": len(problems)}
+
+
+def read_evaluation(directory: Path) -> dict:
+    """``opd/evaluate.py``'s report in ``directory``, each checkpoint with ``correct``: source -> whether its
+    episode was correct (from ``episodes_{name}.jsonl``)."""
+    report = json.loads((directory / "evaluation.json").read_text())
+    for checkpoint in report["checkpoints"]:
+        rows = (directory / f"episodes_{checkpoint['name']}.jsonl").read_text().splitlines()
+        checkpoint["correct"] = {row["source"]: row["correct"] for row in map(json.loads, rows)}
+    return report
