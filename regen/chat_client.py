@@ -4,7 +4,10 @@ Retried: HTTP 408/409/425/429/5xx, connection errors, timeouts, a reply body tha
 exponentially with jitter and follow ``Retry-After`` (seconds or an HTTP date), both capped at
 ``max_backoff_s``. Other HTTP errors fail at once with the server's message. Only connection-level
 failures (refused, reset, no connection within the connect timeout) count towards taking an endpoint
-out; a reply slower than ``request_timeout_s`` is retried but says nothing about the server's health.
+out; a reply slower than ``request_timeout_s`` is retried but says nothing about the server's health. A
+retry after a timeout goes to another live endpoint when there is one, at once (a hung endpoint would
+otherwise hold its conversations for every attempt while the others sit idle); other retries stay on the
+conversation's endpoint after a backoff.
 Running out of file descriptors is this client's problem, not the endpoint's: it stops the run with a
 hint. When every endpoint is out, a request waits up to ``all_down_wait_s`` for the pool's probe to
 bring one back, then fails.
@@ -38,8 +41,14 @@ ConnectTimeout = getattr(aiohttp, "ConnectionTimeoutError", aiohttp.ServerTimeou
 class OutOfFileDescriptors(UserError):
     """The client process hit its open-files limit: a local limit, not a failing endpoint."""
 
+    def __init__(self, doing: str):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        super().__init__(f"this process ran out of file descriptors (ulimit -n is {soft}) while {doing}",
+                         "raise the limit (e.g. ulimit -n 65536) or lower concurrency=")
 
-def _out_of_descriptors(error: BaseException) -> bool:
+
+def out_of_descriptors(error: BaseException | None) -> bool:
+    """Whether ``error`` (or what caused it) is EMFILE / ENFILE."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -58,10 +67,12 @@ class RequestFailed(RuntimeError):
 
 
 class _Retryable(Exception):
-    def __init__(self, message: str, retry_after_s: float | None = None, unreachable: bool = False):
+    def __init__(self, message: str, retry_after_s: float | None = None, unreachable: bool = False,
+                 timed_out: bool = False):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.unreachable = unreachable
+        self.timed_out = timed_out
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -140,15 +151,13 @@ class ChatClient:
                 retry_after = reply.headers.get("Retry-After")
         except ConnectTimeout as error:
             raise _Retryable(f"no connection within {self.timeout.sock_connect:g} s ({type(error).__name__})",
-                             unreachable=True) from None
+                             unreachable=True, timed_out=True) from None
         except asyncio.TimeoutError:  # slow, not dead: a loaded server answers late
-            raise _Retryable(f"no complete reply within request_timeout_s={self.timeout.total:g} s") from None
+            raise _Retryable(f"no complete reply within request_timeout_s={self.timeout.total:g} s",
+                             timed_out=True) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
-            if _out_of_descriptors(error):
-                soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-                raise OutOfFileDescriptors(
-                    f"this process ran out of file descriptors (ulimit -n is {soft}) while connecting to "
-                    f"{endpoint.url}", "raise the limit (e.g. ulimit -n 65536) or lower concurrency=") from None
+            if out_of_descriptors(error):
+                raise OutOfFileDescriptors(f"connecting to {endpoint.url}") from None
             raise _Retryable(f"{type(error).__name__}: {error}".rstrip(": "), unreachable=True) from None
         if status != 200:
             message = f"HTTP {status} from {endpoint.url}: {_server_message(body)}"
@@ -192,7 +201,8 @@ class ChatClient:
                 if retry_number > self.policy.max_retries:
                     raise RequestFailed(f"gave up after {retry_number} attempts: {error}", endpoint.url) from None
                 self.stats.retries += 1
-                moved = not endpoint.live  # taken out: go to another endpoint now, no wait
+                # taken out, or timed out with another endpoint live: go to another endpoint now, no wait
+                moved = not endpoint.live or (error.timed_out and self.pool.move_away(affinity, endpoint))
                 if not moved:
                     wait = self.policy.delay(retry_number, error.retry_after_s, self.rng)
                     self.stats.retry_wait_s += wait

@@ -106,8 +106,16 @@ def _tokenizer_file(name: str) -> Path:
     return Path(hf_hub_download(name, "tokenizer.json"))
 
 
-def load_detokenizer(candidates: Iterable[str | None]) -> Detokenizer:
-    """The first candidate (tokenizer folder, ``tokenizer.json`` or hub id) that yields a tokenizer."""
+def load_detokenizer(candidates: Iterable[str | None], *, explicit: str | None = None) -> Detokenizer:
+    """The ``explicit`` tokenizer (``tokenizer=``: it must load), else the first candidate (tokenizer folder,
+    ``tokenizer.json`` or hub id) that yields a tokenizer."""
+    if explicit:
+        try:
+            return Detokenizer(_tokenizer_file(explicit), explicit)
+        except Exception as error:  # noqa: BLE001 - any failure: the setting is wrong, not a reason to guess
+            raise TokenizerNotFound(f"tokenizer={explicit} cannot be loaded ({type(error).__name__}: {error})",
+                                    "point tokenizer= at the served model's tokenizer folder (with tokenizer.json) "
+                                    "or hub id, or leave it unset to use the model's own") from None
     tried, seen = [], set()
     for name in candidates:
         if not name or name in seen:

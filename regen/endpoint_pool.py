@@ -10,8 +10,8 @@ A conversation starts only when :meth:`EndpointPool.claim` finds room for it. Wi
 endpoint with the fewest; with ``concurrency=auto`` every endpoint has its own in-flight limit (set by
 ``regen.inflight_control``) and a new conversation goes to the live endpoint with the most free slots
 (limit minus conversations on it). A conversation sticks to its endpoint (prefix-cache friendly) until
-that endpoint is taken out; then its next request goes to the live endpoint with the fewest active
-conversations (fixed) or the most free slots (auto). An endpoint is taken out after ``max_failures`` connection-level failures in a row (refused, reset, no
+that endpoint is taken out, or a request of it times out there while another endpoint is live; then its next
+request goes to the live endpoint with the fewest active conversations (fixed) or the most free slots (auto). An endpoint is taken out after ``max_failures`` connection-level failures in a row (refused, reset, no
 connection within the connect timeout) or a failed probe, never for a slow reply; a background probe
 (``/health``, then ``/v1/models``) puts it back when it answers again. ``all_down_since`` tells the
 client how long there has been no endpoint at all. Each endpoint also keeps what the summary reports:
@@ -247,6 +247,16 @@ class EndpointPool:
     def down_for_s(self) -> float:
         """How long every endpoint has been out (0 while one is live)."""
         return 0.0 if self.all_down_since is None else time.monotonic() - self.all_down_since
+
+    def move_away(self, affinity: Affinity, endpoint: Endpoint) -> bool:
+        """Move the conversation off ``endpoint`` (one of its requests timed out there) to the live endpoint with
+        the fewest active conversations (fixed) or the most free slots (auto) among the others; False when there
+        is no other live endpoint."""
+        others = [other for other in self.endpoints if other.live and other is not endpoint]
+        if not others:
+            return False
+        self._bind(affinity, self._least_loaded(others))
+        return True
 
     def pick(self, affinity: Affinity) -> Endpoint:
         """The endpoint for this conversation's next request; raises :class:`NoLiveEndpoint`."""

@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from common.atomic_write import atomic_write_json
 from common.user_errors import UserError
-from regen.chat_client import ChatClient, RetryPolicy
+from regen.chat_client import ChatClient, OutOfFileDescriptors, RetryPolicy, out_of_descriptors
 from regen.detokenizer import load_detokenizer
 from regen.endpoint_pool import EndpointPool
 from regen.hydra_runtime import scrub_credentials
@@ -61,7 +61,7 @@ def run(cfg) -> dict[str, Any]:
                             settings.fixed_concurrency, settings.concurrency_start)
         # the output is named after the model: the settings name it, or else the external endpoints do
         model = settings.served_model or served_model(settings, pool)
-        detokenizer = load_detokenizer([settings.tokenizer, getattr(settings.server, "model", None), model])
+        detokenizer = load_detokenizer([getattr(settings.server, "model", None), model], explicit=settings.tokenizer)
         # checked and locked before any server starts, held to the end
         with open_output(settings, source, model, detokenizer, warn) as output, provide_endpoints(settings.server):
             if settings.served_model:  # the server is up: it serves the model, and max_tokens fits its context
@@ -86,6 +86,7 @@ async def regenerate_dataset(state: RunState, source: Source, signals: StopSigna
     of taken-out endpoints and (``concurrency=auto``) each endpoint's in-flight steering run beside it; returns
     at the end of the source, or when a signal stopped it (``signals.caught``)."""
     settings, pool = state.settings, state.pool
+    asyncio.get_running_loop().set_exception_handler(unless_out_of_descriptors)
     async with client_session(settings.api_key_env) as session:
         client = ChatClient(session, pool, RetryPolicy(settings.max_retries, settings.retry_backoff_s,
                                                        settings.max_backoff_s),
@@ -107,6 +108,13 @@ async def regenerate_dataset(state: RunState, source: Source, signals: StopSigna
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def unless_out_of_descriptors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's report of an error no one awaited, except one from running out of file descriptors: that is the
+    run's own error already (``OutOfFileDescriptors``: two lines), so it prints no traceback of its own."""
+    if not out_of_descriptors(context.get("exception")):
+        loop.default_exception_handler(context)
 
 
 def check_finished(state: RunState) -> None:
@@ -194,6 +202,8 @@ async def _served_models(api_key_env: str | None, pool: EndpointPool) -> dict[st
                     data = await reply.json(content_type=None)
                 cards = [(str(card["id"]), card.get("max_model_len")) for card in data["data"]]
             except Exception as error:  # noqa: BLE001 - reported per endpoint, the run goes on with the others
+                if out_of_descriptors(error):
+                    raise OutOfFileDescriptors(f"asking {endpoint.url} for its models") from None
                 endpoint.live, endpoint.taken_out = False, 1
                 endpoint.last_error = f"/v1/models: {type(error).__name__}: {error}"
                 continue

@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from regen.chat_client import OutOfFileDescriptors, out_of_descriptors
 from regen.conversation import Conversation, RowError
 from regen.endpoint_pool import Affinity
 from regen.output_files import IdIndex
@@ -185,6 +186,10 @@ class Pipeline:
             if self._fatal.done():
                 self._fatal.result()
             finished.result()
+        except OSError as error:  # no file descriptor left for reading the source or writing: the same as connecting
+            if out_of_descriptors(error):
+                raise OutOfFileDescriptors("regenerating conversations") from None
+            raise
         finally:
             finished.cancel()
             pending = [*tasks, *self._conversations]

@@ -68,6 +68,24 @@ def _write(paths: OutputPaths, manifest: dict) -> None:
     paths.match_output_mode(paths.manifest)
 
 
+def _read(path: Path) -> dict[str, Any]:
+    """The manifest at ``path``: an object whose ``settings`` is an object and ``changes`` (if any) a list."""
+    hint = "restore it, or remove it to resume without a settings check"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ResumeRefused(f"{path} cannot be read ({type(error).__name__}: {error})", hint) from None
+    if not isinstance(manifest, dict):
+        problem = f"it holds a {type(manifest).__name__}, not an object"
+    elif not isinstance(manifest.get("settings"), dict):
+        problem = f"'settings' is {type(manifest.get('settings')).__name__}, not an object"
+    elif not isinstance(manifest.get("changes", []), list):
+        problem = f"'changes' is {type(manifest['changes']).__name__}, not a list"
+    else:
+        return manifest
+    raise ResumeRefused(f"{path} is not a regen manifest: {problem}", hint)
+
+
 def check_and_record(paths: OutputPaths, current: dict[str, Any], *, resuming: bool, accept_changes: bool,
                      warn: Callable[[str], None]) -> dict[str, tuple[Any, Any]]:
     """Compare a resume with the manifest (refusing a difference unless ``accept_changes``) and write the
@@ -80,12 +98,8 @@ def check_and_record(paths: OutputPaths, current: dict[str, Any], *, resuming: b
                  f"checking its settings; {paths.manifest.name} now records this run's")
         _write(paths, {"version": MANIFEST_VERSION, "created": now, "settings": current, "changes": []})
         return {}
-    try:
-        manifest = json.loads(paths.manifest.read_text(encoding="utf-8"))
-        saved = manifest["settings"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ResumeRefused(f"{paths.manifest} cannot be read ({type(error).__name__}: {error})",
-                            "restore it, or remove it to resume without a settings check") from None
+    manifest = _read(paths.manifest)
+    saved = manifest["settings"]
     differences = _differences(saved, current)
     if differences and not accept_changes:
         listing = "\n".join(f"  {key}: saved {old!r}, now {new!r}" for key, (old, new) in differences.items())

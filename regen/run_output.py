@@ -5,10 +5,16 @@ takes the one-run-per-output lock, refuses an earlier run's files without ``resu
 the manifest (and writes it), repairs a resumed file's crashed tail and compacts its error file, and yields the
 :class:`RunOutput` the conversations are written to. It runs before any server starts whenever the model's name
 is known (always, except for external endpoints that name it themselves).
+
+The output is the file its path names: a symlink (to it, or to a folder on the way) is followed, and the lock
+and the siblings sit beside that file, so two runs given two names of one file never both write it. A file with
+several names (hard links) is refused for the same reason, and so is a path that names a folder. The lock file
+is removed when the run lets go (``common.run_lock``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,11 +40,13 @@ from regen.settings import RegenSettings
 def output_paths(settings: RegenSettings, model: str) -> OutputPaths:
     """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{multirun overrides}].jsonl``."""
     if settings.output:
-        return OutputPaths(Path(settings.output))
-    source = settings.dataset.name or Path(settings.dataset.path).stem
-    model_short = model.rstrip("/").split("/")[-1]
-    name = f"{sanitize_name(source)}_{sanitize_name(model_short)}{multirun_suffix(sanitize_name)}.jsonl"
-    return OutputPaths(Path(settings.output_dir) / name)
+        path = Path(settings.output)
+    else:
+        source = settings.dataset.name or Path(settings.dataset.path).stem
+        model_short = model.rstrip("/").split("/")[-1]
+        path = Path(settings.output_dir) / f"{sanitize_name(source)}_{sanitize_name(model_short)}{multirun_suffix(sanitize_name)}.jsonl"
+    real = Path(os.path.realpath(path))  # through symlinks, to the file itself
+    return OutputPaths(real if real != Path(os.path.abspath(path)) else path)
 
 
 @dataclass
@@ -57,6 +65,18 @@ class RunOutput:
         self.errors.close()
 
 
+def _refuse_unsafe_output(paths: OutputPaths) -> None:
+    """A folder, or a file with other names another run could be given."""
+    output = paths.output
+    if output.is_dir():
+        raise UserError(f"output={output} is a folder, not a file",
+                        f"name a file in it (output={output}/rows.jsonl), or set output_dir={output} instead")
+    if output.is_file() and output.stat().st_nlink > 1:
+        raise UserError(f"{output} has {output.stat().st_nlink} names (hard links): a run given another of them "
+                        "would write the same file at the same time",
+                        f"copy it (cp {output} NEW.jsonl) and resume the copy with output=NEW.jsonl")
+
+
 def _refuse_earlier_run(paths: OutputPaths) -> None:
     for path in (paths.output, paths.errors):
         if path.is_file() and path.stat().st_size:
@@ -69,7 +89,8 @@ def open_output(settings: RegenSettings, source: Source, model: str, detokenizer
                 warn: Callable[[str], None]) -> Iterator[RunOutput]:
     """The run's :class:`RunOutput`, held (locked) until the block ends; see the module doc."""
     paths = output_paths(settings, model)
-    lock = OutputLock(paths.lock, paths.output, job="regen",
+    _refuse_unsafe_output(paths)
+    lock = OutputLock(paths.lock, paths.output, job="regen", remove_on_release=True,
                       hint="wait for it to finish (or stop it), or choose another output=")
     try:
         lock.acquire()

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
+from common.minimind.tokenizer import looks_like_local_path
 from common.user_errors import UserError
 from regen.endpoint_pool import EndpointAddress, parse_endpoint
 from regen.row_formats import FORMATS, REFUSED_FORMATS
@@ -396,6 +397,7 @@ class LocalServer(_ManagedServer):
 
     def __post_init__(self) -> None:
         check_text("server.checkpoint", self.checkpoint, example="out/tiny/tiny_teacher.pth")
+        self._check_checkpoint()
         check_text("server.tokenizer", self.tokenizer, optional=True)
         check_text("server.model", self.model, optional=True)
         self._check_common()
@@ -404,6 +406,22 @@ class LocalServer(_ManagedServer):
         check_integer("server.threads", self.threads, 1, optional=True)
         for key in LOCAL_ARCH_KEYS:
             check_integer(f"server.{key}", getattr(self, key), 1, optional=True)
+
+    def _check_checkpoint(self) -> None:
+        """A native ``.pth`` (``.pt``) must be a file, a local HF model folder a folder; a hub id is downloaded by
+        the server. Checked here, before any file is opened or the server started (which would die on it)."""
+        path, key = Path(self.checkpoint).expanduser(), f"server.checkpoint={self.checkpoint}"
+        hint = ("point server.checkpoint at a MiniMind .pth file, an HF model folder or a hub id "
+                "(`make tiny` writes the tiny presets' files)")
+        if self.checkpoint.endswith((".pth", ".pt")):
+            if path.is_dir():
+                raise SettingsError(f"{key} is a folder, not a MiniMind .pth file", hint)
+            if not path.is_file():
+                raise SettingsError(f"{key}: no such file", hint)
+            if not os.access(path, os.R_OK):
+                raise SettingsError(f"{key} is not readable (permission denied)", hint)
+        elif looks_like_local_path(self.checkpoint) and not path.is_dir():
+            raise SettingsError(f"{key}: no such model folder", hint)
 
     @property
     def served_model(self) -> str:

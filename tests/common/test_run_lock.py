@@ -53,3 +53,36 @@ def test_release_lets_the_next_run_in(tmp_path):
     first.release()
     second = OutputLock(tmp_path / "deep" / "out.lock", tmp_path / "deep" / "out.jsonl", **ROLE).acquire()
     second.release()
+
+
+def test_a_run_that_removes_its_lock_file_does_it_while_holding_it(tmp_path):
+    first = OutputLock(tmp_path / "out.lock", tmp_path / "out.jsonl", **ROLE, remove_on_release=True).acquire()
+    first.release()
+    assert not (tmp_path / "out.lock").exists()
+    kept = OutputLock(tmp_path / "kept.lock", tmp_path / "kept.jsonl", **ROLE).acquire()  # opd keeps its .lock
+    kept.release()
+    assert (tmp_path / "kept.lock").exists()
+
+
+def test_a_lock_file_removed_between_open_and_flock_is_not_held_twice(tmp_path, monkeypatch):
+    """The holder removes its file and lets go after the next run opened it but before that run's flock: that run
+    then holds a lock on a file no path names, and must lock the file the path names instead (or a third run
+    could lock a new file beside it)."""
+    lock, output = tmp_path / "out.lock", tmp_path / "out.jsonl"
+    first = OutputLock(lock, output, **ROLE, remove_on_release=True).acquire()
+    real_open = os.open
+
+    def open_then_the_holder_finishes(*args, **kwargs):
+        fd = real_open(*args, **kwargs)
+        if first._fd is not None:
+            first.release()
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_the_holder_finishes)
+    second = OutputLock(lock, output, **ROLE, remove_on_release=True).acquire()
+    monkeypatch.undo()
+    with pytest.raises(OutputLocked):
+        OutputLock(lock, output, **ROLE, remove_on_release=True).acquire()
+    assert lock.read_text() == f"{os.getpid()}\n"
+    second.release()
+    assert not lock.exists()

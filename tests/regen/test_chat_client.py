@@ -4,6 +4,7 @@ that are slow rather than dead, running out of file descriptors; over real HTTP 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import random
 import resource
@@ -14,7 +15,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from regen.chat_client import RetryPolicy, parse_retry_after
+from regen.chat_client import OutOfFileDescriptors, RetryPolicy, parse_retry_after
 from standins.vllm_server import Reply
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import EOS, Script, ok, write_jsonl
@@ -130,3 +131,46 @@ def test_out_of_file_descriptors_is_a_client_error_with_a_hint(serve, tmp_path, 
     summary = json.loads((tmp_path / "out.summary.json").read_text())
     assert summary["status"].startswith("failed: OutOfFileDescriptors")
     assert summary["endpoints"][server.chat_url]["live"] is True  # the endpoint was never blamed
+
+
+def test_a_retry_after_a_timeout_goes_to_another_live_endpoint(serve, regen):
+    """A hung endpoint keeps no conversation: each one there moves on after one timeout, without a backoff, where
+    it used to retry there (7 attempts x 1800 s with the defaults) while the healthy endpoint sat idle."""
+    hung = serve(lambda payload: Reply(ok("late", [1, 5], [6, EOS]).body, delay_s=3))
+    healthy = serve(lambda payload: ok("fine", [1, 5], [7, EOS]))
+    rows = [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(4)]
+    summary, out, errors = regen([hung.url, healthy.url], rows, "request_timeout_s=0.5", "max_retries=1",
+                                 "concurrency=2", "retry_backoff_s=30", "max_backoff_s=30")
+    assert sorted(r["id"] for r in out) == [f"r{i}_gen0" for i in range(4)] and errors == []
+    assert {r["metadata"]["endpoint"] for r in out} == {healthy.chat_url}
+    counts = summary["endpoints"]
+    assert counts[hung.chat_url]["failures"] == len(hung.requests) == summary["retries"] >= 1
+    assert counts[hung.chat_url]["live"] and summary["retry_wait_s"] == 0  # moved at once, never taken out
+    assert summary["elapsed_s"] < 20
+
+
+def test_no_file_descriptor_left_anywhere_in_a_run_is_the_same_error(serve, regen, tmp_path, monkeypatch, caplog):
+    """Not only while connecting: out of descriptors while reading the source (or writing) is the same two lines,
+    never an OSError traceback; and asyncio's report of such an error that no task awaited prints nothing (the
+    run says it already), while any other such report is still printed."""
+    from regen.job import unless_out_of_descriptors
+    from regen.pipeline import SourceRows
+
+    def exhausted(self, stats):
+        yield from ()
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    monkeypatch.setattr(SourceRows, "eligible", exhausted)
+    with pytest.raises(OutOfFileDescriptors, match="ran out of file descriptors .* while regenerating conversations"):
+        regen([server.url], [{"id": "a", "prompt": "Hi"}])
+    assert json.loads((tmp_path / "out.summary.json").read_text())["status"].startswith("failed: OutOfFileDescriptors")
+    loop = asyncio.new_event_loop()
+    try:
+        unless_out_of_descriptors(loop, {"message": "Task exception was never retrieved",
+                                         "exception": OSError(errno.EMFILE, "Too many open files")})
+        assert caplog.records == []
+        unless_out_of_descriptors(loop, {"message": "Task exception was never retrieved", "exception": KeyError("x")})
+        assert [record.getMessage() for record in caplog.records] == ["Task exception was never retrieved"]
+    finally:
+        loop.close()

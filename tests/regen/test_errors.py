@@ -57,13 +57,17 @@ def test_the_readme_command_without_a_model_says_what_to_add(tmp_path):
                       "error: pass resume=true to continue it, or choose another output= (or remove the old files)"]),
     ("blocked", [], ["error: cannot write the output {tmp}/blocked/out.jsonl (File exists)",
                      "error: choose another output= or output_dir="]),
-], ids=["config-value", "n>1", "json-object", "existing-output", "unwritable-output"])
+    ("directory", [], ["error: output={out} is a folder, not a file",
+                       "error: name a file in it (output={out}/rows.jsonl), or set output_dir={out} instead"]),
+], ids=["config-value", "n>1", "json-object", "existing-output", "unwritable-output", "output-is-a-folder"])
 def test_user_errors_are_one_or_two_error_lines_before_any_request(serve, tmp_path, tokenizer_path, setup, overrides,
                                                                    expected):
     server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
     data = tmp_path / ("rows.json" if setup == "object" else "rows.jsonl")
     data.write_text('{"prompt": "a"}' if setup == "object" else '{"id": "a", "prompt": "a"}\n')
-    out = tmp_path / ("blocked/out.jsonl" if setup == "blocked" else "out.jsonl")
+    out = tmp_path / {"blocked": "blocked/out.jsonl", "directory": "folder"}.get(setup, "out.jsonl")
+    if setup == "directory":
+        out.mkdir()
     if setup == "existing":
         out.write_text('{"id": "z_gen0", "primary_id": "z"}\n')
     if setup == "blocked":
@@ -73,6 +77,17 @@ def test_user_errors_are_one_or_two_error_lines_before_any_request(serve, tmp_pa
                        f"hydra.run.dir={tmp_path / 'h'}")
     assert error_lines(result) == [line.format(data=data, out=out, tmp=tmp_path) for line in expected]
     assert server.requests == []
+    assert list(tmp_path.glob("*.lock")) == []  # a refused run leaves no lock file behind
+
+
+def test_a_missing_local_checkpoint_is_refused_before_anything_starts(tmp_path, tokenizer_path):
+    log = tmp_path / "local.log"
+    result = regen_cli("dataset=sample", "server=local", f"server.checkpoint={tmp_path / 'missing.pth'}",
+                       f"server.log_file={log}", f"tokenizer={tokenizer_path}", f"output={tmp_path / 'out.jsonl'}",
+                       f"hydra.run.dir={tmp_path / 'h'}")
+    assert error_lines(result)[0] == f"error: server.checkpoint={tmp_path / 'missing.pth'}: no such file"
+    assert result.stderr.startswith("error:")  # nothing before it: no server was started
+    assert not log.exists() and not (tmp_path / "out.jsonl").exists()
 
 
 def test_a_server_that_fails_to_start_is_an_error_line_after_its_log(tmp_path, tokenizer_path):

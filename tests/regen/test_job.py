@@ -144,13 +144,54 @@ def test_output_is_named_after_dataset_and_model(serve, tmp_path, tokenizer_path
 def test_every_file_of_a_run_gets_the_outputs_permissions(serve, regen, tmp_path):
     server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
     rows = [{"id": "a", "prompt": "Hi"}, {"id": "b", "messages": []}]
-    siblings = ["out.jsonl", "out.errors.jsonl", "out.summary.json", "out.manifest.json", "out.lock"]
+    siblings = ["out.jsonl", "out.errors.jsonl", "out.summary.json", "out.manifest.json"]  # the lock is gone by then
     previous = os.umask(0o027)
     try:
         regen([server.url], rows)
     finally:
         os.umask(previous)
     assert {name: (tmp_path / name).stat().st_mode & 0o777 for name in siblings} == dict.fromkeys(siblings, 0o640)
+    assert not (tmp_path / "out.lock").exists()
     (tmp_path / "out.jsonl").chmod(0o600)  # e.g. a private output being resumed
     regen([server.url], rows, "resume=true")
     assert {name: (tmp_path / name).stat().st_mode & 0o777 for name in siblings} == dict.fromkeys(siblings, 0o600)
+
+
+def test_a_symlinked_output_is_locked_as_the_file_it_names(serve, regen, tmp_path):
+    """Two runs, one given the file and one a symlink to it, must not both write it (they duplicated conversations)."""
+    from common.run_lock import OutputLock, OutputLocked
+
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    (tmp_path / "real").mkdir()
+    real = tmp_path / "real" / "rows_out.jsonl"
+    (tmp_path / "out.jsonl").symlink_to(real)  # the fixture's output= is this link
+    holder = OutputLock(real.with_name("rows_out.lock"), real, job="regen", hint="").acquire()  # a run on the file
+    try:
+        with pytest.raises(OutputLocked, match=f"{real} is being written by another regen run"):
+            regen([server.url], [{"id": "a", "prompt": "Hi"}])
+    finally:
+        holder.release()
+    assert server.requests == [] and not real.exists()
+    summary, out, _ = regen([server.url], [{"id": "a", "prompt": "Hi"}])  # written through the link, siblings beside the file
+    assert (tmp_path / "out.jsonl").is_symlink() and [r["id"] for r in read_jsonl(real)] == ["a_gen0"]
+    assert summary["output"] == str(real) and (tmp_path / "real" / "rows_out.summary.json").is_file()
+
+
+def test_a_hard_linked_output_is_refused(serve, regen, tmp_path):
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    regen([server.url], [{"id": "a", "prompt": "Hi"}])
+    os.link(tmp_path / "out.jsonl", tmp_path / "twin.jsonl")  # a second name another run could be given
+    with pytest.raises(UserError, match=f"{tmp_path / 'out.jsonl'} has 2 names \\(hard links\\)") as refused:
+        regen([server.url], [{"id": "a", "prompt": "Hi"}, {"id": "b", "prompt": "Ho"}], "resume=true")
+    assert refused.value.hint.startswith("copy it")
+    assert len(server.requests) == 1 and not (tmp_path / "out.lock").exists()  # the first run's only request
+
+
+def test_an_explicit_tokenizer_that_does_not_load_is_an_error(serve, regen, tmp_path, tokenizer_path):
+    """Not silently replaced by the next candidate (here the served model's name, which is a tokenizer folder)."""
+    server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}), model=str(tokenizer_path))
+    with pytest.raises(UserError, match="tokenizer=/typo/path cannot be loaded") as refused:
+        regen([server.url], [{"id": "A", "prompt": "Hi"}], "tokenizer=/typo/path")
+    assert "tokenizer=" in refused.value.hint and server.requests == []
+    summary, _, _ = regen([server.url], [{"id": "A", "prompt": "Hi"}], "tokenizer=null")  # unset: the model's own
+    assert summary["tokenizer"] == str(tokenizer_path)

@@ -111,7 +111,7 @@ def test_credentials_in_an_endpoint_reach_no_file_and_no_console(serve, tmp_path
     assert server.server.authorizations[-1] == "Basic " + base64.b64encode(f"alice:{secret}".encode()).decode()
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p != data]
     assert {p.name for p in written} >= {"out.jsonl", "out.errors.jsonl", "out.summary.json", "out.manifest.json",
-                                         "out.lock", "config.yaml", "overrides.yaml", "hydra.yaml"}
+                                         "config.yaml", "overrides.yaml", "hydra.yaml"}
     assert [p for p in written if secret in p.read_text(errors="replace")] == []
     assert secret not in result.stdout + result.stderr
     rows = read_jsonl(tmp_path / "o" / "out.jsonl")

@@ -105,3 +105,20 @@ def test_a_fresh_run_replaces_a_stale_manifest(serve, regen, tmp_path):
     write_jsonl(tmp_path / "rows.jsonl", ROWS)
     regen([server.url], ROWS)
     assert manifest(tmp_path)["settings"]["max_tokens"] == 8192
+
+
+@pytest.mark.parametrize("saved,overrides", [
+    ({"settings": 5}, []),
+    ([1, 2], []),
+    ("keep", ["max_tokens=100", "resume_accept_changes=true"]),  # the saved settings, with "changes": 5
+], ids=["settings-not-an-object", "not-an-object", "changes-not-a-list"])
+def test_a_manifest_of_the_wrong_shape_is_an_error_naming_it(first_run, regen, tmp_path, saved, overrides):
+    server, before = first_run
+    path = tmp_path / "out.manifest.json"
+    if saved == "keep":
+        saved = {**manifest(tmp_path), "changes": 5}
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ResumeRefused, match=f"^{path} is not a regen manifest: ") as refused:
+        regen([server.url], ROWS, "resume=true", *overrides)
+    assert refused.value.hint == "restore it, or remove it to resume without a settings check"
+    assert (tmp_path / "out.jsonl").read_bytes() == before and json.loads(path.read_text()) == saved

@@ -89,7 +89,11 @@ def test_a_multi_node_head_maps_to_vllm_sh_and_on_to_vllm(standin, tmp_path):
     assert group_gone(pid)
 
 
-def test_local_command_serves_the_teacher_preset(tokenizer_path):
+def test_local_command_serves_the_teacher_preset(tokenizer_path, tmp_path, monkeypatch):
+    for name in ("regen/samples/sample_prompts.jsonl", "out/tiny/tiny_teacher.pth", "out/agent_768_moe.pth"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)  # a checkout after `make tiny` and a download:
+        (tmp_path / name).write_text("{}\n")  # the presets' relative paths name files there (checked with the settings)
+    monkeypatch.chdir(tmp_path)
     cfg = server_of("server=local", f"tokenizer={tokenizer_path}")
     command = local_command(cfg)
     assert command[:3] == [sys.executable, "-m", "launch.chat_server"]
@@ -272,9 +276,11 @@ def test_local_server_lifecycle_with_the_embedded_server(tmp_path, tiny_checkpoi
 
 
 def test_local_server_that_cannot_load_reports_why(tmp_path, tokenizer_path):
-    cfg = server_of("server=local", f"server.checkpoint={tmp_path / 'missing.pth'}", f"server.port={free_port()}",
+    broken = tmp_path / "broken.pth"
+    broken.write_bytes(b"not a torch file")  # a missing one is refused with the settings, before any start
+    cfg = server_of("server=local", f"server.checkpoint={broken}", f"server.port={free_port()}",
                     f"tokenizer={tokenizer_path}", f"server.log_file={tmp_path / 'local.log'}")
     with pytest.raises(ServerStartError) as caught, provide_endpoints(cfg):
         pytest.fail("the block must not run")
     assert "server exited with status 1 before it was ready" in str(caught.value)
-    assert "checkpoint not found" in str(caught.value)
+    assert "is not a readable torch state dict" in caught.value.details

@@ -109,10 +109,37 @@ def test_server_blocks_are_checked_for_their_kind(tmp_path):
         vllm("server.port=70000")
     with pytest.raises(SettingsError, match="server.gpus must be GPU indices"):
         vllm("server.gpus=[a]")
-    local = RegenSettings.from_config(compose_config("regen", ["dataset=sample", "server=local"], hydra_config=True)).server
-    assert (local.served_model, local.hidden_size, local.port) == ("out/tiny/tiny_teacher.pth", 128, 8011)
+    checkpoint = tmp_path / "tiny_teacher.pth"
+    checkpoint.write_bytes(b"weights")
+
+    def local(*overrides):
+        return RegenSettings.from_config(compose_config("regen", ["dataset=sample", "server=local", *overrides],
+                                                        hydra_config=True)).server
+
+    served = local(f"server.checkpoint={checkpoint}")
+    assert (served.served_model, served.hidden_size, served.port) == (str(checkpoint), 128, 8011)
     with pytest.raises(SettingsError, match="server.max_batch_size must be an integer >= 1"):
-        RegenSettings.from_config(compose_config("regen", ["dataset=sample", "server=local", "server.max_batch_size=0"], hydra_config=True))
+        local(f"server.checkpoint={checkpoint}", "server.max_batch_size=0")
+
+
+@pytest.mark.parametrize("checkpoint,refusal", [
+    ("missing.pth", "server.checkpoint={tmp}/missing.pth: no such file"),
+    ("folder.pth", "server.checkpoint={tmp}/folder.pth is a folder, not a MiniMind .pth file"),
+    ("no_model", "server.checkpoint={tmp}/no_model: no such model folder"),
+    ("org/hub-model", None),  # a hub id: the server downloads it
+])
+def test_the_local_servers_checkpoint_is_checked_with_the_settings(tmp_path, checkpoint, refusal):
+    """Before any file or server: a missing checkpoint used to start the server, which died with a traceback."""
+    (tmp_path / "folder.pth").mkdir()
+    path = checkpoint if checkpoint.startswith("org/") else tmp_path / checkpoint
+    cfg = compose_config("regen", ["dataset=sample", "server=local", f"server.checkpoint={path}"], hydra_config=True)
+    if refusal is None:
+        assert RegenSettings.from_config(cfg).server.checkpoint == checkpoint
+        return
+    with pytest.raises(SettingsError) as refused:
+        RegenSettings.from_config(cfg)
+    assert str(refused.value) == refusal.format(tmp=tmp_path)
+    assert refused.value.hint.startswith("point server.checkpoint at")
 
 
 def test_dataset_files_are_checked_before_anything_starts(tmp_path, tokenizer_path):
