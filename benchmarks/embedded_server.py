@@ -49,7 +49,7 @@ def write_checkpoint(name: str, out_dir: Path) -> tuple[Path, dict]:
     from common.minimind.model import MiniMindArch, build_model, save_native
 
     preset, seed = MODELS[name]
-    block = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "configs" / "teacher" / f"{preset}.yaml"))
+    block = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "configs" / "model" / f"{preset}.yaml"))
     arch = MiniMindArch.from_config(block)
     torch.manual_seed(seed)
     path = save_native(build_model(arch), out_dir / f"bench_{name}.pth")

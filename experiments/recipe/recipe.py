@@ -43,7 +43,7 @@ from common.user_errors import exit_on_user_error
 from experiments.charts import write_curve_chart
 from experiments.recipe.config import TASK_FILES, RecipeConfig, RecipeModel
 from experiments.stages import Stage, run_stages
-from experiments.statistics import mean_and_se, paired_difference, read_evaluation
+from experiments.estimates import mean_and_se, paired_difference, read_evaluation
 from opd.checkpoints import step_weights_path
 from opd.config import parse_config
 from opd.reporting import require_matplotlib

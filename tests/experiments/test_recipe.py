@@ -16,7 +16,7 @@ from common.user_errors import UserError
 from experiments.recipe.config import Arm, RecipeConfig
 from experiments.recipe.recipe import curve_report, curve_steps, recipe_stages
 from experiments.stages import Stage, run_stages
-from experiments.statistics import mean_and_se, paired_difference
+from experiments.estimates import mean_and_se, paired_difference
 from opd.config import ConfigError, parse_config
 from tests.helpers.configs import compose_config
 from tests.helpers.paths import REPO_ROOT
