@@ -9,9 +9,10 @@ PYTEST_ARGS ?=
 BENCH_REGEN_ARGS ?=
 BENCH_CONCURRENCY_ARGS ?=
 RECIPE_ARGS ?=
+STUDY_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd gpu-check recipe
+.PHONY: help setup test test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd gpu-check recipe study
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -68,3 +69,7 @@ gpu-check: setup ## on a CUDA machine: the 768x8 pair in bf16 at batch 8 and 32 
 recipe: tiny ## CPU recipe: task, SFT teacher, weaker student, OPD / KD / SFT arms as learning curves, report (out/recipe)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[chart]'
 	$(PY) -m experiments.recipe.recipe tokenizer=$(TOKENIZER) $(RECIPE_ARGS)
+
+study: setup ## the study: OPD vs KD over horizons of dependent tool calls, 3 seeds (out/study; STUDY_ARGS="'seeds=[0]' 'arms=[opd]'" for a slice)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[chart]'
+	$(PY) -m experiments.study.study tokenizer=$(TOKENIZER) $(STUDY_ARGS)

@@ -1,0 +1,131 @@
+"""The study's settings (``configs/study.yaml``) as one typed schema, validated once at start.
+
+``parse_config(StudyConfig, cfg)`` (``opd.config``'s, as every entry of this repo uses) merges the composed Hydra
+config into these dataclasses (OmegaConf refuses unknown, missing or wrongly typed keys, naming them) and each
+``__post_init__`` checks ranges and how the blocks fit together; every problem is a ``ConfigError`` naming the key.
+Values come from the YAML file; the dataclasses hold no defaults of their own. The model, SFT, distillation and
+evaluation blocks are the recipe's (``experiments.recipe.config``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments.recipe.config import (
+    DistillSettings,
+    EvaluationSettings,
+    RecipeModel,
+    RecipeTeacher,
+    SFTSettings,
+)
+from experiments.study.chain_task import TIMES
+from opd.config import ConfigError
+
+ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
+TEACHERS = ("gold", "robust", "none")  # gold-only SFT, SFT on noise-injected demonstrations; none: an SFT arm
+TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "distill_prompts", "distill_demonstrations",
+              "distill_noisy_demonstrations", "heldout_prompts")
+
+
+def _require(condition: bool, key: str, expected: str, value) -> None:
+    if not condition:
+        raise ConfigError(f"{key} must be {expected}, got {value!r}")
+
+
+@dataclass
+class ChainData:
+    """``data``: the chain task's seed, records per horizon and split, and the noise of the noisy files."""
+
+    seed: int
+    train: int
+    distill: int
+    noise: float
+
+    def __post_init__(self) -> None:
+        for key in ("train", "distill"):
+            _require(getattr(self, key) >= 1, f"data.{key}", "an integer >= 1", getattr(self, key))
+        _require(0 < self.noise < 1, "data.noise", "in (0, 1)", self.noise)
+
+
+@dataclass
+class StudyArm:
+    """One arm: the entry that continues the warm student, the teacher it distils, its task file, whether it learns
+    on the student's own rollouts (reported as ``on_policy``), and its own overrides."""
+
+    entry: str
+    teacher: str
+    data: str
+    on_policy: bool
+    overrides: list[str]
+
+
+@dataclass
+class DivergenceSettings:
+    """``divergence``: how the warm student's initial divergence from each teacher is measured."""
+
+    prompts: int
+    top_k: int
+
+    def __post_init__(self) -> None:
+        _require(self.prompts >= 1, "divergence.prompts", "an integer >= 1", self.prompts)
+        _require(self.top_k >= 1, "divergence.top_k", "an integer >= 1", self.top_k)
+
+
+@dataclass
+class StudyConfig:
+    """``python -m experiments.study.study``: the study (``experiments/study/study.py``)."""
+
+    tokenizer: str | None
+    out_dir: str
+    seeds: list[int]
+    horizons: list[int]
+    arms: list[str] | None  # the arms to run (the baseline always runs); None: every arm of ``arm_settings``
+    threads: int
+    jobs: int
+    rerun: bool
+    data: ChainData
+    teacher: RecipeTeacher
+    student: RecipeModel
+    sft: SFTSettings
+    distill: DistillSettings
+    arm_settings: dict[str, StudyArm]
+    baseline_arm: str
+    divergence: DivergenceSettings
+    evaluation: EvaluationSettings
+
+    def __post_init__(self) -> None:
+        if not self.tokenizer:
+            raise ConfigError("tokenizer is not set: pass tokenizer=PATH or export MINIMIND_TOKENIZER")
+        _require(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), "seeds",
+                 "a non-empty list of distinct integers", self.seeds)
+        _require(bool(self.horizons) and len(set(self.horizons)) == len(self.horizons)
+                 and all(h in TIMES for h in self.horizons), "horizons",
+                 f"a non-empty list of distinct horizons among {sorted(TIMES)}", self.horizons)
+        _require(self.threads >= 1, "threads", "an integer >= 1", self.threads)
+        _require(self.jobs >= 1, "jobs", "an integer >= 1", self.jobs)
+        for name, arm in self.arm_settings.items():
+            _require(all(c.isalnum() or c in "_.-" for c in name), f"arm_settings.{name}",
+                     "named with letters, digits, '_', '-' and '.' only (it names folders and stages)", name)
+            _require(arm.entry in ENTRIES, f"arm_settings.{name}.entry", f"one of {', '.join(ENTRIES)}", arm.entry)
+            _require(arm.teacher in TEACHERS, f"arm_settings.{name}.teacher", f"one of {', '.join(TEACHERS)}", arm.teacher)
+            _require((arm.teacher == "none") == (arm.entry == "sft"), f"arm_settings.{name}.teacher",
+                     "none for an sft arm and gold or robust for an opd arm", arm.teacher)
+            _require(arm.data in TASK_FILES, f"arm_settings.{name}.data", f"one of {', '.join(TASK_FILES)}", arm.data)
+        _require(self.baseline_arm in self.arm_settings, "baseline_arm",
+                 f"one of the arms ({', '.join(self.arm_settings)})", self.baseline_arm)
+        unknown = [name for name in self.arms or () if name not in self.arm_settings]
+        _require(not unknown, "arms", f"a list of arm names among {', '.join(self.arm_settings)}", self.arms)
+        steps = self.distill.steps
+        for block in ("distill", "evaluation"):
+            turns = getattr(self, block).max_turns
+            _require(turns >= 2 * max(self.horizons) + 1, f"{block}.max_turns",
+                     f"at least 2 * max(horizons) + 1 = {2 * max(self.horizons) + 1} (every call retried once, then "
+                     "the answer)", turns)
+        _require(self.distill.eval_every <= steps, "distill.eval_every", f"at most distill.steps ({steps})",
+                 self.distill.eval_every)
+
+    @property
+    def running_arms(self) -> list[str]:
+        """The arms this invocation runs, the baseline first."""
+        chosen = list(self.arm_settings) if self.arms is None else list(self.arms)
+        return [self.baseline_arm, *(name for name in chosen if name != self.baseline_arm)]

@@ -1,0 +1,198 @@
+"""The study's report: per arm, horizon and step, from every evaluation and training log the stages wrote.
+
+- **accuracy**: the share of held-out problems of that horizon whose episode is correct (``opd.scoring``), as the
+  mean over seeds ± its standard error over seeds (the teachers: one run, ± the binomial SE over problems).
+- **minus baseline**: the arm's accuracy minus the baseline arm's on the same problems. ``se`` is the standard error
+  over seeds of the per-seed mean differences (what the conclusions rest on: it carries the training's own
+  randomness); ``se_problems`` the SE over problems of the per-problem differences averaged over seeds.
+- **recovery**: of the episodes with at least one failed tool call, the share that still ended correct (and how many
+  such episodes there were); **tool errors**: the share of calls that returned no result.
+- **seconds**: the run's ``elapsed_s`` at the step (loading and cached teacher rollouts included), mean over seeds.
+- **divergence**: the warm student's forward KL, reverse KL, top-1 agreement and top-k overlap against each teacher
+  on its own temperature-1 episodes (``experiments.study.divergence``), mean over seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from experiments.estimates import mean_and_se, paired_difference
+from tools.tool_environment import OK
+
+ALL = "all"
+
+
+def _line(source: str) -> int:
+    """The line number of an episode's record (sources are ``path:line``)."""
+    return int(source.rsplit(":", 1)[1])
+
+
+def horizons_by_line(heldout: Path) -> dict[int, int]:
+    """Line number -> horizon of every held-out record."""
+    return {number: json.loads(line)["task"]["horizon"]
+            for number, line in enumerate(heldout.read_text().splitlines(), 1) if line.strip()}
+
+
+def checkpoint_scores(directory: Path, name: str, horizons: dict[int, int]) -> dict:
+    """One evaluated checkpoint's episodes grouped by horizon (and ``all``): ``correct`` (line -> bool) and the
+    tool-error figures."""
+    rows = [json.loads(line) for line in (directory / f"episodes_{name}.jsonl").read_text().splitlines()]
+    groups: dict = {}
+    for group in sorted({horizons[_line(row["source"])] for row in rows}) + [ALL]:
+        chosen = [row for row in rows if group == ALL or horizons[_line(row["source"])] == group]
+        calls = [status for row in chosen for status in row["call_statuses"]]
+        failed = [row for row in chosen if any(status != OK for status in row["call_statuses"])]
+        groups[group] = {"correct": {_line(row["source"]): bool(row["correct"]) for row in chosen},
+                         "tool_error_rate": sum(status != OK for status in calls) / len(calls) if calls else None,
+                         "episodes_with_tool_error": len(failed),
+                         "recovery_rate": sum(row["correct"] for row in failed) / len(failed) if failed else None}
+    return groups
+
+
+def _evaluated(directory: Path, horizons: dict[int, int]) -> dict[str, dict]:
+    """Checkpoint name -> ``checkpoint_scores`` of every checkpoint one evaluation stage scored."""
+    report = json.loads((directory / "evaluation.json").read_text())
+    return {checkpoint["name"]: checkpoint_scores(directory, checkpoint["name"], horizons)
+            for checkpoint in report["checkpoints"]}
+
+
+def _accuracy(correct: dict[int, bool]) -> float:
+    return sum(correct.values()) / len(correct)
+
+
+def _mean(values: list) -> float | None:
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _point(step: int, wall: float | None, runs: list[dict]) -> dict:
+    """One curve point of a group over seeds (``runs``: that group's scores, one per seed)."""
+    accuracy, se = mean_and_se([_accuracy(run["correct"]) for run in runs])
+    return {"step": step, "wall_s": wall, "accuracy": accuracy, "se": se, "seeds": len(runs),
+            "tool_error_rate": _mean([run["tool_error_rate"] for run in runs]),
+            "recovery_rate": _mean([run["recovery_rate"] for run in runs]),
+            "episodes_with_tool_error": sum(run["episodes_with_tool_error"] for run in runs) / len(runs)}
+
+
+def training_seconds(metrics: Path, steps: list[int]) -> list[float]:
+    """Seconds an arm's run had trained at each of ``steps`` (its ``elapsed_s``; a rerun appends, the last counts)."""
+    elapsed = {row["step"]: row["elapsed_s"] for row in map(json.loads, metrics.read_text().splitlines())}
+    missing = [step for step in steps if step not in elapsed]
+    if missing:
+        raise RuntimeError(f"{metrics} has no metrics for steps {missing}; rerun=true")
+    return [elapsed[step] for step in steps]
+
+
+def _divergence(paths, seeds: list[int]) -> dict:
+    """Mean over seeds of every divergence figure, per teacher and horizon group."""
+    reports = [json.loads(paths.divergence(seed).read_text())["teachers"] for seed in seeds]
+    return {teacher: {group: {metric: sum(r[teacher][group][metric] for r in reports) / len(reports)
+                              for metric in reports[0][teacher][group]}
+                      for group in sorted(reports[0][teacher], key=str)} for teacher in reports[0]}
+
+
+def study_report(cfg, paths, steps: list[int]) -> dict:
+    """Curves, paired differences, teachers, students and divergences (see the module doc)."""
+    seeds, arms = list(cfg.seeds), cfg.running_arms
+    horizons = horizons_by_line(paths.file("heldout_prompts"))
+    groups = [*cfg.horizons, ALL]
+    teachers = {kind: _evaluated(paths.evaluation(None, f"teacher_{kind}"), horizons)[kind] for kind in ("gold", "robust")}
+    students = {seed: _evaluated(paths.evaluation(seed, "student"), horizons)["student"] for seed in seeds}
+    runs = {arm: {seed: _evaluated(paths.evaluation(seed, arm), horizons) for seed in seeds} for arm in arms}
+    walls = {arm: [sum(column) / len(seeds) for column in zip(
+        *(training_seconds(paths.arm(seed, arm) / "run" / "metrics.jsonl", steps) for seed in seeds), strict=True)]
+        for arm in arms}
+    curves = {arm: {group: [_point(0, 0.0, [students[seed][group] for seed in seeds]),
+                            *(_point(step, wall, [runs[arm][seed][f"step{step}"][group] for seed in seeds])
+                              for step, wall in zip(steps, walls[arm], strict=True))]
+                    for group in groups} for arm in arms}
+    baseline = cfg.baseline_arm
+    paired = {arm: {group: [{"step": step, **paired_difference(
+        [runs[arm][seed][f"step{step}"][group]["correct"] for seed in seeds],
+        [runs[baseline][seed][f"step{step}"][group]["correct"] for seed in seeds])} for step in steps]
+        for group in groups} for arm in arms if arm != baseline}
+    teacher_points = {kind: {group: {**_point(0, None, [scores[group]]), "se_problems": math.sqrt(
+        _accuracy(scores[group]["correct"]) * (1 - _accuracy(scores[group]["correct"])) / len(scores[group]["correct"]))}
+        for group in groups} for kind, scores in teachers.items()}
+    return {"seeds": seeds, "horizons": list(cfg.horizons), "steps": steps, "baseline_arm": baseline,
+            "arms": {arm: {"on_policy": cfg.arm_settings[arm].on_policy, "teacher": cfg.arm_settings[arm].teacher,
+                           "entry": cfg.arm_settings[arm].entry, "overrides": cfg.arm_settings[arm].overrides}
+                     for arm in arms},
+            "heldout_problems": {str(h): sum(1 for value in horizons.values() if value == h) for h in cfg.horizons},
+            "teachers": teacher_points, "student": curves[baseline], "curves": curves, "paired_vs_baseline": paired,
+            "divergence": _divergence(paths, seeds)}
+
+
+def summary_results(report: dict) -> list[dict]:
+    """``study_summary.json``'s ``results``: every arm at every horizon after the last step."""
+    baseline, rows = report["baseline_arm"], []
+    for arm, by_group in report["curves"].items():
+        for horizon in report["horizons"]:
+            final = by_group[horizon][-1]
+            paired = report["paired_vs_baseline"][arm][horizon][-1] if arm != baseline else None
+            rows.append({"horizon": horizon, "arm": arm, "on_policy": report["arms"][arm]["on_policy"],
+                         "accuracy": final["accuracy"], "se": final["se"],
+                         "minus_kd": paired["mean"] if paired else 0.0, "minus_kd_se": paired["se_seeds"] if paired else 0.0,
+                         "minus_kd_se_problems": paired["se_problems"] if paired else 0.0,
+                         "minus_kd_per_seed": paired["per_seed"] if paired else None,
+                         "recovery_rate": final["recovery_rate"], "tool_error_rate": final["tool_error_rate"],
+                         "wall_s": final["wall_s"]})
+    return rows
+
+
+def _pm(mean: float | None, se: float | None) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.3f}" + ("" if se is None else f" ± {se:.3f}")
+
+
+def print_report(report: dict, console: Console) -> None:
+    """Per horizon: every arm's final accuracy, its paired difference to the baseline, recovery, tool errors; then
+    the divergences and the curves."""
+    if not console.is_terminal:
+        console.width = max(console.width, 170)
+    seeds, baseline = len(report["seeds"]), report["baseline_arm"]
+    for horizon in [*report["horizons"], ALL]:
+        table = Table(title=f"horizon {horizon}: held-out accuracy after {report['steps'][-1]} steps ({seeds} seeds, "
+                            f"± SE over seeds; teachers ± SE over problems)")
+        for header in ("model", "on-policy", "accuracy", f"minus {baseline} (paired, SE seeds)", "SE problems",
+                       "recovery", "error episodes", "tool errors", "seconds"):
+            table.add_column(header, justify="left" if header == "model" else "right")
+        for kind, point in report["teachers"].items():
+            table.add_row(f"teacher ({kind})", "-", _pm(point[horizon]["accuracy"], point[horizon]["se_problems"]), "-",
+                          "-", _pm(point[horizon]["recovery_rate"], None),
+                          f"{point[horizon]['episodes_with_tool_error']:.1f}", _pm(point[horizon]["tool_error_rate"], None),
+                          "-")
+        start = report["student"][horizon][0]
+        table.add_row("warm student (step 0)", "-", _pm(start["accuracy"], start["se"]), "-", "-",
+                      _pm(start["recovery_rate"], None), f"{start['episodes_with_tool_error']:.1f}",
+                      _pm(start["tool_error_rate"], None), "-")
+        for arm, by_group in report["curves"].items():
+            final = by_group[horizon][-1]
+            paired = report["paired_vs_baseline"].get(arm, {}).get(horizon, [None])[-1]
+            table.add_row(arm, "yes" if report["arms"][arm]["on_policy"] else "no", _pm(final["accuracy"], final["se"]),
+                          "-" if paired is None else _pm(paired["mean"], paired["se_seeds"]),
+                          "-" if paired is None else _pm(paired["se_problems"], None), _pm(final["recovery_rate"], None),
+                          f"{final['episodes_with_tool_error']:.1f}", _pm(final["tool_error_rate"], None),
+                          f"{final['wall_s']:.0f}")
+        console.print(table)
+    divergence = Table(title="the warm student against each teacher on its own T=1 episodes (mean over seeds)")
+    for header in ("teacher", "horizon", "forward KL", "reverse KL", "top-1 agreement", "top-k overlap"):
+        divergence.add_column(header, justify="right")
+    for teacher, by_group in report["divergence"].items():
+        for group, figures in by_group.items():
+            divergence.add_row(teacher, group, *(f"{figures[key]:.3f}" for key in
+                                                 ("forward_kl", "reverse_kl", "top1_agreement", "topk_overlap")))
+    console.print(divergence)
+    curves = Table(title="accuracy per optimizer step, all horizons (mean over seeds)")
+    curves.add_column("arm")
+    for point in next(iter(report["curves"].values()))[ALL]:
+        curves.add_column(str(point["step"]), justify="right")
+    for arm, by_group in report["curves"].items():
+        curves.add_row(arm, *(f"{point['accuracy']:.3f}" for point in by_group[ALL]))
+    console.print(curves)

@@ -1,0 +1,235 @@
+"""The study end to end: each stage one real command of this repo, run as a subprocess, timed, skipped when done.
+
+    python -m experiments.study.study tokenizer=PATH                                  (make study)
+    python -m experiments.study.study tokenizer=PATH 'seeds=[0]' 'arms=[opd]'         (a slice; the baseline runs too)
+
+1. ``data``: the chain task (``python -m experiments.study.chain_task``): horizons of dependent calculator calls,
+   gold and noise-injected demonstrations, distillation prompts, every held-out problem at every horizon; three
+   splits disjoint by problem.
+2. ``teacher-gold`` and ``teacher-robust``: SFT (``opd/sft.py``) of the same seeded random init of the teacher's
+   architecture, on the gold demonstrations and on the noise-injected ones (corrupted calls are context, never
+   targets: the robust teacher learns the retry after a failed call); each is evaluated on the held-out problems.
+3. Per seed: ``student``, the warm start: SFT of the much smaller student architecture from the seed's init on the
+   gold demonstrations; evaluated (every arm's step 0); ``divergence``: the warm student's KL and top-k overlap
+   against each teacher on its own temperature-1 episodes (``python -m experiments.study.divergence``).
+4. Per seed and arm (``arm_settings``, or the slice ``arms``): one run from that student with the same optimizer
+   steps, batch and schedule, keeping its weights every ``distill.eval_every`` steps; every kept checkpoint is
+   evaluated on every held-out problem (greedy, one seed, one set of limits), so each arm is a learning curve.
+5. ``report`` (this process, ``experiments.study.report``): per arm, horizon and step, accuracy as mean ± SE over
+   seeds, the paired difference against ``baseline_arm`` on the same problems, recovery after a tool error, tool
+   errors, seconds of training; the charts; ``study_summary.json``.
+
+Stages run ``jobs`` at a time with ``threads`` torch threads each (``experiments.stages``); a stage whose command,
+outputs and inputs are unchanged is skipped, so a rerun continues where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+from rich.console import Console
+
+from common.atomic_write import atomic_write_json
+from common.user_errors import exit_on_user_error
+from experiments.charts import write_study_charts
+from experiments.recipe.config import RecipeModel
+from experiments.stages import Stage, run_stages
+from experiments.study.config import StudyConfig
+from experiments.study.report import print_report, study_report, summary_results
+from opd.checkpoints import step_weights_path
+from opd.config import parse_config
+from opd.reporting import require_matplotlib
+
+ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+NO_INTERMEDIATE_SAVES = 1_000_000  # save_interval: only each run's final checkpoint
+DATA_FILES = ("train_demonstrations", "train_noisy_demonstrations", "train_prompts", "distill_demonstrations",
+              "distill_noisy_demonstrations", "distill_prompts", "heldout_prompts")
+
+
+def _architecture(block: RecipeModel, prefix: str) -> list[str]:
+    return [f"{prefix}.{key}={getattr(block, key)}" for key in ARCHITECTURE_KEYS]
+
+
+def _arch_flag(block: RecipeModel) -> str:
+    return ",".join(str(getattr(block, key)) for key in ARCHITECTURE_KEYS)
+
+
+def _model_block(checkpoint: Path, block: RecipeModel) -> str:
+    return "{" + f"checkpoint: '{checkpoint}', " + ", ".join(f"{k}: {getattr(block, k)}" for k in ARCHITECTURE_KEYS) + "}"
+
+
+class StudyPaths:
+    """Where every stage of the study reads and writes, under ``out_dir``."""
+
+    def __init__(self, cfg: StudyConfig) -> None:
+        self.cfg, self.out = cfg, Path(cfg.out_dir)
+        self.data = self.out / "data"
+
+    def file(self, name: str) -> Path:
+        return self.data / f"{name}.jsonl"
+
+    def teacher(self, kind: str) -> Path:
+        return self.out / "teachers" / kind / f"teacher_{kind}_{self.cfg.teacher.hidden_size}.pth"
+
+    def seed(self, seed: int) -> Path:
+        return self.out / f"seed{seed}"
+
+    def student(self, seed: int) -> Path:
+        return self.seed(seed) / "student" / f"student_warm_{self.cfg.student.hidden_size}.pth"
+
+    def arm(self, seed: int, arm: str) -> Path:
+        return self.seed(seed) / arm
+
+    def arm_checkpoint(self, seed: int, arm: str, step: int) -> Path:
+        """The weights an arm's run keeps at ``step``."""
+        entry = self.cfg.arm_settings[arm].entry
+        stem = f"{'agent_opd' if entry == 'opd' else 'continued_sft'}_{self.cfg.student.hidden_size}"
+        return step_weights_path(self.arm(seed, arm), stem, step)
+
+    def evaluation(self, seed: int | None, name: str) -> Path:
+        return (self.out if seed is None else self.seed(seed)) / "eval" / name
+
+    def divergence(self, seed: int) -> Path:
+        return self.seed(seed) / "divergence.json"
+
+
+def curve_steps(cfg: StudyConfig) -> list[int]:
+    """The optimizer steps at which every arm's checkpoint is evaluated (the last one is ``distill.steps``)."""
+    d = cfg.distill
+    return sorted({*range(d.eval_every, d.steps, d.eval_every), d.steps})
+
+
+def _records(cfg: StudyConfig, name: str) -> int:
+    per_horizon = cfg.data.train if name.startswith("train") else cfg.data.distill
+    return per_horizon * len(cfg.horizons)
+
+
+def _sft_command(cfg: StudyConfig, block: RecipeModel, role: str, seed: int, data: Path, out: Path,
+                 prefix: str) -> list[str]:
+    steps = block.sft_steps
+    epochs = math.ceil(steps * cfg.sft.batch_size / _records(cfg, data.stem))
+    d = cfg.distill
+    return [sys.executable, "opd/sft.py", f"data={data}", f"tokenizer={cfg.tokenizer}", "device=cpu",
+            "from_scratch=true", f"model.name=study_{role}", *_architecture(block, "model"), f"seed={seed}",
+            f"max_steps={steps}", f"epochs={epochs}", f"batch_size={cfg.sft.batch_size}", "overwrite=true",
+            f"optim.learning_rate={block.learning_rate}", f"optim.warmup_steps={cfg.sft.warmup_steps}",
+            "optim.lr_scheduler=cosine", f"max_total_len={d.max_total_len}", f"save_prefix={prefix}",
+            f"out_dir={out}", f"hydra.run.dir={out / 'run'}", f"save_interval={NO_INTERMEDIATE_SAVES}"]
+
+
+def _arm_command(cfg: StudyConfig, paths: StudyPaths, seed: int, arm: str) -> list[str]:
+    """An arm's run from the seed's warm student: ``distill.steps`` steps, weights kept every ``eval_every``."""
+    d, spec = cfg.distill, cfg.arm_settings[arm]
+    data, out = paths.file(spec.data), paths.arm(seed, arm)
+    epochs = math.ceil(d.steps * d.batch_size / _records(cfg, spec.data))
+    common = [f"data={data}", f"tokenizer={cfg.tokenizer}", "device=cpu", f"seed={seed}", f"max_steps={d.steps}",
+              f"epochs={epochs}", f"batch_size={d.batch_size}", f"optim.learning_rate={d.learning_rate}",
+              f"optim.warmup_steps={d.warmup_steps}", f"optim.lr_scheduler={d.lr_scheduler}", "overwrite=true",
+              f"out_dir={out}", f"hydra.run.dir={out / 'run'}", f"save_interval={d.eval_every}",
+              "keep_saved_weights=true"]
+    student = paths.student(seed)
+    if spec.entry == "sft":
+        return [sys.executable, "opd/sft.py", *common, f"model.checkpoint={student}", "model.name=study_student",
+                *_architecture(cfg.student, "model"), "save_prefix=continued_sft", f"max_total_len={d.max_total_len}",
+                *spec.overrides]
+    return [sys.executable, "opd/train.py", *common, f"teacher.checkpoint={paths.teacher(spec.teacher)}",
+            f"teacher.name=study_teacher_{spec.teacher}", *_architecture(cfg.teacher, "teacher"),
+            f"student.checkpoint={student}", "student.name=study_student", *_architecture(cfg.student, "student"),
+            f"rollout.max_turns={d.max_turns}", f"rollout.max_gen_len={d.max_gen_len}",
+            f"rollout.max_total_len={d.max_total_len}",
+            f"offline.cache_dir={paths.seed(seed) / 'teacher_rollouts'}", *spec.overrides]
+
+
+def _eval_stage(cfg: StudyConfig, paths: StudyPaths, name: str, out: Path,
+                models: dict[str, tuple[Path, RecipeModel]], needs: tuple[str, ...]) -> Stage:
+    """Held-out evaluation of ``models``; every evaluation of the study decodes with these same settings."""
+    e = cfg.evaluation
+    command = [sys.executable, "opd/evaluate.py", f"data={paths.file('heldout_prompts')}", f"tokenizer={cfg.tokenizer}",
+               "device=cpu", f"seed={e.seed}", "sampling=greedy",
+               "models={" + ", ".join(f"{key}: {_model_block(*spec)}" for key, spec in models.items()) + "}",
+               f"batch_size={e.batch_size}", f"rollout.max_turns={e.max_turns}", f"rollout.max_gen_len={e.max_gen_len}",
+               f"rollout.max_total_len={e.max_total_len}", "isolate=false", "chart=false", f"out_dir={out}",
+               f"hydra.run.dir={out / 'run'}"]
+    return Stage(name, command, [out / "evaluation.json"], needs)
+
+
+def study_stages(cfg: StudyConfig) -> list[Stage]:
+    """The study's commands, each after the stages it reads (see the module doc). Training comes before
+    evaluation: of the stages ready to start, the runner starts the first listed."""
+    paths, python = StudyPaths(cfg), sys.executable
+    data = cfg.data
+    stages = [Stage("data", [python, "-m", "experiments.study.chain_task", "--out", str(paths.data),
+                             "--train", str(data.train), "--distill", str(data.distill), "--noise", str(data.noise),
+                             "--seed", str(data.seed), "--horizons", ",".join(map(str, cfg.horizons))],
+                    [paths.file(name) for name in DATA_FILES])]
+    evaluations = []
+    for kind, demonstrations in (("gold", "train_demonstrations"), ("robust", "train_noisy_demonstrations")):
+        stages.append(Stage(f"teacher-{kind}", _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed,
+                                                            paths.file(demonstrations), paths.teacher(kind).parent,
+                                                            f"teacher_{kind}"), [paths.teacher(kind)], ("data",)))
+        evaluations.append(_eval_stage(cfg, paths, f"teacher-{kind}-eval", paths.evaluation(None, f"teacher_{kind}"),
+                                       {kind: (paths.teacher(kind), cfg.teacher)}, (f"teacher-{kind}",)))
+    steps = curve_steps(cfg)
+    for seed in cfg.seeds:
+        prefix = f"seed{seed}"
+        stages.append(Stage(f"{prefix}-student", _sft_command(cfg, cfg.student, "student", seed,
+                                                              paths.file("train_demonstrations"),
+                                                              paths.student(seed).parent, "student_warm"),
+                            [paths.student(seed)], ("data",)))
+        evaluations.append(_eval_stage(cfg, paths, f"{prefix}-student-eval", paths.evaluation(seed, "student"),
+                                       {"student": (paths.student(seed), cfg.student)}, (f"{prefix}-student",)))
+        evaluations.append(Stage(f"{prefix}-divergence", [
+            python, "-m", "experiments.study.divergence", "--data", str(paths.file("distill_prompts")),
+            "--tokenizer", str(cfg.tokenizer), "--student", str(paths.student(seed)),
+            "--student-arch", _arch_flag(cfg.student), "--teacher", f"gold={paths.teacher('gold')}",
+            "--teacher", f"robust={paths.teacher('robust')}", "--teacher-arch", _arch_flag(cfg.teacher),
+            "--prompts", str(cfg.divergence.prompts), "--top-k", str(cfg.divergence.top_k), "--seed", str(seed),
+            "--max-turns", str(cfg.distill.max_turns), "--max-gen-len", str(cfg.distill.max_gen_len),
+            "--max-total-len", str(cfg.distill.max_total_len), "--out", str(paths.divergence(seed))],
+            [paths.divergence(seed)], (f"{prefix}-student", "teacher-gold", "teacher-robust")))
+        for arm in cfg.running_arms:
+            spec = cfg.arm_settings[arm]
+            checkpoints = {f"step{step}": (paths.arm_checkpoint(seed, arm, step), cfg.student) for step in steps}
+            needs = (f"{prefix}-student", *([f"teacher-{spec.teacher}"] if spec.entry == "opd" else []))
+            stages.append(Stage(f"{prefix}-{arm}", _arm_command(cfg, paths, seed, arm),
+                                [path for path, _ in checkpoints.values()], needs))
+            evaluations.append(_eval_stage(cfg, paths, f"{prefix}-{arm}-eval", paths.evaluation(seed, arm), checkpoints,
+                                           (f"{prefix}-{arm}",)))
+    return stages + evaluations
+
+
+@hydra.main(version_base="1.3", config_path="../../configs", config_name="study")
+def main(cfg: DictConfig) -> None:
+    with exit_on_user_error():
+        run(parse_config(StudyConfig, cfg))
+
+
+def run(cfg: StudyConfig) -> dict:
+    """Run (or continue) the study; returns the summary also written to ``study_summary.json``."""
+    require_matplotlib()
+    out, console = Path(cfg.out_dir), Console()
+    stages = study_stages(cfg)
+    started = time.perf_counter()
+    results = run_stages(stages, out, jobs=cfg.jobs, threads=cfg.threads, rerun=cfg.rerun, console=console)
+    wall = time.perf_counter() - started
+    report = study_report(cfg, StudyPaths(cfg), curve_steps(cfg))
+    charts = write_study_charts(report, out)
+    print_report(report, console)
+    stage_wall = {name: result["wall_s"] for name, result in results.items()}
+    summary = {"seeds": list(cfg.seeds), "horizons": list(cfg.horizons), "results": summary_results(report),
+               "wall_s": wall, "stage_wall_s": stage_wall, "stage_wall_s_total": sum(stage_wall.values()),
+               "reused_stages": [name for name, r in results.items() if r["reused"]],
+               "commands": {stage.name: stage.command for stage in stages}, "report": report,
+               "charts": [str(chart) for chart in charts]}
+    atomic_write_json(out / "study_summary.json", summary)
+    console.print(f"wrote {out / 'study_summary.json'} and {', '.join(str(chart) for chart in charts)}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The study: its settings, its stages (one schedule for every arm, the right teacher, identical evaluations), and
+its report (per-horizon accuracy, paired differences, recovery) against hand calculations on written evaluations."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments.study.config import StudyConfig
+from experiments.study.report import checkpoint_scores, study_report, summary_results
+from experiments.study.study import StudyPaths, curve_steps, study_stages
+from opd.config import ConfigError, parse_config
+from tests.helpers.configs import compose_config
+from tests.helpers.paths import REPO_ROOT
+
+
+def study_config(tmp_path, *overrides) -> StudyConfig:
+    """The study's settings as ``python -m experiments.study.study`` parses them."""
+    return parse_config(StudyConfig, compose_config("study", [f"out_dir={tmp_path}", "tokenizer=TOK", *overrides]))
+
+
+def argument(command: list[str], key: str) -> str | None:
+    return next((part.split("=", 1)[1] for part in command if part.startswith(f"{key}=")), None)
+
+
+def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own_teacher(tmp_path):
+    cfg = study_config(tmp_path, "seeds=[0,1]", "distill.steps=100", "distill.eval_every=40")
+    stages = {stage.name: stage for stage in study_stages(cfg)}
+    paths = StudyPaths(cfg)
+    assert curve_steps(cfg) == [40, 80, 100]
+    for seed in (0, 1):
+        for arm, spec in cfg.arm_settings.items():
+            run = stages[f"seed{seed}-{arm}"]
+            assert run.outputs == [paths.arm_checkpoint(seed, arm, step) for step in (40, 80, 100)]
+            shared = ("batch_size", "optim.learning_rate", "optim.warmup_steps", "optim.lr_scheduler", "seed",
+                      "max_steps", "save_interval", "keep_saved_weights")
+            assert {key: argument(run.command, key) for key in shared} == {
+                "batch_size": "8", "optim.learning_rate": str(cfg.distill.learning_rate),
+                "optim.warmup_steps": str(cfg.distill.warmup_steps), "optim.lr_scheduler": "cosine",
+                "seed": str(seed), "max_steps": "100", "save_interval": "40", "keep_saved_weights": "true"}
+            start = argument(run.command, "model.checkpoint" if spec.entry == "sft" else "student.checkpoint")
+            assert start == str(paths.student(seed))
+            if spec.entry == "opd":
+                assert argument(run.command, "teacher.checkpoint") == str(paths.teacher(spec.teacher))
+                assert run.needs == (f"seed{seed}-student", f"teacher-{spec.teacher}")
+                assert all(override in run.command for override in spec.overrides)
+            assert argument(run.command, "data") == str(paths.file(spec.data))
+    assert cfg.arm_settings["kd"].teacher == "robust" and cfg.arm_settings["opd_gold_teacher"].teacher == "gold"
+    robust = stages["teacher-robust"]
+    assert argument(robust.command, "data") == str(paths.file("train_noisy_demonstrations"))
+    assert argument(stages["teacher-gold"].command, "data") == str(paths.file("train_demonstrations"))
+    # both teachers: the same architecture, init seed and schedule; only the demonstrations differ
+    assert [p for p in robust.command if not p.startswith(("data=", "save_prefix=", "out_dir=", "hydra.run.dir="))] == [
+        p for p in stages["teacher-gold"].command if not p.startswith(("data=", "save_prefix=", "out_dir=",
+                                                                        "hydra.run.dir="))]
+
+
+def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_settings(tmp_path):
+    cfg = study_config(tmp_path, "seeds=[0,1]")
+    evaluations = [stage for stage in study_stages(cfg) if stage.name.endswith("eval")]
+    assert len(evaluations) == 2 + 2 * (1 + len(cfg.arm_settings))
+
+    def decoding(stage):
+        return [part for part in stage.command if not part.startswith(("models=", "out_dir=", "hydra.run.dir="))]
+
+    assert all(decoding(stage) == decoding(evaluations[0]) for stage in evaluations)
+    assert "sampling=greedy" in evaluations[0].command
+    assert argument(evaluations[0].command, "data") == str(StudyPaths(cfg).file("heldout_prompts"))
+
+
+def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_path):
+    cfg = study_config(tmp_path, "seeds=[2]", "arms=[opd]", "horizons=[4]")
+    names = {stage.name for stage in study_stages(cfg)}
+    assert {"seed2-kd", "seed2-opd", "seed2-kd-eval", "seed2-opd-eval"} <= names
+    assert not any(name.startswith("seed0") or name.endswith(("-gkd", "-sft")) for name in names)
+    data = next(stage for stage in study_stages(cfg) if stage.name == "data")
+    assert data.command[data.command.index("--horizons") + 1] == "4"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["arms=[nope]"], "arms must be a list of arm names among kd, kd_noisy"),
+    (["horizons=[1,9]"], "horizons must be a non-empty list of distinct horizons among [1, 2, 3, 4, 5, 6]"),
+    (["distill.max_turns=6"], "distill.max_turns must be at least 2 * max(horizons) + 1 = 9"),
+    (["evaluation.max_turns=4", "horizons=[1,2]"], "evaluation.max_turns must be at least 2 * max(horizons) + 1 = 5"),
+    (["baseline_arm=best"], "baseline_arm must be one of the arms"),
+    (["arm_settings.kd.teacher=none"], "arm_settings.kd.teacher must be none for an sft arm and gold or robust"),
+    (["data.noise=1.0"], "data.noise must be in (0, 1), got 1.0"),
+    (["distill.eval_every=500"], "distill.eval_every must be at most distill.steps (150)"),
+])
+def test_each_bad_setting_stops_the_study_at_start_naming_its_key(tmp_path, overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        study_config(tmp_path, *overrides)
+    assert message in str(refused.value)
+
+
+def write_episodes(directory, name: str, outcomes: dict[int, tuple[bool, list[str]]], data) -> None:
+    """An evaluation of one checkpoint: line -> (correct, call statuses)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [{"source": f"{data}:{line}", "correct": correct, "call_statuses": statuses}
+            for line, (correct, statuses) in outcomes.items()]
+    (directory / f"episodes_{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def write_heldout(path, horizons: list[int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"task": {"horizon": h}}) + "\n" for h in horizons))
+
+
+def test_checkpoint_scores_group_episodes_by_the_horizon_of_their_line(tmp_path):
+    data = tmp_path / "heldout.jsonl"
+    write_heldout(data, [1, 4, 4, 1])
+    write_episodes(tmp_path / "eval", "m", {1: (True, ["ok"]), 2: (False, ["ok", "invalid_arguments"]),
+                                            3: (True, ["unknown_tool", "ok", "ok"]), 4: (False, [])}, data)
+    scores = checkpoint_scores(tmp_path / "eval", "m", {1: 1, 2: 4, 3: 4, 4: 1})
+    assert scores[1]["correct"] == {1: True, 4: False} and scores[4]["correct"] == {2: False, 3: True}
+    assert scores[4]["tool_error_rate"] == pytest.approx(2 / 5) and scores[4]["recovery_rate"] == pytest.approx(1 / 2)
+    assert scores[1]["recovery_rate"] is None and scores[1]["episodes_with_tool_error"] == 0
+    assert scores["all"]["tool_error_rate"] == pytest.approx(2 / 6) and len(scores["all"]["correct"]) == 4
+
+
+def test_the_report_pairs_every_arm_with_the_baseline_per_horizon(tmp_path):
+    """Two seeds, two arms, four held-out problems (two per horizon): accuracies and paired differences by hand."""
+    cfg = study_config(tmp_path, "seeds=[0,1]", "arms=[opd]", "horizons=[1,2]", "distill.steps=10",
+                       "distill.eval_every=10")
+    paths = StudyPaths(cfg)
+    write_heldout(paths.file("heldout_prompts"), [1, 1, 2, 2])
+    data = paths.file("heldout_prompts")
+    for kind in ("gold", "robust"):
+        directory = paths.evaluation(None, f"teacher_{kind}")
+        write_episodes(directory, kind, {line: (True, ["ok"]) for line in range(1, 5)}, data)
+        (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": kind}]}))
+    # correctness per seed, line 1..4 (lines 1-2: horizon 1, lines 3-4: horizon 2)
+    table = {("student", 0): [1, 0, 0, 0], ("student", 1): [1, 1, 0, 0],
+             ("kd", 0): [1, 1, 0, 0], ("kd", 1): [1, 0, 1, 0],
+             ("opd", 0): [1, 1, 1, 0], ("opd", 1): [1, 1, 1, 1]}
+    for (name, seed), correct in table.items():
+        directory = paths.evaluation(seed, name)
+        checkpoint = "student" if name == "student" else "step10"
+        write_episodes(directory, checkpoint, {line: (bool(c), ["ok"] if c else ["ok", "invalid_arguments"])
+                                               for line, c in enumerate(correct, 1)}, data)
+        (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": checkpoint}]}))
+        if name != "student":
+            (paths.arm(seed, name) / "run").mkdir(parents=True)
+            (paths.arm(seed, name) / "run" / "metrics.jsonl").write_text(json.dumps({"step": 10, "elapsed_s": 7.0 + seed}))
+    for seed in (0, 1):
+        paths.divergence(seed).parent.mkdir(parents=True, exist_ok=True)
+        paths.divergence(seed).write_text(json.dumps({"teachers": {"robust": {"all": {"forward_kl": 0.1 * (seed + 1)}}}}))
+    report = study_report(cfg, paths, curve_steps(cfg))
+    final = {arm: {h: report["curves"][arm][h][-1] for h in (1, 2)} for arm in ("kd", "opd")}
+    assert final["kd"][1]["accuracy"] == pytest.approx(0.75) and final["kd"][2]["accuracy"] == pytest.approx(0.25)
+    assert final["opd"][1]["accuracy"] == pytest.approx(1.0) and final["opd"][2]["accuracy"] == pytest.approx(0.75)
+    assert final["opd"][2]["se"] == pytest.approx(0.25)  # seeds 0.5 and 1.0: sd 0.354 / sqrt(2)
+    assert report["student"][1][0]["accuracy"] == pytest.approx(0.75)  # every arm's step 0
+    paired = report["paired_vs_baseline"]["opd"][2][-1]
+    assert paired["per_seed"] == pytest.approx([0.5, 0.5]) and paired["mean"] == pytest.approx(0.5)
+    assert paired["se_seeds"] == pytest.approx(0.0)
+    assert report["divergence"]["robust"]["all"]["forward_kl"] == pytest.approx(0.15)
+    assert final["opd"][2]["wall_s"] == pytest.approx(7.5)
+    assert final["kd"][2]["recovery_rate"] == pytest.approx(0.0)  # every episode with a failed call was wrong
+    rows = summary_results(report)
+    assert {(row["arm"], row["horizon"]) for row in rows} == {(a, h) for a in ("kd", "opd") for h in (1, 2)}
+    opd_h2 = next(row for row in rows if row["arm"] == "opd" and row["horizon"] == 2)
+    assert {key: opd_h2[key] for key in ("on_policy", "accuracy", "se", "minus_kd", "minus_kd_se")} == pytest.approx(
+        {"on_policy": True, "accuracy": 0.75, "se": 0.25, "minus_kd": 0.5, "minus_kd_se": 0.0})
+    kd_h1 = next(row for row in rows if row["arm"] == "kd" and row["horizon"] == 1)
+    assert kd_h1["on_policy"] is False and kd_h1["minus_kd"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_path):
+    """Every stage of a minute-sized study (one seed, two arms, one horizon) runs as its real command, then a
+    second invocation skips them all."""
+    tiny = [f"out_dir={tmp_path}", f"tokenizer={tokenizer_path}", "seeds=[0]", "arms=[opd]", "horizons=[1]",
+            "data.train=6", "data.distill=4", "teacher.sft_steps=2", "student.sft_steps=2", "teacher.hidden_size=32",
+            "teacher.num_hidden_layers=1", "student.hidden_size=32", "student.num_hidden_layers=1", "distill.steps=2",
+            "distill.eval_every=1", "distill.batch_size=2", "distill.max_gen_len=8", "evaluation.max_gen_len=8",
+            "divergence.prompts=2", "distill.max_turns=3", "evaluation.max_turns=3"]
+    command = [sys.executable, "-m", "experiments.study.study", *tiny]
+    first = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    summary = json.loads((tmp_path / "study_summary.json").read_text())
+    assert summary["seeds"] == [0] and summary["horizons"] == [1]
+    assert {(row["arm"], row["horizon"]) for row in summary["results"]} == {("kd", 1), ("opd", 1)}
+    assert (tmp_path / "accuracy_vs_horizon.png").is_file() and (tmp_path / "accuracy_vs_steps.png").is_file()
+    again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "started" not in again.stdout

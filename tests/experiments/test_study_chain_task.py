@@ -1,0 +1,124 @@
+"""The study's chain task: dependent calculator calls in MiniMind's tool world, three splits disjoint by triple,
+observations equal to the tool world's, noise-injected demonstrations whose corrupted calls are context only."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from experiments.study.chain_task import (
+    HORIZONS,
+    MODULUS,
+    SPLITS,
+    all_triples,
+    make_record,
+    solve,
+    split_of,
+    write_task,
+)
+from opd.chat_format import ChatFormat
+from opd.demonstrations import demonstration_episode, load_demonstrations
+from tools.answer_check import answer_is_correct
+from tools.tool_calls import ToolCall
+from tools.tool_environment import execute_call
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    out = tmp_path_factory.mktemp("chain")
+    return out, write_task(out, train=40, distill=20, seed=5, noise=0.5)
+
+
+def rows(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+def triple_of(row) -> tuple:
+    return tuple(row["task"]["triple"])
+
+
+def test_splits_are_disjoint_by_triple_and_every_held_out_triple_is_asked_once_per_horizon(task):
+    out, summary = task
+    found = {split: {triple_of(row) for name in (f"{split}_prompts", f"{split}_demonstrations",
+                                                 f"{split}_noisy_demonstrations") if (out / f"{name}.jsonl").exists()
+                     for row in rows(out / f"{name}.jsonl")} for split in ("train", "distill")}
+    heldout = rows(out / "heldout_prompts.jsonl")
+    found["heldout"] = {triple_of(row) for row in heldout}
+    for first, second in (("train", "distill"), ("train", "heldout"), ("distill", "heldout")):
+        assert found[first].isdisjoint(found[second])
+    for split in SPLITS:  # the split is a function of the triple alone (not of the seed or the horizon)
+        assert all(split_of(triple, 0.4, 0.2) == split for triple in found[split])
+    everything = {triple for triple in all_triples() if split_of(triple, 0.4, 0.2) == "heldout"}
+    assert sorted((triple_of(row), row["task"]["horizon"]) for row in heldout) == sorted(
+        (triple, horizon) for triple in everything for horizon in HORIZONS)
+    assert summary["records"] == {"train": 40 * len(HORIZONS), "distill": 20 * len(HORIZONS), "heldout": len(heldout)}
+
+
+def test_gold_and_noisy_files_hold_the_same_problems_in_the_same_order(task):
+    out, _ = task
+    for split in ("train", "distill"):
+        gold, noisy, prompts = (rows(out / f"{split}_{kind}.jsonl")
+                                for kind in ("demonstrations", "noisy_demonstrations", "prompts"))
+        assert [(triple_of(r), r["task"]["horizon"]) for r in gold] == [
+            (triple_of(r), r["task"]["horizon"]) for r in noisy] == [(triple_of(r), r["task"]["horizon"]) for r in prompts]
+        assert [len([r for r in gold if r["task"]["horizon"] == h]) for h in HORIZONS] == [len(gold) // 3] * 3
+
+
+def replay(turns: list[dict]) -> list[tuple[str, str]]:
+    """(expression, observation) of every call, the observation as the rollout's tool world returns it."""
+    calls = []
+    for turn, observation in zip(turns[:-1:2], turns[1::2], strict=True):
+        expression = turn["tool_calls"][0]["function"]["arguments"]["expression"]
+        assert execute_call(ToolCall("calculate_math", {"expression": expression}),
+                            frozenset({"calculate_math"})).observation == observation["content"]
+        calls.append((expression, observation["content"]))
+    return calls
+
+
+@pytest.mark.parametrize("horizon", HORIZONS)
+def test_each_call_needs_the_previous_observation_and_the_answer_the_last(horizon):
+    for triple in random.Random(horizon).sample(all_triples(), 30):
+        turns, gt, mistakes = solve(triple, horizon)
+        calls = replay(turns)
+        assert mistakes == 0 and len(calls) == horizon
+        value = triple[0]
+        for expression, observation in calls:
+            assert expression.startswith(f"({value} ")  # the argument is the previous observation's result
+            value = int(json.loads(observation)["result"])
+        assert gt == str(value) and turns[-1] == {"role": "assistant", "content": f"The result is {value}."}
+
+
+def test_the_gt_phrase_is_found_only_in_the_right_answer():
+    row = make_record((13, "-", 6), 4, demonstration=False)
+    value = int(row["gt"][0].split()[-1].rstrip("."))
+    assert answer_is_correct(f"The result is {value}.", row["gt"])
+    assert not any(answer_is_correct(f"The result is {other}.", row["gt"]) for other in range(MODULUS * 2)
+                   if other != value)  # 1 is no answer for 11 (a bare "1" gt would be found in "11")
+
+
+def test_noisy_calls_are_invalid_get_the_tool_worlds_error_and_are_retried_correctly():
+    rng, corrupted = random.Random(0), 0
+    for triple in all_triples()[:60]:
+        turns, gt, mistakes = solve(triple, 4, noise=0.5, rng=rng)
+        gold, _, _ = solve(triple, 4)
+        calls, weights = replay(turns), [turn.get("weight", 1) for turn in turns[:-1:2]]
+        assert [call for call, weight in zip(calls, weights, strict=True) if weight == 1] == replay(gold)
+        for (_, observation), weight in zip(calls, weights, strict=True):
+            assert ("error" in json.loads(observation)) == (weight == 0)
+        assert weights.count(0) == mistakes and gt == solve(triple, 4)[1]
+        corrupted += mistakes
+    assert 0.4 < corrupted / (60 * 4) < 0.6
+
+
+def test_a_corrupted_call_is_context_and_its_retry_a_target(task, tokenizer):
+    out, _ = task
+    chat_format = ChatFormat(tokenizer)
+    demonstrations, _ = load_demonstrations(out / "train_noisy_demonstrations.jsonl")
+    noisy = next(d for d in demonstrations if any(m.get("weight") == 0 for m in d.messages))
+    episode = demonstration_episode(noisy, chat_format, 4096)
+    targets = [tokenizer.decode(episode.ids[turn.start:turn.end]) for turn in episode.turns if turn.trained]
+    skipped = [tokenizer.decode(episode.ids[turn.start:turn.end]) for turn in episode.turns if not turn.trained]
+    assert skipped and all(') % 20"' not in text for text in skipped)
+    assert all(') % 20"' in text or text.startswith("The result is") for text in targets)
