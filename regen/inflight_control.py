@@ -1,28 +1,37 @@
 """``concurrency=auto``: how many conversations each endpoint gets in flight, adjusted while the run goes.
 
-Every ``concurrency_interval_s`` one loop per endpoint (:func:`steer`) reads the server's ``/metrics``
-(``regen.vllm_metrics``) and asks the endpoint's rule for its next limit, within 1..``concurrency_max``.
-A limit only gates new conversations: one in flight keeps its endpoint to the end, so a lower limit takes
-effect as conversations finish. Both rules wait for a change to show before the next step up: "settled"
-means half the mean time a conversation stays on that endpoint has passed since the last change (a
-conversation's KV footprint grows over its turns, so a raise shows in the server's KV use only that late).
+Every ``concurrency_interval_s`` (a quarter of it while the metrics rule climbs) one loop per endpoint
+(:func:`steer`) reads the server's ``/metrics`` (``regen.vllm_metrics``) and asks the endpoint's rule for its
+next limit, within 1..``concurrency_max``. A limit only gates new conversations: one in flight keeps its
+endpoint to the end, so a lower limit takes effect as conversations finish. Past the first probe, both rules
+wait for a change to show before the next step up: "settled" means half the mean time a conversation stays on
+that endpoint has passed since the last change, or since the start (a conversation's KV footprint grows over
+its turns, so a raise shows in the server's KV use only that late).
 
 :class:`MetricsRule` (the server has vLLM's ``/metrics``):
 
 - lower when the server is overloaded: preemptions rose since the last reading, the KV cache is at least
-  ``KV_HIGH`` full, or more than a few requests (``waiting_allowance``) waited at two readings in a row.
+  ``KV_HIGH`` full, or more than a few requests (``waiting_allowance``) waited at readings an interval apart
+  (two in a row at the normal pace; between probe readings a queue is the last raise's prefills).
   The new limit is the in-flight count scaled to bring KV use back to ``KV_TARGET`` (at most x0.9), and
   no more than the requests the server actually runs plus that allowance when requests wait. It lowers
   again only once the in-flight count has come down to the previous limit (no compounding while the
   conversations already started drain);
 - raise when there is room: KV use below ``KV_TARGET`` - 0.05, nothing beyond the allowance waiting, no
-  new preemption, and the limit is in use (the source keeps up). At first it doubles (at most up to where
-  KV use would reach ``PROBE_KV``) on every reading; after that, or after the first overload, it steps up
-  by at most x1.15 (and no further than KV use scaled to ``KV_TARGET``), once per settle time;
+  new preemption, and the limit in use (``IN_USE`` of it in flight: conversations end and the next ones
+  start between readings). It climbs, reading four times an interval, until the first overload or the first
+  reading with KV use near the target. At first it probes: x2 on every reading (from 64, 1024 is 2 s away),
+  at most up to where KV use, scaled with the in-flight count, would reach ``PROBE_KV`` (the first
+  conversations are young: their KV still grows). After that it steps up once settled, and once KV use has
+  stopped rising (above ``KV_RISING`` x the previous reading: the first conversations to finish are the short
+  ones, so an early settle time is too short), by sqrt(target / KV use), half-way there in log (x1.41 from
+  40 %, x1.15 from 60 %), at least x1.15, and never past the target;
 - otherwise hold.
 
-``KV_TARGET`` is below 1 on purpose: free KV blocks keep earlier turns' prefixes cached, and a server whose
-cache is full recomputes every conversation's history.
+The target is ``KV_TARGET``, below 1 on purpose: free KV blocks keep earlier turns' prefixes cached, and a
+server whose cache is full recomputes every conversation's history. Where the endpoint's conversations are one
+request each (at most ``ONE_REQUEST`` requests per finished conversation) there are no earlier turns to keep:
+the target is ``KV_TARGET_ONE_REQUEST``.
 
 :class:`ThroughputRule` (no ``/metrics``, e.g. another OpenAI-compatible server): hill climbing on the
 endpoint's generation rate as regen measures it (completion tokens per second). Once settled, the rate
@@ -46,9 +55,15 @@ from regen.endpoint_pool import Endpoint, EndpointPool
 from regen.vllm_metrics import MetricsMissing, MetricsNotYet, ServerLoad, read_load
 
 KV_TARGET = 0.80
+KV_TARGET_ONE_REQUEST = 0.86  # when the endpoint's conversations are one request each
 KV_HIGH = 0.92
 PROBE_KV = 0.40
+PROBE_STEP = 2.0  # while probing: at most x2 per reading ...
+PROBE_READINGS = 4  # ... and a reading every interval / 4
 STEADY_STEP = 1.15
+ONE_REQUEST = 1.2  # requests per conversation up to which conversations count as one request each
+KV_RISING = 1.05  # KV use above 1.05x the previous reading's is still rising
+IN_USE = 0.9  # the limit is in use when this share of it is in flight (conversations come and go between readings)
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,7 @@ class Observation:
     settle_s: float | None  # half the mean time a conversation stays on it (None before one finished)
     completion_tokens: int  # generated so far on the endpoint, as regen counted them
     load: ServerLoad | None = None  # the server's /metrics (None when not read this time)
+    requests_per_conversation: float | None = None  # requests answered per conversation finished on it
 
 
 def waiting_allowance(running: int) -> int:
@@ -72,42 +88,68 @@ class MetricsRule:
 
     mode = "metrics"
 
-    def __init__(self, start: int, maximum: int):
-        self.limit, self.maximum = start, maximum
+    def __init__(self, start: int, maximum: int, interval_s: float = 2.0):
+        self.limit, self.maximum, self.interval_s = start, maximum, interval_s
         self.probing = True
-        self.changed_s: float | None = None
+        self.climbing = True  # until the first overload, or the first reading with KV use near the target
+        self.changed_s: float | None = None  # the start counts as a change: the first reading sets it
         self._preemptions: int | None = None
-        self._waiting_readings = 0
+        self._kv: float | None = None  # KV use at the previous reading
+        self._waiting_since: float | None = None  # first reading of the current run of readings with a queue
 
-    def _settled(self, observation: Observation) -> bool:
-        if self.changed_s is None:
-            return True
-        return observation.settle_s is not None and observation.now_s - self.changed_s >= observation.settle_s
+    @property
+    def reading_interval_s(self) -> float:
+        """How long until the next reading: ``interval_s``, a quarter of it while climbing."""
+        return self.interval_s / PROBE_READINGS if self.climbing else self.interval_s
+
+    def _settled(self, observation: Observation, rising: bool) -> bool:
+        """Half a conversation's stay since the last change, and KV use no longer rising (the mean stay of the
+        first conversations to finish is short: they are the short ones)."""
+        return (observation.settle_s is not None and observation.now_s - self.changed_s >= observation.settle_s
+                and not rising)
 
     def update(self, observation: Observation) -> int:
+        now_s = observation.now_s
+        if self.changed_s is None:
+            self.changed_s = now_s
         load = observation.load
         if load is None:
             return self.limit
         preempted = self._preemptions is not None and load.preemptions > self._preemptions
         self._preemptions = load.preemptions
         allowance = waiting_allowance(load.running)
-        self._waiting_readings = self._waiting_readings + 1 if load.waiting > allowance else 0
+        if load.waiting <= allowance:
+            self._waiting_since = None
+        elif self._waiting_since is None:
+            self._waiting_since = now_s
+        # a queue seen at readings an interval apart (two readings in a row at the normal pace); between probe
+        # readings a queue is the last raise's requests waiting for their prefill, not yet an overload
+        queued = self._waiting_since is not None and now_s - self._waiting_since >= 0.9 * self.interval_s
         in_flight = observation.in_flight
-        if preempted or load.kv_usage >= KV_HIGH or self._waiting_readings >= 2:
-            self.probing = False
+        kv = max(load.kv_usage, 1e-3)
+        rising = self._kv is not None and load.kv_usage > self._kv * KV_RISING
+        self._kv = load.kv_usage
+        # no earlier turns to keep cached when every conversation is one request: the KV target is higher
+        one_request = (observation.requests_per_conversation is not None
+                       and observation.requests_per_conversation <= ONE_REQUEST)
+        target = KV_TARGET_ONE_REQUEST if one_request else KV_TARGET
+        if preempted or load.kv_usage >= KV_HIGH or queued:
+            self.probing = self.climbing = False
             if in_flight <= self.limit:
-                new = math.floor(min(self.limit, in_flight) * min(0.9, KV_TARGET / max(load.kv_usage, 1e-3)))
-                if self._waiting_readings >= 2:
+                new = math.floor(min(self.limit, in_flight) * min(0.9, target / kv))
+                if queued:
                     new = min(new, load.running + allowance)
-                self._set(max(1, new), observation.now_s)
-        elif (load.kv_usage < KV_TARGET - 0.05 and load.waiting <= allowance and in_flight >= self.limit
+                self._set(max(1, new), now_s)
+        elif (load.kv_usage < target - 0.05 and load.waiting <= allowance and in_flight >= IN_USE * self.limit
               and self.limit < self.maximum):
-            headroom = KV_TARGET / max(load.kv_usage, 1e-3)
+            headroom = target / kv
             if self.probing and load.kv_usage < PROBE_KV:
-                self._set(self.limit * min(2.0, PROBE_KV / max(load.kv_usage, 1e-3)), observation.now_s)
-            elif self._settled(observation):
+                self._set(self.limit * min(PROBE_STEP, PROBE_KV / kv), now_s)
+            elif self._settled(observation, rising):
                 self.probing = False
-                self._set(self.limit * min(STEADY_STEP, headroom), observation.now_s)
+                self._set(self.limit * min(headroom, max(STEADY_STEP, math.sqrt(headroom))), now_s)
+        elif load.kv_usage >= target - 0.05:
+            self.probing = self.climbing = False
         return self.limit
 
     def _set(self, limit: float, now_s: float) -> None:
@@ -161,27 +203,31 @@ def _reading_failure(endpoint: Endpoint, error: Exception, warn: Callable[[str],
 
 async def steer(session: aiohttp.ClientSession, pool: EndpointPool, endpoint: Endpoint, maximum: int,
                 interval_s: float, warn: Callable[[str], None]) -> None:
-    """Forever: every ``interval_s``, read ``endpoint``'s load and set its limit in ``pool`` by its rule
+    """Forever: every ``interval_s`` (``MetricsRule.reading_interval_s``: a quarter of it while the rule probes),
+    read ``endpoint``'s load and set its limit in ``pool`` by its rule
     (:class:`MetricsRule`; :class:`ThroughputRule` once the server shows it has no usable vLLM metrics, which is
     announced through ``warn`` and recorded as ``endpoint.control_reason``). A reading that fails in any way is
     skipped and counted (``endpoint.metrics_failures``); gauges declared without values (several vLLM API
-    servers before the engines report) are read again, until ``EMPTY_READINGS_ALLOWED`` such readings after
-    the endpoint answered requests."""
-    rule: MetricsRule | ThroughputRule = MetricsRule(endpoint.limit, maximum)
+    servers before the engines report) are read again every ``interval_s``, until ``EMPTY_READINGS_ALLOWED``
+    such readings after the endpoint answered requests."""
+    rule: MetricsRule | ThroughputRule = MetricsRule(endpoint.limit, maximum, interval_s)
     endpoint.control = "pending"  # until the first reading tells metrics from throughput
     empty_readings = 0
+    not_yet = False  # the last page declared the gauges without values: read it again at the normal pace
     while True:
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(rule.reading_interval_s if isinstance(rule, MetricsRule) and not not_yet else interval_s)
         if not endpoint.live:
             continue
         load = None
         try:
             if isinstance(rule, MetricsRule):
                 try:
+                    not_yet = False
                     load = await read_load(session, endpoint.address.base, endpoint.headers,
                                            min(10.0, 2 * interval_s))
                     empty_readings = 0
                 except MetricsNotYet as error:
+                    not_yet = True
                     empty_readings += endpoint.completion_tokens > 0  # it has answered requests
                     if empty_readings < EMPTY_READINGS_ALLOWED:
                         continue
@@ -190,8 +236,10 @@ async def steer(session: aiohttp.ClientSession, pool: EndpointPool, endpoint: En
                 if load is not None:
                     endpoint.control = rule.mode
             mean_s = endpoint.mean_conversation_s()
+            finished = endpoint.conversations - endpoint.active
             observation = Observation(time.monotonic(), endpoint.active, None if mean_s is None else mean_s / 2,
-                                      endpoint.completion_tokens, load)
+                                      endpoint.completion_tokens, load,
+                                      endpoint.requests / finished if finished > 0 else None)
             pool.set_limit(endpoint, rule.update(observation))
         except MetricsMissing as missing:
             rule = ThroughputRule(rule.limit, maximum, time.monotonic(), endpoint.completion_tokens)
