@@ -41,9 +41,9 @@ from rich.table import Table
 from common.atomic_write import atomic_write_json
 from common.user_errors import exit_on_user_error
 from experiments.charts import write_curve_chart
+from experiments.estimates import mean_and_se, paired_difference, read_evaluation
 from experiments.recipe.config import TASK_FILES, RecipeConfig, RecipeModel
 from experiments.stages import Stage, run_stages
-from experiments.estimates import mean_and_se, paired_difference, read_evaluation
 from opd.checkpoints import step_weights_path
 from opd.config import parse_config
 from opd.reporting import require_matplotlib

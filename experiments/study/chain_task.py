@@ -1,6 +1,6 @@
 """Chains of dependent calculator calls in MiniMind's tool world: a horizon of H calls, each needing the last one's result.
 
-    python -m experiments.study.chain_task --out out/study/data --train 4000 --distill 800 --seed 0
+    python -m experiments.study.chain_task --out out/study/data --train 1500 --distill 300 --seed 0
 
 A problem is a *triple* (start, op, k) and a horizon H: start in 0..19; op is add or subtract k (k in 1..9) or multiply
 by k (k in 3, 7, 9). The user asks: "Start with 13. Subtract six, four times, keeping the remainder after dividing by
@@ -10,12 +10,15 @@ every later one, so each call's argument is known only from the observation befo
 9.") from the last one. Every operation is a bijection of 0..19, so the final value is uniform over 20 values at every
 horizon (chance accuracy 1/20) and a problem's observations change with its triple: nothing can be memorized.
 
-Why this shape: the study trains every model from scratch on 2 CPU cores, and a tiny model learns to retrieve a value
-quickly when it can be found without counting positions, slowly when it cannot (opd/README.md and
-experiments/study/README.md have the probes: chains of 3-digit numbers or of several per-step operands were not
-learned at all in 750-1,000 SFT steps). Here the start is the only number of the question, k is a number word, the
-operation a word, every later value the result of the latest observation, and 0..19 are each one token of MiniMind's
-tokenizer wherever they appear (question, expression, observation, answer).
+Why this shape: every model of the study trains from scratch on 2 CPU cores, so the task must be learnable in a few
+hundred SFT steps by a small model, yet need its horizon. A model never computes here (the tool does); it must copy
+the start from the question, the operation and k from the question, every later value from the latest observation,
+and count its calls. Measured (batch 16, lr 3e-3, greedy held-out accuracy over all horizons): a 64-wide 2-layer
+student goes from chance (0.04 at 400 steps) to 1.0 at 600 steps, a 32-wide one stays at chance after 800 steps.
+The start is the only number of the question, k a number word, 0..19 are single tokens of MiniMind's tokenizer.
+
+``gt`` is the phrase of the answer (``"result is 9."``), not the bare number: MiniMind's check finds a gt item as a
+substring of the answer, and the bare "1" would be found in "The result is 11.".
 
 Noise-injected demonstrations (for the robust teacher and the off-policy control arm): each call is, with probability
 ``noise``, first written corrupted (its expression cut before the modulus, ``"(v op k) %"``, or missing its closing
@@ -25,8 +28,8 @@ tool or invalid arguments"}``), followed by that error observation and the corre
 
 Splits are disjoint by triple: a fixed hash of the triple (seed independent) puts it in ``heldout`` (below
 ``heldout_share``), ``distill`` (below ``heldout_share + distill_share``) or ``train``, with all its horizons. The
-held-out file of a horizon holds every held-out triple once, in a seeded order; train and distill records are drawn
-with replacement from their triples (a repeat is one more example, never a leak).
+held-out file holds every held-out triple once at every horizon, in a seeded order; train and distill records are
+drawn with replacement from their triples, each horizon equally often (a repeat is one more example, never a leak).
 """
 
 from __future__ import annotations
@@ -151,17 +154,21 @@ def _jsonl(rows: list[dict]) -> str:
 
 
 def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, horizons: tuple[int, ...] = HORIZONS,
-               noise: float = 0.3, heldout_share: float = 0.4, distill_share: float = 0.2) -> dict:
+               warm_horizons: tuple[int, ...] = (1,), noise: float = 0.3, heldout_share: float = 0.4,
+               distill_share: float = 0.2) -> dict:
     """Write every file of the task into ``out_dir`` (listed in the summary it returns and writes).
 
     ``train`` SFT demonstrations and ``distill`` distillation prompts per horizon, each horizon equally often;
     the held-out file holds every held-out triple once per horizon. Each ``*_noisy_demonstrations`` file is the
-    same problems as its gold file, with corrupted calls injected.
+    same problems as its gold file, with corrupted calls injected; ``warm_demonstrations`` holds the gold training
+    demonstrations of the ``warm_horizons`` (the study's warm start).
     """
     if not horizons or any(h not in TIMES for h in horizons):
         raise ValueError(f"horizons must be among {sorted(TIMES)}, got {list(horizons)}")
     if not 0 <= noise < 1:
         raise ValueError(f"noise must be in [0, 1), got {noise}")
+    if not warm_horizons or not set(warm_horizons) <= set(horizons):
+        raise ValueError(f"warm horizons must be among the horizons {list(horizons)}, got {list(warm_horizons)}")
     out, rng = Path(out_dir), random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     triples = split_triples(heldout_share, distill_share)
@@ -178,14 +185,18 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
 
     for split, count in (("train", train), ("distill", distill)):
         drawn = draw(split, count)
-        write(f"{split}_demonstrations", [make_record(t, h, demonstration=True) for t, h in drawn])
+        gold = [make_record(t, h, demonstration=True) for t, h in drawn]
+        write(f"{split}_demonstrations", gold)
+        if split == "train":
+            write("warm_demonstrations", [row for row in gold if row["task"]["horizon"] in warm_horizons])
         write(f"{split}_noisy_demonstrations",
               [make_record(t, h, demonstration=True, noise=noise, rng=rng) for t, h in drawn])
         write(f"{split}_prompts", [make_record(t, h, demonstration=False) for t, h in drawn])
     heldout = [(triple, horizon) for horizon in horizons for triple in triples["heldout"]]
     rng.shuffle(heldout)
     write("heldout_prompts", [make_record(t, h, demonstration=False) for t, h in heldout])
-    summary = {"seed": seed, "horizons": list(horizons), "noise": noise, "heldout_share": heldout_share,
+    summary = {"seed": seed, "horizons": list(horizons), "warm_horizons": list(warm_horizons), "noise": noise,
+               "heldout_share": heldout_share,
                "distill_share": distill_share, "modulus": MODULUS, "tools": list(TOOLS),
                "triples": {split: len(found) for split, found in triples.items()},
                "records": {"train": train * len(horizons), "distill": distill * len(horizons),
@@ -200,12 +211,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", type=int, default=1500, help="SFT demonstrations per horizon")
     parser.add_argument("--distill", type=int, default=300, help="distillation prompts per horizon")
     parser.add_argument("--horizons", default="1,2,4", help="comma list of horizons")
+    parser.add_argument("--warm-horizons", default="1", help="comma list: the horizons of warm_demonstrations")
     parser.add_argument("--noise", type=float, default=0.3, help="probability of a corrupted call before each call")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         summary = write_task(args.out, train=args.train, distill=args.distill, seed=args.seed, noise=args.noise,
-                             horizons=tuple(int(h) for h in args.horizons.split(",")))
+                             horizons=tuple(int(h) for h in args.horizons.split(",")),
+                             warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:
         parser.error(str(error))
     print(json.dumps(summary, indent=2, ensure_ascii=False))

@@ -23,8 +23,8 @@ from opd.config import ConfigError
 
 ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
 TEACHERS = ("gold", "robust", "none")  # gold-only SFT, SFT on noise-injected demonstrations; none: an SFT arm
-TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "distill_prompts", "distill_demonstrations",
-              "distill_noisy_demonstrations", "heldout_prompts")
+TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "warm_demonstrations", "distill_prompts",
+              "distill_demonstrations", "distill_noisy_demonstrations", "heldout_prompts")
 
 
 def _require(condition: bool, key: str, expected: str, value) -> None:
@@ -60,6 +60,23 @@ class StudyArm:
 
 
 @dataclass
+class WarmStart:
+    """``warm``: the warm student is the first kept SFT checkpoint whose greedy accuracy on validation prompts (the
+    distillation split) reaches ``min_accuracy`` (``experiments.study.warm_start``)."""
+
+    horizons: list[int]  # the horizons of the student's SFT demonstrations
+    check_every: int  # SFT steps between kept checkpoints
+    prompts: int
+    min_accuracy: float
+
+    def __post_init__(self) -> None:
+        _require(self.check_every >= 1, "warm.check_every", "an integer >= 1", self.check_every)
+        _require(self.prompts >= 1, "warm.prompts", "an integer >= 1", self.prompts)
+        _require(0 <= self.min_accuracy <= 1, "warm.min_accuracy", "in [0, 1] (0: the first kept checkpoint)",
+                 self.min_accuracy)
+
+
+@dataclass
 class DivergenceSettings:
     """``divergence``: how the warm student's initial divergence from each teacher is measured."""
 
@@ -87,6 +104,7 @@ class StudyConfig:
     teacher: RecipeTeacher
     student: RecipeModel
     sft: SFTSettings
+    warm: WarmStart
     distill: DistillSettings
     arm_settings: dict[str, StudyArm]
     baseline_arm: str
@@ -101,6 +119,10 @@ class StudyConfig:
         _require(bool(self.horizons) and len(set(self.horizons)) == len(self.horizons)
                  and all(h in TIMES for h in self.horizons), "horizons",
                  f"a non-empty list of distinct horizons among {sorted(TIMES)}", self.horizons)
+        _require(bool(self.warm.horizons) and set(self.warm.horizons) <= set(self.horizons), "warm.horizons",
+                 "a non-empty subset of horizons", self.warm.horizons)
+        _require(self.warm.check_every <= self.student.sft_steps, "warm.check_every",
+                 f"at most student.sft_steps ({self.student.sft_steps})", self.warm.check_every)
         _require(self.threads >= 1, "threads", "an integer >= 1", self.threads)
         _require(self.jobs >= 1, "jobs", "an integer >= 1", self.jobs)
         for name, arm in self.arm_settings.items():

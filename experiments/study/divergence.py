@@ -75,7 +75,8 @@ def measure(student, teachers: dict[str, torch.nn.Module], chat_format: ChatForm
                for group, metrics in by_group.items()} for name, by_group in sums.items()}}
 
 
-def _spec(checkpoint: str, architecture: str, tokenizer: str, name: str) -> ModelSpec:
+def model_spec(checkpoint: str, architecture: str, tokenizer: str, name: str) -> ModelSpec:
+    """A native checkpoint's model block from ``hidden_size,layers,heads,kv_heads``."""
     values = [int(part) for part in architecture.split(",")]
     if len(values) != len(ARCHITECTURE_KEYS):
         raise SystemExit(f"error: an architecture is {','.join(ARCHITECTURE_KEYS)}, got {architecture!r}")
@@ -100,11 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="the JSON report")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    student, tokenizer = load_model(_spec(args.student, args.student_arch, args.tokenizer, "student"), role="student")
+    student, tokenizer = load_model(model_spec(args.student, args.student_arch, args.tokenizer, "student"), role="student")
     teachers = {}
     for entry in args.teacher:
         name, _, path = entry.partition("=")
-        teachers[name], _ = load_model(_spec(path, args.teacher_arch, args.tokenizer, name), role=f"teacher {name}")
+        teachers[name], _ = load_model(model_spec(path, args.teacher_arch, args.tokenizer, name), role=f"teacher {name}")
     records, _ = load_agent_records(args.data)
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
     records, horizons = records[:args.prompts], [row["task"]["horizon"] for row in rows[:args.prompts]]

@@ -9,8 +9,11 @@
 2. ``teacher-gold`` and ``teacher-robust``: SFT (``opd/sft.py``) of the same seeded random init of the teacher's
    architecture, on the gold demonstrations and on the noise-injected ones (corrupted calls are context, never
    targets: the robust teacher learns the retry after a failed call); each is evaluated on the held-out problems.
-3. Per seed: ``student``, the warm start: SFT of the much smaller student architecture from the seed's init on the
-   gold demonstrations; evaluated (every arm's step 0); ``divergence``: the warm student's KL and top-k overlap
+3. Per seed: ``student``: SFT of the much smaller student architecture from the seed's init on the gold
+   demonstrations of ``warm.horizons``, keeping its weights every ``warm.check_every`` steps; ``warm``: the first of
+   them whose greedy accuracy on validation prompts reaches ``warm.min_accuracy`` is the warm student every arm of
+   the seed starts from (``python -m experiments.study.warm_start``; the task is learnt at a cliff whose step varies
+   with the seed); it is evaluated (every arm's step 0); ``divergence``: the warm student's KL and top-k overlap
    against each teacher on its own temperature-1 episodes (``python -m experiments.study.divergence``).
 4. Per seed and arm (``arm_settings``, or the slice ``arms``): one run from that student with the same optimizer
    steps, batch and schedule, keeping its weights every ``distill.eval_every`` steps; every kept checkpoint is
@@ -47,8 +50,8 @@ from opd.reporting import require_matplotlib
 
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 NO_INTERMEDIATE_SAVES = 1_000_000  # save_interval: only each run's final checkpoint
-DATA_FILES = ("train_demonstrations", "train_noisy_demonstrations", "train_prompts", "distill_demonstrations",
-              "distill_noisy_demonstrations", "distill_prompts", "heldout_prompts")
+DATA_FILES = ("train_demonstrations", "train_noisy_demonstrations", "train_prompts", "warm_demonstrations",
+              "distill_demonstrations", "distill_noisy_demonstrations", "distill_prompts", "heldout_prompts")
 
 
 def _architecture(block: RecipeModel, prefix: str) -> list[str]:
@@ -79,7 +82,12 @@ class StudyPaths:
     def seed(self, seed: int) -> Path:
         return self.out / f"seed{seed}"
 
+    def student_sft(self, seed: int) -> Path:
+        """The student's SFT run (its final weights; the kept ones beside them)."""
+        return self.seed(seed) / "student_sft" / f"student_sft_{self.cfg.student.hidden_size}.pth"
+
     def student(self, seed: int) -> Path:
+        """The warm student: the chosen SFT checkpoint (``experiments.study.warm_start``)."""
         return self.seed(seed) / "student" / f"student_warm_{self.cfg.student.hidden_size}.pth"
 
     def arm(self, seed: int, arm: str) -> Path:
@@ -105,12 +113,15 @@ def curve_steps(cfg: StudyConfig) -> list[int]:
 
 
 def _records(cfg: StudyConfig, name: str) -> int:
-    per_horizon = cfg.data.train if name.startswith("train") else cfg.data.distill
-    return per_horizon * len(cfg.horizons)
+    """Records in one of the task's files (the chain task writes exactly the configured counts)."""
+    if name.startswith("warm"):
+        return cfg.data.train * len(cfg.warm.horizons)
+    return (cfg.data.train if name.startswith("train") else cfg.data.distill) * len(cfg.horizons)
 
 
 def _sft_command(cfg: StudyConfig, block: RecipeModel, role: str, seed: int, data: Path, out: Path,
-                 prefix: str) -> list[str]:
+                 prefix: str, keep_every: int | None = None) -> list[str]:
+    """SFT from a seeded random init; ``keep_every``: also keep the weights every that many steps."""
     steps = block.sft_steps
     epochs = math.ceil(steps * cfg.sft.batch_size / _records(cfg, data.stem))
     d = cfg.distill
@@ -119,7 +130,9 @@ def _sft_command(cfg: StudyConfig, block: RecipeModel, role: str, seed: int, dat
             f"max_steps={steps}", f"epochs={epochs}", f"batch_size={cfg.sft.batch_size}", "overwrite=true",
             f"optim.learning_rate={block.learning_rate}", f"optim.warmup_steps={cfg.sft.warmup_steps}",
             "optim.lr_scheduler=cosine", f"max_total_len={d.max_total_len}", f"save_prefix={prefix}",
-            f"out_dir={out}", f"hydra.run.dir={out / 'run'}", f"save_interval={NO_INTERMEDIATE_SAVES}"]
+            f"out_dir={out}", f"hydra.run.dir={out / 'run'}",
+            *([f"save_interval={keep_every}", "keep_saved_weights=true"] if keep_every
+              else [f"save_interval={NO_INTERMEDIATE_SAVES}"])]
 
 
 def _arm_command(cfg: StudyConfig, paths: StudyPaths, seed: int, arm: str) -> list[str]:
@@ -165,7 +178,8 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     data = cfg.data
     stages = [Stage("data", [python, "-m", "experiments.study.chain_task", "--out", str(paths.data),
                              "--train", str(data.train), "--distill", str(data.distill), "--noise", str(data.noise),
-                             "--seed", str(data.seed), "--horizons", ",".join(map(str, cfg.horizons))],
+                             "--seed", str(data.seed), "--horizons", ",".join(map(str, cfg.horizons)),
+                             "--warm-horizons", ",".join(map(str, cfg.warm.horizons))],
                     [paths.file(name) for name in DATA_FILES])]
     evaluations = []
     for kind, demonstrations in (("gold", "train_demonstrations"), ("robust", "train_noisy_demonstrations")):
@@ -177,10 +191,17 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     steps = curve_steps(cfg)
     for seed in cfg.seeds:
         prefix = f"seed{seed}"
-        stages.append(Stage(f"{prefix}-student", _sft_command(cfg, cfg.student, "student", seed,
-                                                              paths.file("train_demonstrations"),
-                                                              paths.student(seed).parent, "student_warm"),
-                            [paths.student(seed)], ("data",)))
+        stages.append(Stage(f"{prefix}-student-sft", _sft_command(
+            cfg, cfg.student, "student", seed, paths.file("warm_demonstrations"), paths.student_sft(seed).parent,
+            "student_sft", keep_every=cfg.warm.check_every), [paths.student_sft(seed)], ("data",)))
+        w, d = cfg.warm, cfg.distill
+        stages.append(Stage(f"{prefix}-student", [
+            python, "-m", "experiments.study.warm_start", "--run-dir", str(paths.student_sft(seed).parent),
+            "--stem", paths.student_sft(seed).stem, "--arch", _arch_flag(cfg.student),
+            "--data", str(paths.file("distill_prompts")), "--tokenizer", str(cfg.tokenizer),
+            "--prompts", str(w.prompts), "--min-accuracy", str(w.min_accuracy), "--max-turns", str(d.max_turns),
+            "--max-gen-len", str(d.max_gen_len), "--max-total-len", str(d.max_total_len),
+            "--out", str(paths.student(seed))], [paths.student(seed)], (f"{prefix}-student-sft",)))
         evaluations.append(_eval_stage(cfg, paths, f"{prefix}-student-eval", paths.evaluation(seed, "student"),
                                        {"student": (paths.student(seed), cfg.student)}, (f"{prefix}-student",)))
         evaluations.append(Stage(f"{prefix}-divergence", [

@@ -72,10 +72,12 @@ def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_setti
 
 
 def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_path):
-    cfg = study_config(tmp_path, "seeds=[2]", "arms=[opd]", "horizons=[4]")
+    cfg = study_config(tmp_path, "seeds=[2]", "arms=[opd]", "horizons=[4]", "warm.horizons=[4]")
     names = {stage.name for stage in study_stages(cfg)}
     assert {"seed2-kd", "seed2-opd", "seed2-kd-eval", "seed2-opd-eval"} <= names
-    assert not any(name.startswith("seed0") or name.endswith(("-gkd", "-sft")) for name in names)
+    assert not any(name.startswith("seed0") for name in names)
+    assert {name for name in names if name.startswith("seed2-") and not name.endswith("-eval")} == {
+        "seed2-kd", "seed2-opd", "seed2-student-sft", "seed2-student", "seed2-divergence"}
     data = next(stage for stage in study_stages(cfg) if stage.name == "data")
     assert data.command[data.command.index("--horizons") + 1] == "4"
 
@@ -84,10 +86,11 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
     (["arms=[nope]"], "arms must be a list of arm names among kd, kd_noisy"),
     (["horizons=[1,9]"], "horizons must be a non-empty list of distinct horizons among [1, 2, 3, 4, 5, 6]"),
     (["distill.max_turns=6"], "distill.max_turns must be at least 2 * max(horizons) + 1 = 9"),
-    (["evaluation.max_turns=4", "horizons=[1,2]"], "evaluation.max_turns must be at least 2 * max(horizons) + 1 = 5"),
+    (["evaluation.max_turns=4", "horizons=[1,2]", "warm.horizons=[1,2]"], "evaluation.max_turns must be at least 2 * max(horizons) + 1 = 5"),
     (["baseline_arm=best"], "baseline_arm must be one of the arms"),
     (["arm_settings.kd.teacher=none"], "arm_settings.kd.teacher must be none for an sft arm and gold or robust"),
     (["data.noise=1.0"], "data.noise must be in (0, 1), got 1.0"),
+    (["warm.horizons=[3]"], "warm.horizons must be a non-empty subset of horizons, got [3]"),
     (["distill.eval_every=500"], "distill.eval_every must be at most distill.steps (150)"),
 ])
 def test_each_bad_setting_stops_the_study_at_start_naming_its_key(tmp_path, overrides, message):
@@ -123,7 +126,7 @@ def test_checkpoint_scores_group_episodes_by_the_horizon_of_their_line(tmp_path)
 
 def test_the_report_pairs_every_arm_with_the_baseline_per_horizon(tmp_path):
     """Two seeds, two arms, four held-out problems (two per horizon): accuracies and paired differences by hand."""
-    cfg = study_config(tmp_path, "seeds=[0,1]", "arms=[opd]", "horizons=[1,2]", "distill.steps=10",
+    cfg = study_config(tmp_path, "seeds=[0,1]", "arms=[opd]", "horizons=[1,2]", "warm.horizons=[1]", "distill.steps=10",
                        "distill.eval_every=10")
     paths = StudyPaths(cfg)
     write_heldout(paths.file("heldout_prompts"), [1, 1, 2, 2])
@@ -173,7 +176,7 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon(tmp_path):
 def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_path):
     """Every stage of a minute-sized study (one seed, two arms, one horizon) runs as its real command, then a
     second invocation skips them all."""
-    tiny = [f"out_dir={tmp_path}", f"tokenizer={tokenizer_path}", "seeds=[0]", "arms=[opd]", "horizons=[1]",
+    tiny = [f"out_dir={tmp_path}", f"tokenizer={tokenizer_path}", "seeds=[0]", "arms=[opd]", "horizons=[1]", "warm.horizons=[1]", "warm.check_every=1", "warm.prompts=2", "warm.min_accuracy=0",
             "data.train=6", "data.distill=4", "teacher.sft_steps=2", "student.sft_steps=2", "teacher.hidden_size=32",
             "teacher.num_hidden_layers=1", "student.hidden_size=32", "student.num_hidden_layers=1", "distill.steps=2",
             "distill.eval_every=1", "distill.batch_size=2", "distill.max_gen_len=8", "evaluation.max_gen_len=8",

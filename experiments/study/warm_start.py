@@ -1,0 +1,93 @@
+"""Pick a warm student: the first SFT checkpoint whose greedy accuracy on validation prompts reaches a threshold.
+
+    python -m experiments.study.warm_start --run-dir seed0/student --stem student_warm_64 --arch 64,2,2,1 \\
+        --data distill_prompts.jsonl --tokenizer PATH --prompts 120 --min-accuracy 0.5 --out seed0/student/warm.pth
+
+A small model learns the chain task at a cliff: held-out accuracy jumps from chance to near 1 within ~100 SFT steps,
+at a step that varies with the seed (and with the machine's float rounding). A fixed number of steps would start
+the arms from a cold student in one seed and a finished one in another. So the student's SFT keeps its weights
+every few steps (``{stem}_step{N}.pth``), and this picks, in step order, the first whose accuracy on the first
+``--prompts`` validation prompts (the distillation split, never the held-out one) is at least ``--min-accuracy``;
+it copies those weights to ``--out`` and writes every accuracy it measured to ``{out}.json``. It fails, naming the
+best step, when none reaches the threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from common.atomic_write import atomic_write_json
+from common.chat_records import load_agent_records
+from common.minimind.model import load_model
+from experiments.study.divergence import model_spec
+from opd.chat_format import ChatFormat
+from opd.config import RolloutConfig, SamplingConfig
+from opd.rollout import AgentRollout
+from opd.sampling import TokenSampler
+from opd.scoring import score_episode
+
+BATCH = 64
+
+
+def kept_checkpoints(run_dir: Path, stem: str) -> list[tuple[int, Path]]:
+    """(step, path) of every ``{stem}_step{N}.pth`` in ``run_dir``, in step order."""
+    pattern = re.compile(rf"{re.escape(stem)}_step(\d+)\.pth")
+    found = [(int(match.group(1)), path) for path in run_dir.iterdir() if (match := pattern.fullmatch(path.name))]
+    return sorted(found)
+
+
+def greedy_accuracy(model, chat_format: ChatFormat, records, limits: RolloutConfig) -> float:
+    """The share of ``records`` a greedy rollout of ``model`` answers correctly."""
+    rollout = AgentRollout(model, chat_format, TokenSampler(SamplingConfig(temperature=0.0), "cpu", 0), limits)
+    correct = 0
+    for start in range(0, len(records), BATCH):
+        correct += sum(score_episode(episode, chat_format).correct
+                       for episode in rollout.run(records[start:start + BATCH]))
+    return correct / len(records)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", required=True, type=Path, help="the SFT run's out_dir (its kept step weights)")
+    parser.add_argument("--stem", required=True, help="the weights' stem, e.g. student_warm_64")
+    parser.add_argument("--arch", required=True, help="hidden_size,layers,heads,kv_heads")
+    parser.add_argument("--data", required=True, help="validation prompts with gt (not the held-out split)")
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--prompts", type=int, default=120)
+    parser.add_argument("--min-accuracy", type=float, required=True)
+    parser.add_argument("--max-turns", type=int, default=10)
+    parser.add_argument("--max-gen-len", type=int, default=64)
+    parser.add_argument("--max-total-len", type=int, default=1024)
+    parser.add_argument("--out", required=True, type=Path, help="where the chosen weights are copied")
+    args = parser.parse_args(argv)
+    records = load_agent_records(args.data)[0][:args.prompts]
+    limits = RolloutConfig(args.max_turns, args.max_gen_len, args.max_total_len, False)
+    measured, chosen = [], None
+    for step, path in kept_checkpoints(args.run_dir, args.stem):
+        torch.manual_seed(0)
+        model, tokenizer = load_model(model_spec(str(path), args.arch, args.tokenizer, "student"), role="student")
+        accuracy = greedy_accuracy(model.eval(), ChatFormat(tokenizer), records, limits)
+        measured.append({"step": step, "checkpoint": str(path), "accuracy": accuracy})
+        print(f"step {step}: validation accuracy {accuracy:.3f}", flush=True)
+        if accuracy >= args.min_accuracy:
+            chosen = measured[-1]
+            break
+    report = {"min_accuracy": args.min_accuracy, "prompts": len(records), "measured": measured, "chosen": chosen}
+    atomic_write_json(args.out.with_suffix(".json"), report)
+    if chosen is None:
+        best = max(measured, key=lambda row: row["accuracy"], default=None)
+        sys.exit(f"error: no SFT checkpoint in {args.run_dir} reached validation accuracy {args.min_accuracy} "
+                 f"(best: {best}); train the student longer (student.sft_steps)")
+    temporary = args.out.with_name(args.out.name + ".tmp")
+    shutil.copyfile(chosen["checkpoint"], temporary)
+    temporary.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
