@@ -190,3 +190,50 @@ def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_pa
     assert (tmp_path / "accuracy_vs_horizon.png").is_file() and (tmp_path / "accuracy_vs_steps.png").is_file()
     again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "started" not in again.stdout
+
+
+def test_token_agreement_against_hand_calculations():
+    import math
+
+    import torch
+
+    from experiments.study.divergence import token_agreement
+
+    student = torch.tensor([[2.0, 1.0, 0.0, -1.0], [1.0, 0.5, 0.0, -0.5]])
+    teacher = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, -1.0, 1.0]])
+    figures = token_agreement(student, teacher, top_k=2)
+    assert figures["forward_kl"][0].item() == pytest.approx(0.0, abs=1e-6)
+    p, q = torch.softmax(teacher[1].double(), 0).tolist(), torch.softmax(student[1].double(), 0).tolist()
+    assert figures["forward_kl"][1].item() == pytest.approx(sum(a * math.log(a / b) for a, b in zip(p, q)), rel=1e-5)
+    assert figures["reverse_kl"][1].item() == pytest.approx(sum(b * math.log(b / a) for a, b in zip(p, q)), rel=1e-5)
+    assert figures["top1_agreement"].tolist() == [1.0, 0.0]  # argmax: the student's id 0, the teacher's id 1
+    assert figures["topk_overlap"].tolist() == [1.0, 0.5]  # top 2: the student's {0, 1}, the teacher's {1, 3}
+
+
+def test_the_warm_start_is_the_first_kept_checkpoint_reaching_the_threshold(tmp_path, tokenizer_path):
+    """Random tiny weights answer nothing: a threshold of 0 takes the first kept step (in step order, 50 before
+    100), a threshold of 1 fails naming the best step; every accuracy measured is written beside the choice."""
+    import torch
+
+    from common.minimind.model import MiniMindArch, build_model, save_native
+    from experiments.study.chain_task import write_task
+
+    files = write_task(tmp_path / "task", train=2, distill=2, seed=1)["files"]
+    run = tmp_path / "sft"
+    run.mkdir()
+    for step in (100, 50):
+        torch.manual_seed(step)
+        save_native(build_model(MiniMindArch(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             num_key_value_heads=1)), run / f"s_32_step{step}.pth")
+    command = [sys.executable, "-m", "experiments.study.warm_start", "--run-dir", str(run), "--stem", "s_32",
+               "--arch", "32,1,2,1", "--data", files["distill_prompts"], "--tokenizer", str(tokenizer_path),
+               "--prompts", "3", "--max-turns", "3", "--max-gen-len", "4", "--out", str(tmp_path / "warm.pth")]
+    first = subprocess.run([*command, "--min-accuracy", "0"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert (tmp_path / "warm.pth").read_bytes() == (run / "s_32_step50.pth").read_bytes()
+    assert json.loads((tmp_path / "warm.json").read_text())["chosen"]["step"] == 50
+    refused = subprocess.run([*command, "--min-accuracy", "1"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith(f"error: no SFT checkpoint in {run} reached validation accuracy 1.0")
+    assert [row["step"] for row in json.loads((tmp_path / "warm.json").read_text())["measured"]] == [50, 100]
