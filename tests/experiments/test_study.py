@@ -204,8 +204,8 @@ def test_token_agreement_against_hand_calculations():
     figures = token_agreement(student, teacher, top_k=2)
     assert figures["forward_kl"][0].item() == pytest.approx(0.0, abs=1e-6)
     p, q = torch.softmax(teacher[1].double(), 0).tolist(), torch.softmax(student[1].double(), 0).tolist()
-    assert figures["forward_kl"][1].item() == pytest.approx(sum(a * math.log(a / b) for a, b in zip(p, q)), rel=1e-5)
-    assert figures["reverse_kl"][1].item() == pytest.approx(sum(b * math.log(b / a) for a, b in zip(p, q)), rel=1e-5)
+    assert figures["forward_kl"][1].item() == pytest.approx(sum(a * math.log(a / b) for a, b in zip(p, q, strict=True)), rel=1e-5)
+    assert figures["reverse_kl"][1].item() == pytest.approx(sum(b * math.log(b / a) for a, b in zip(p, q, strict=True)), rel=1e-5)
     assert figures["top1_agreement"].tolist() == [1.0, 0.0]  # argmax: the student's id 0, the teacher's id 1
     assert figures["topk_overlap"].tolist() == [1.0, 0.5]  # top 2: the student's {0, 1}, the teacher's {1, 3}
 
