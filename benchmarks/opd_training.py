@@ -21,7 +21,9 @@ checkpoints; sampled turns of a random model run to ``--gen-len``); the first st
 guidance: what the teacher in the decode loop costs: one sampled turn of ``turns * gen_len`` tokens per record
 (temperature 1, distinct system prompts) rolled out plainly and under each guidance option (``token_mix=0.2``,
 ``top_k=25``, ``turn_share=0.5``), then the update of those episodes (plain: a teacher forward for the loss;
-guided: the logits the rollout kept), alternated ``--repeats`` times, best of each kept.
+guided: the logits the rollout kept), alternated ``--repeats`` times, the fastest per token of each kept; the
+rollout's seconds inside each model's forward calls (body and output projection) are timed apart from the rest
+(sampling, the guidance policy, bookkeeping).
 Models are random-init MiniMind architectures (weights do not change the cost); the tokenizer is
 $MINIMIND_TOKENIZER, ../shared/minimind3-tokenizer, or the stand-in.
 """
@@ -276,25 +278,54 @@ GUIDANCE_OPTIONS = {"plain": None, "token_mix=0.2": GuidanceConfig(None, None, 0
                     "top_k=25": GuidanceConfig(None, None, None, 25), "turn_share=0.5": GuidanceConfig(0.5, 0.5, None, None)}
 
 
+class ForwardTimer:
+    """Seconds spent inside the forward calls of ``modules`` (hooks around each call), until ``remove``."""
+
+    def __init__(self, *modules: torch.nn.Module) -> None:
+        self.seconds, self._started = 0.0, 0.0
+        self._handles = [hook for module in modules for hook in (
+            module.register_forward_pre_hook(self._start), module.register_forward_hook(self._stop))]
+
+    def _start(self, module, args) -> None:
+        self._started = time.perf_counter()
+
+    def _stop(self, module, args, output) -> None:
+        self.seconds += time.perf_counter() - self._started
+
+    def remove(self) -> float:
+        for handle in self._handles:
+            handle.remove()
+        return self.seconds
+
+
 def guided_step(student, teacher, chat_format: ChatFormat, records: list[AgentRecord], settings: GuidanceConfig | None,
-                new_tokens: int, seed: int) -> dict:
-    """One sampled turn per record, plain or guided, then the update on those episodes: seconds of each, tokens."""
+                new_tokens: int, seed: int, *, update: bool = True) -> dict:
+    """One sampled turn per record, plain or guided, then (``update``) the update on those episodes: seconds of each,
+    tokens."""
     sampler = TokenSampler(SamplingConfig(), "cpu", seed)
     rollout = AgentRollout(student, chat_format, sampler, RolloutConfig(1, new_tokens, 1 << 15, open_thinking=False))
     policy = BehaviourPolicy(teacher, settings, sampler, list(range(len(records)))) if settings else None
     precision = resolve_precision("cpu", "float32")
     optimization = Optimization(student, OptimConfig(1e-6, 0.0, "constant", 0, None, 1.0), 1, precision)
+    timers = [ForwardTimer(model.model, model.lm_head) for model in (student, teacher)]
     started = time.perf_counter()
     episodes = rollout.run(records, policy)
     rolled = time.perf_counter()
-    packed = pack_episodes(episodes, chat_format.pad_token_id)
-    kl_sum, _ = distill_loss_step(TargetLogits(student), teacher, episodes, packed, LossConfig("forward_kl", 1.0, 0.5),
-                                  precision)
-    optimization.backward(kl_sum / packed.target_count)
-    optimization.step()
+    student_forward_s, teacher_forward_s = (timer.remove() for timer in timers)
+    if update:
+        packed = pack_episodes(episodes, chat_format.pad_token_id)
+        kl_sum, _ = distill_loss_step(TargetLogits(student), teacher, episodes, packed,
+                                      LossConfig("forward_kl", 1.0, 0.5), precision)
+        optimization.backward(kl_sum / packed.target_count)
+        optimization.step()
     tokens = sum(e.assistant_tokens for e in episodes)
     return {"tokens": tokens, "rollout_s": rolled - started, "update_s": time.perf_counter() - rolled,
+            "student_forward_s": student_forward_s, "teacher_forward_s": teacher_forward_s,
             "teacher_token_share": sum(e.teacher_tokens for e in episodes) / tokens}
+
+
+def step_seconds_per_token(timed: dict) -> float:
+    return (timed["rollout_s"] + timed["update_s"]) / timed["tokens"]
 
 
 def guidance_costs(args, console: Console) -> dict:
@@ -303,8 +334,8 @@ def guidance_costs(args, console: Console) -> dict:
     chat_format, new_tokens = ChatFormat(tokenizer), args.turns * args.gen_len
     table = Table(title=f"guided rollouts (CPU, {torch.get_num_threads()} threads, fp32, one sampled turn of "
                         f"{new_tokens} tokens per record)")
-    for column in ("pair", "batch", "policy", "rollout tok/s", "rollout time vs plain", "step tok/s",
-                   "step time vs plain", "teacher share"):
+    for column in ("pair", "batch", "policy", "rollout tok/s", "rollout time vs plain", "student fwd s",
+                   "teacher fwd s", "other s", "step tok/s", "step time vs plain", "teacher share"):
         table.add_column(column, justify="right")
     runs = []
     for size in args.sizes.split(","):
@@ -315,13 +346,14 @@ def guidance_costs(args, console: Console) -> dict:
             records = bench_records(batch, shared_system_prompt=False)
             best = {}
             with console.status(f"{size} batch {batch}: plain and guided rollouts"):
-                for settings in GUIDANCE_OPTIONS.values():  # warm-up
-                    guided_step(student, teacher, chat_format, records, settings, 4, seed=0)
+                for settings in GUIDANCE_OPTIONS.values():  # warm-up (rollouts: an update costs minutes at 768x8)
+                    guided_step(student, teacher, chat_format, records, settings, 4, seed=0, update=False)
                 for repeat in range(args.repeats):  # alternate, keep the fastest of each (robust to other load)
                     for name, settings in GUIDANCE_OPTIONS.items():
                         timed = guided_step(student, teacher, chat_format, records, settings, new_tokens, seed=repeat)
-                        if name not in best or timed["rollout_s"] + timed["update_s"] < sum(
-                                best[name][key] for key in ("rollout_s", "update_s")):
+                        console.print(f"[dim]{size} batch {batch} repeat {repeat} {name}: {timed['tokens']} tokens, "
+                                      f"rollout {timed['rollout_s']:.1f} s, update {timed['update_s']:.1f} s[/]")
+                        if name not in best or step_seconds_per_token(timed) < step_seconds_per_token(best[name]):
                             best[name] = timed
             plain = best["plain"]
             for name, timed in best.items():
@@ -333,8 +365,10 @@ def guidance_costs(args, console: Console) -> dict:
                 run["step_time_vs_plain"] = ((timed["rollout_s"] + timed["update_s"]) / timed["tokens"]) / (
                     (plain["rollout_s"] + plain["update_s"]) / plain["tokens"])
                 runs.append(run)
+                other = timed["rollout_s"] - timed["student_forward_s"] - timed["teacher_forward_s"]
                 table.add_row(size, str(batch), name, f"{run['rollout_tokens_per_s']:.1f}",
-                              f"{run['rollout_time_vs_plain']:.2f}x", f"{run['step_tokens_per_s']:.1f}",
+                              f"{run['rollout_time_vs_plain']:.2f}x", f"{timed['student_forward_s']:.2f}",
+                              f"{timed['teacher_forward_s']:.2f}", f"{other:.2f}", f"{run['step_tokens_per_s']:.1f}",
                               f"{run['step_time_vs_plain']:.2f}x", f"{timed['teacher_token_share']:.2f}")
     console.print(table)
     return {"kind": "guidance", "tokenizer": tokenizer_name, "new_tokens": new_tokens, "runs": runs}
@@ -358,7 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    console = Console(width=120)
+    console = Console(width=160 if args.guidance else 120)  # the guidance table has 11 columns
     if args.memory or args.processes or args.guidance:
         results = (memory(args, console) if args.memory else processes(args, console) if args.processes
                    else guidance_costs(args, console))
