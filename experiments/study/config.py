@@ -11,15 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.recipe.config import (
-    DistillSettings,
-    EvaluationSettings,
-    RecipeModel,
-    RecipeTeacher,
-    SFTSettings,
-)
+from experiments.recipe.config import DistillSettings, EvaluationSettings, RecipeModel, RecipeTeacher
 from experiments.study.chain_task import TIMES
-from opd.config import ConfigError
+from opd.config import SCHEDULERS, ConfigError
 
 ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
 TEACHERS = ("gold", "robust", "none")  # gold-only SFT, SFT on noise-injected demonstrations; none: an SFT arm
@@ -45,6 +39,23 @@ class ChainData:
         for key in ("train", "distill"):
             _require(getattr(self, key) >= 1, f"data.{key}", "an integer >= 1", getattr(self, key))
         _require(0 < self.noise < 1, "data.noise", "in (0, 1)", self.noise)
+
+
+@dataclass
+class StudySFT:
+    """``sft``: the batch, warmup and lr schedule of the teachers' and the students' SFT."""
+
+    batch_size: int
+    warmup_steps: int
+    teacher_lr_scheduler: str
+    student_lr_scheduler: str
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, "sft.batch_size", "an integer >= 1", self.batch_size)
+        _require(self.warmup_steps >= 0, "sft.warmup_steps", "an integer >= 0", self.warmup_steps)
+        for key in ("teacher_lr_scheduler", "student_lr_scheduler"):
+            _require(getattr(self, key) in SCHEDULERS, f"sft.{key}", f"one of {', '.join(SCHEDULERS)}",
+                     getattr(self, key))
 
 
 @dataclass
@@ -103,7 +114,7 @@ class StudyConfig:
     data: ChainData
     teacher: RecipeTeacher
     student: RecipeModel
-    sft: SFTSettings
+    sft: StudySFT
     warm: WarmStart
     distill: DistillSettings
     arm_settings: dict[str, StudyArm]

@@ -129,7 +129,8 @@ def _sft_command(cfg: StudyConfig, block: RecipeModel, role: str, seed: int, dat
             "from_scratch=true", f"model.name=study_{role}", *_architecture(block, "model"), f"seed={seed}",
             f"max_steps={steps}", f"epochs={epochs}", f"batch_size={cfg.sft.batch_size}", "overwrite=true",
             f"optim.learning_rate={block.learning_rate}", f"optim.warmup_steps={cfg.sft.warmup_steps}",
-            "optim.lr_scheduler=cosine", f"max_total_len={d.max_total_len}", f"save_prefix={prefix}",
+            f"optim.lr_scheduler={getattr(cfg.sft, f'{role}_lr_scheduler')}", f"max_total_len={d.max_total_len}",
+            f"save_prefix={prefix}",
             f"out_dir={out}", f"hydra.run.dir={out / 'run'}",
             *([f"save_interval={keep_every}", "keep_saved_weights=true"] if keep_every
               else [f"save_interval={NO_INTERMEDIATE_SAVES}"])]
