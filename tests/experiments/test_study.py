@@ -91,7 +91,7 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
     (["arm_settings.kd.teacher=none"], "arm_settings.kd.teacher must be none for an sft arm and gold or robust"),
     (["data.noise=1.0"], "data.noise must be in (0, 1), got 1.0"),
     (["warm.horizons=[3]"], "warm.horizons must be a non-empty subset of horizons, got [3]"),
-    (["distill.eval_every=500"], "distill.eval_every must be at most distill.steps (150)"),
+    (["distill.steps=150", "distill.eval_every=500"], "distill.eval_every must be at most distill.steps (150)"),
 ])
 def test_each_bad_setting_stops_the_study_at_start_naming_its_key(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as refused:
