@@ -19,19 +19,29 @@ ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or wi
 TASK_FILES = ("train_demonstrations", "distill_prompts", "heldout_prompts")  # what the data stage leaves behind
 
 
-def _require(condition: bool, key: str, expected: str, value) -> None:
+def require_setting(condition: bool, key: str, expected: str, value) -> None:
     if not condition:
         raise ConfigError(f"{key} must be {expected}, got {value!r}")
+
+
+def check_staged_run(cfg) -> None:
+    """The settings every staged experiment shares: a tokenizer, distinct seeds, threads and jobs of at least 1."""
+    if not cfg.tokenizer:
+        raise ConfigError("tokenizer is not set: pass tokenizer=PATH or export MINIMIND_TOKENIZER")
+    require_setting(bool(cfg.seeds) and len(set(cfg.seeds)) == len(cfg.seeds), "seeds",
+                    "a non-empty list of distinct integers", cfg.seeds)
+    require_setting(cfg.threads >= 1, "threads", "an integer >= 1", cfg.threads)
+    require_setting(cfg.jobs >= 1, "jobs", "an integer >= 1", cfg.jobs)
 
 
 def _check_counts(block: str, settings, keys: tuple[str, ...], minimum: int = 1) -> None:
     for key in keys:
         value = getattr(settings, key)
-        _require(value >= minimum, f"{block}.{key}", f"an integer >= {minimum}", value)
+        require_setting(value >= minimum, f"{block}.{key}", f"an integer >= {minimum}", value)
 
 
 def _check_learning_rate(key: str, value: float) -> None:
-    _require(math.isfinite(value) and value > 0, key, "a positive number", value)
+    require_setting(math.isfinite(value) and value > 0, key, "a positive number", value)
 
 
 @dataclass
@@ -112,8 +122,8 @@ class DistillSettings:
         _check_counts("distill", self, ("steps", "eval_every", "batch_size", "max_turns", "max_gen_len", "max_total_len"))
         _check_counts("distill", self, ("warmup_steps",), minimum=0)
         _check_learning_rate("distill.learning_rate", self.learning_rate)
-        _require(self.lr_scheduler in SCHEDULERS, "distill.lr_scheduler", f"one of {', '.join(SCHEDULERS)}",
-                 self.lr_scheduler)
+        require_setting(self.lr_scheduler in SCHEDULERS, "distill.lr_scheduler", f"one of {', '.join(SCHEDULERS)}",
+                        self.lr_scheduler)
 
 
 @dataclass
@@ -160,19 +170,14 @@ class RecipeConfig:
     evaluation: EvaluationSettings
 
     def __post_init__(self) -> None:
-        if not self.tokenizer:
-            raise ConfigError("tokenizer is not set: pass tokenizer=PATH or export MINIMIND_TOKENIZER")
-        _require(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), "seeds",
-                 "a non-empty list of distinct integers", self.seeds)
-        _require(self.threads >= 1, "threads", "an integer >= 1", self.threads)
-        _require(self.jobs >= 1, "jobs", "an integer >= 1", self.jobs)
-        _require(bool(self.arms), "arms", "a mapping of name -> {entry, data, overrides}", self.arms)
+        check_staged_run(self)
+        require_setting(bool(self.arms), "arms", "a mapping of name -> {entry, data, overrides}", self.arms)
         for name, arm in self.arms.items():
-            _require(all(c.isalnum() or c in "_.-" for c in name), f"arms.{name}",
-                     "named with letters, digits, '_', '-' and '.' only (it names folders and stages)", name)
-            _require(arm.entry in ENTRIES, f"arms.{name}.entry", f"one of {', '.join(ENTRIES)}", arm.entry)
-            _require(arm.data in TASK_FILES, f"arms.{name}.data", f"one of {', '.join(TASK_FILES)}", arm.data)
+            require_setting(all(c.isalnum() or c in "_.-" for c in name), f"arms.{name}",
+                            "named with letters, digits, '_', '-' and '.' only (it names folders and stages)", name)
+            require_setting(arm.entry in ENTRIES, f"arms.{name}.entry", f"one of {', '.join(ENTRIES)}", arm.entry)
+            require_setting(arm.data in TASK_FILES, f"arms.{name}.data", f"one of {', '.join(TASK_FILES)}", arm.data)
             if arm.learning_rate is not None:
                 _check_learning_rate(f"arms.{name}.learning_rate", arm.learning_rate)
-        _require(self.baseline_arm in self.arms, "baseline_arm", f"one of the arms ({', '.join(self.arms)})",
-                 self.baseline_arm)
+        require_setting(self.baseline_arm in self.arms, "baseline_arm", f"one of the arms ({', '.join(self.arms)})",
+                        self.baseline_arm)

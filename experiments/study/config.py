@@ -11,19 +11,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.recipe.config import DistillSettings, EvaluationSettings, RecipeModel, RecipeTeacher
+from experiments.recipe.config import (
+    DistillSettings,
+    EvaluationSettings,
+    RecipeModel,
+    RecipeTeacher,
+    check_staged_run,
+    require_setting,
+)
 from experiments.study.chain_task import TIMES
-from opd.config import SCHEDULERS, ConfigError
+from opd.config import SCHEDULERS
 
 ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
 TEACHERS = ("gold", "robust", "none")  # gold-only SFT, SFT on noise-injected demonstrations; none: an SFT arm
 TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "warm_demonstrations", "distill_prompts",
               "distill_demonstrations", "distill_noisy_demonstrations", "heldout_prompts")
-
-
-def _require(condition: bool, key: str, expected: str, value) -> None:
-    if not condition:
-        raise ConfigError(f"{key} must be {expected}, got {value!r}")
 
 
 @dataclass
@@ -37,8 +39,8 @@ class ChainData:
 
     def __post_init__(self) -> None:
         for key in ("train", "distill"):
-            _require(getattr(self, key) >= 1, f"data.{key}", "an integer >= 1", getattr(self, key))
-        _require(0 < self.noise < 1, "data.noise", "in (0, 1)", self.noise)
+            require_setting(getattr(self, key) >= 1, f"data.{key}", "an integer >= 1", getattr(self, key))
+        require_setting(0 < self.noise < 1, "data.noise", "in (0, 1)", self.noise)
 
 
 @dataclass
@@ -51,11 +53,11 @@ class StudySFT:
     student_lr_scheduler: str
 
     def __post_init__(self) -> None:
-        _require(self.batch_size >= 1, "sft.batch_size", "an integer >= 1", self.batch_size)
-        _require(self.warmup_steps >= 0, "sft.warmup_steps", "an integer >= 0", self.warmup_steps)
+        require_setting(self.batch_size >= 1, "sft.batch_size", "an integer >= 1", self.batch_size)
+        require_setting(self.warmup_steps >= 0, "sft.warmup_steps", "an integer >= 0", self.warmup_steps)
         for key in ("teacher_lr_scheduler", "student_lr_scheduler"):
-            _require(getattr(self, key) in SCHEDULERS, f"sft.{key}", f"one of {', '.join(SCHEDULERS)}",
-                     getattr(self, key))
+            require_setting(getattr(self, key) in SCHEDULERS, f"sft.{key}", f"one of {', '.join(SCHEDULERS)}",
+                            getattr(self, key))
 
 
 @dataclass
@@ -81,10 +83,10 @@ class WarmStart:
     min_accuracy: float
 
     def __post_init__(self) -> None:
-        _require(self.check_every >= 1, "warm.check_every", "an integer >= 1", self.check_every)
-        _require(self.prompts >= 1, "warm.prompts", "an integer >= 1", self.prompts)
-        _require(0 <= self.min_accuracy <= 1, "warm.min_accuracy", "in [0, 1] (0: the first kept checkpoint)",
-                 self.min_accuracy)
+        require_setting(self.check_every >= 1, "warm.check_every", "an integer >= 1", self.check_every)
+        require_setting(self.prompts >= 1, "warm.prompts", "an integer >= 1", self.prompts)
+        require_setting(0 <= self.min_accuracy <= 1, "warm.min_accuracy", "in [0, 1] (0: the first kept checkpoint)",
+                        self.min_accuracy)
 
 
 @dataclass
@@ -95,8 +97,8 @@ class DivergenceSettings:
     top_k: int
 
     def __post_init__(self) -> None:
-        _require(self.prompts >= 1, "divergence.prompts", "an integer >= 1", self.prompts)
-        _require(self.top_k >= 1, "divergence.top_k", "an integer >= 1", self.top_k)
+        require_setting(self.prompts >= 1, "divergence.prompts", "an integer >= 1", self.prompts)
+        require_setting(self.top_k >= 1, "divergence.top_k", "an integer >= 1", self.top_k)
 
 
 @dataclass
@@ -123,39 +125,34 @@ class StudyConfig:
     evaluation: EvaluationSettings
 
     def __post_init__(self) -> None:
-        if not self.tokenizer:
-            raise ConfigError("tokenizer is not set: pass tokenizer=PATH or export MINIMIND_TOKENIZER")
-        _require(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), "seeds",
-                 "a non-empty list of distinct integers", self.seeds)
-        _require(bool(self.horizons) and len(set(self.horizons)) == len(self.horizons)
-                 and all(h in TIMES for h in self.horizons), "horizons",
-                 f"a non-empty list of distinct horizons among {sorted(TIMES)}", self.horizons)
-        _require(bool(self.warm.horizons) and set(self.warm.horizons) <= set(self.horizons), "warm.horizons",
-                 "a non-empty subset of horizons", self.warm.horizons)
-        _require(self.warm.check_every <= self.student.sft_steps, "warm.check_every",
-                 f"at most student.sft_steps ({self.student.sft_steps})", self.warm.check_every)
-        _require(self.threads >= 1, "threads", "an integer >= 1", self.threads)
-        _require(self.jobs >= 1, "jobs", "an integer >= 1", self.jobs)
+        check_staged_run(self)
+        require_setting(bool(self.horizons) and len(set(self.horizons)) == len(self.horizons)
+                        and all(h in TIMES for h in self.horizons), "horizons",
+                        f"a non-empty list of distinct horizons among {sorted(TIMES)}", self.horizons)
+        require_setting(bool(self.warm.horizons) and set(self.warm.horizons) <= set(self.horizons), "warm.horizons",
+                        "a non-empty subset of horizons", self.warm.horizons)
+        require_setting(self.warm.check_every <= self.student.sft_steps, "warm.check_every",
+                        f"at most student.sft_steps ({self.student.sft_steps})", self.warm.check_every)
         for name, arm in self.arm_settings.items():
-            _require(all(c.isalnum() or c in "_.-" for c in name), f"arm_settings.{name}",
-                     "named with letters, digits, '_', '-' and '.' only (it names folders and stages)", name)
-            _require(arm.entry in ENTRIES, f"arm_settings.{name}.entry", f"one of {', '.join(ENTRIES)}", arm.entry)
-            _require(arm.teacher in TEACHERS, f"arm_settings.{name}.teacher", f"one of {', '.join(TEACHERS)}", arm.teacher)
-            _require((arm.teacher == "none") == (arm.entry == "sft"), f"arm_settings.{name}.teacher",
-                     "none for an sft arm and gold or robust for an opd arm", arm.teacher)
-            _require(arm.data in TASK_FILES, f"arm_settings.{name}.data", f"one of {', '.join(TASK_FILES)}", arm.data)
-        _require(self.baseline_arm in self.arm_settings, "baseline_arm",
-                 f"one of the arms ({', '.join(self.arm_settings)})", self.baseline_arm)
+            require_setting(all(c.isalnum() or c in "_.-" for c in name), f"arm_settings.{name}",
+                            "named with letters, digits, '_', '-' and '.' only (it names folders and stages)", name)
+            require_setting(arm.entry in ENTRIES, f"arm_settings.{name}.entry", f"one of {', '.join(ENTRIES)}", arm.entry)
+            require_setting(arm.teacher in TEACHERS, f"arm_settings.{name}.teacher", f"one of {', '.join(TEACHERS)}", arm.teacher)
+            require_setting((arm.teacher == "none") == (arm.entry == "sft"), f"arm_settings.{name}.teacher",
+                            "none for an sft arm and gold or robust for an opd arm", arm.teacher)
+            require_setting(arm.data in TASK_FILES, f"arm_settings.{name}.data", f"one of {', '.join(TASK_FILES)}", arm.data)
+        require_setting(self.baseline_arm in self.arm_settings, "baseline_arm",
+                        f"one of the arms ({', '.join(self.arm_settings)})", self.baseline_arm)
         unknown = [name for name in self.arms or () if name not in self.arm_settings]
-        _require(not unknown, "arms", f"a list of arm names among {', '.join(self.arm_settings)}", self.arms)
+        require_setting(not unknown, "arms", f"a list of arm names among {', '.join(self.arm_settings)}", self.arms)
         steps = self.distill.steps
         for block in ("distill", "evaluation"):
             turns = getattr(self, block).max_turns
-            _require(turns >= 2 * max(self.horizons) + 1, f"{block}.max_turns",
-                     f"at least 2 * max(horizons) + 1 = {2 * max(self.horizons) + 1} (every call retried once, then "
-                     "the answer)", turns)
-        _require(self.distill.eval_every <= steps, "distill.eval_every", f"at most distill.steps ({steps})",
-                 self.distill.eval_every)
+            require_setting(turns >= 2 * max(self.horizons) + 1, f"{block}.max_turns",
+                            f"at least 2 * max(horizons) + 1 = {2 * max(self.horizons) + 1} (every call retried once, then "
+                            "the answer)", turns)
+        require_setting(self.distill.eval_every <= steps, "distill.eval_every", f"at most distill.steps ({steps})",
+                        self.distill.eval_every)
 
     @property
     def running_arms(self) -> list[str]:
