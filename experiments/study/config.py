@@ -45,15 +45,19 @@ class ChainData:
 
 @dataclass
 class StudySFT:
-    """``sft``: the batch, warmup and lr schedule of the teachers' and the students' SFT."""
+    """``sft``: the batch, warmup and lr schedule of the teachers' and the students' SFT, and how long the robust
+    teacher continues the gold one on noise-injected demonstrations."""
 
     batch_size: int
     warmup_steps: int
     teacher_lr_scheduler: str
     student_lr_scheduler: str
+    robust_teacher_steps: int
 
     def __post_init__(self) -> None:
         require_setting(self.batch_size >= 1, "sft.batch_size", "an integer >= 1", self.batch_size)
+        require_setting(self.robust_teacher_steps >= 1, "sft.robust_teacher_steps", "an integer >= 1",
+                        self.robust_teacher_steps)
         require_setting(self.warmup_steps >= 0, "sft.warmup_steps", "an integer >= 0", self.warmup_steps)
         for key in ("teacher_lr_scheduler", "student_lr_scheduler"):
             require_setting(getattr(self, key) in SCHEDULERS, f"sft.{key}", f"one of {', '.join(SCHEDULERS)}",

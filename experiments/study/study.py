@@ -6,9 +6,11 @@
 1. ``data``: the chain task (``python -m experiments.study.chain_task``): horizons of dependent calculator calls,
    gold and noise-injected demonstrations, distillation prompts, every held-out problem at every horizon; three
    splits disjoint by problem.
-2. ``teacher-gold`` and ``teacher-robust``: SFT (``opd/sft.py``) of the same seeded random init of the teacher's
-   architecture, on the gold demonstrations and on the noise-injected ones (corrupted calls are context, never
-   targets: the robust teacher learns the retry after a failed call); each is evaluated on the held-out problems.
+2. ``teacher-gold``: SFT (``opd/sft.py``) of a seeded random init of the teacher's architecture on the gold
+   demonstrations; ``teacher-robust``: that teacher continued by SFT on the noise-injected demonstrations
+   (corrupted calls are context, never targets: it learns the retry after a failed call). Trained from scratch on
+   noisy demonstrations, the same init had not reached the task's cliff after 1000 steps (0.04 held-out); both
+   are evaluated on the held-out problems.
 3. Per seed: ``student``: SFT of the much smaller student architecture from the seed's init on the gold
    demonstrations of ``warm.horizons``, keeping its weights every ``warm.check_every`` steps; ``warm``: the first of
    them whose greedy accuracy on validation prompts reaches ``warm.min_accuracy`` is the warm student every arm of
@@ -120,14 +122,15 @@ def _records(cfg: StudyConfig, name: str) -> int:
 
 
 def _sft_command(cfg: StudyConfig, block: RecipeModel, role: str, seed: int, data: Path, out: Path,
-                 prefix: str, keep_every: int | None = None) -> list[str]:
-    """SFT from a seeded random init; ``keep_every``: also keep the weights every that many steps."""
-    steps = block.sft_steps
+                 prefix: str, keep_every: int | None = None, start: Path | None = None) -> list[str]:
+    """SFT from a seeded random init, or for ``sft.robust_teacher_steps`` from the weights ``start``;
+    ``keep_every``: also keep the weights every that many steps."""
+    steps = block.sft_steps if start is None else cfg.sft.robust_teacher_steps
     epochs = math.ceil(steps * cfg.sft.batch_size / _records(cfg, data.stem))
     d = cfg.distill
     return [sys.executable, "opd/sft.py", f"data={data}", f"tokenizer={cfg.tokenizer}", "device=cpu",
-            "from_scratch=true", f"model.name=study_{role}", *_architecture(block, "model"), f"seed={seed}",
-            f"max_steps={steps}", f"epochs={epochs}", f"batch_size={cfg.sft.batch_size}", "overwrite=true",
+            "from_scratch=true" if start is None else f"model.checkpoint={start}", f"model.name=study_{role}",
+            *_architecture(block, "model"), f"seed={seed}", f"max_steps={steps}", f"epochs={epochs}", f"batch_size={cfg.sft.batch_size}", "overwrite=true",
             f"optim.learning_rate={block.learning_rate}", f"optim.warmup_steps={cfg.sft.warmup_steps}",
             f"optim.lr_scheduler={getattr(cfg.sft, f'{role}_lr_scheduler')}", f"max_total_len={d.max_total_len}",
             f"save_prefix={prefix}",
@@ -183,10 +186,14 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
                              "--warm-horizons", ",".join(map(str, cfg.warm.horizons))],
                     [paths.file(name) for name in DATA_FILES])]
     evaluations = []
-    for kind, demonstrations in (("gold", "train_demonstrations"), ("robust", "train_noisy_demonstrations")):
-        stages.append(Stage(f"teacher-{kind}", _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed,
-                                                            paths.file(demonstrations), paths.teacher(kind).parent,
-                                                            f"teacher_{kind}"), [paths.teacher(kind)], ("data",)))
+    stages.append(Stage("teacher-gold", _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed,
+                                                     paths.file("train_demonstrations"), paths.teacher("gold").parent,
+                                                     "teacher_gold"), [paths.teacher("gold")], ("data",)))
+    stages.append(Stage("teacher-robust", _sft_command(
+        cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_noisy_demonstrations"),
+        paths.teacher("robust").parent, "teacher_robust", start=paths.teacher("gold")),
+        [paths.teacher("robust")], ("teacher-gold",)))
+    for kind in ("gold", "robust"):
         evaluations.append(_eval_stage(cfg, paths, f"teacher-{kind}-eval", paths.evaluation(None, f"teacher_{kind}"),
                                        {kind: (paths.teacher(kind), cfg.teacher)}, (f"teacher-{kind}",)))
     steps = curve_steps(cfg)

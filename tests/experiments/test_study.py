@@ -52,10 +52,14 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     robust = stages["teacher-robust"]
     assert argument(robust.command, "data") == str(paths.file("train_noisy_demonstrations"))
     assert argument(stages["teacher-gold"].command, "data") == str(paths.file("train_demonstrations"))
-    # both teachers: the same architecture, init seed and schedule; only the demonstrations differ
-    assert [p for p in robust.command if not p.startswith(("data=", "save_prefix=", "out_dir=", "hydra.run.dir="))] == [
-        p for p in stages["teacher-gold"].command if not p.startswith(("data=", "save_prefix=", "out_dir=",
-                                                                        "hydra.run.dir="))]
+    # the robust teacher continues the gold one: the same architecture and schedule, its own steps and data
+    assert robust.needs == ("teacher-gold",) and argument(robust.command, "model.checkpoint") == str(paths.teacher("gold"))
+    assert "from_scratch=true" in stages["teacher-gold"].command and "from_scratch=true" not in robust.command
+    assert argument(robust.command, "max_steps") == str(cfg.sft.robust_teacher_steps)
+    varying = ("data=", "save_prefix=", "out_dir=", "hydra.run.dir=", "from_scratch=", "model.checkpoint=",
+               "max_steps=", "epochs=")
+    assert [p for p in robust.command if not p.startswith(varying)] == [
+        p for p in stages["teacher-gold"].command if not p.startswith(varying)]
 
 
 def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_settings(tmp_path):
