@@ -46,6 +46,20 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _skip_done(waiting: list[Stage], results: dict, ran: set[str], out: Path, rerun: bool, console: Console) -> None:
+    """Take every waiting stage that is done already (its needs done, none of them run again) out of ``waiting``,
+    until none is left, so that the stages to start are chosen in listed order among all that can start."""
+    skipped = True
+    while skipped:
+        skipped = False
+        for stage in [stage for stage in waiting if all(need in results for need in stage.needs)]:
+            done = None if rerun or ran & set(stage.needs) else _is_done(stage, out / "stages" / f"{stage.name}.json")
+            if done:
+                waiting.remove(stage)
+                results[stage.name], skipped = {"wall_s": done["wall_s"], "reused": True}, True
+                console.print(f"[dim]{stage.name}: done earlier ({done['wall_s']:.0f} s), skipped[/]")
+
+
 def run_stages(stages: list[Stage], out: Path, *, jobs: int, threads: int, rerun: bool,
                console: Console) -> dict[str, dict]:
     """Run every stage once the stages it needs are done, ``jobs`` at a time; returns name -> {wall_s, reused}.
@@ -60,14 +74,9 @@ def run_stages(stages: list[Stage], out: Path, *, jobs: int, threads: int, rerun
     previous_handler = signal.signal(signal.SIGTERM, _interrupt)  # a terminated experiment stops its stages too
     try:
         while waiting or running:
+            _skip_done(waiting, results, ran, out, rerun, console)
             for stage in [stage for stage in waiting if all(need in results for need in stage.needs)]:
-                marker = out / "stages" / f"{stage.name}.json"
-                done = None if rerun or ran & set(stage.needs) else _is_done(stage, marker)
-                if done:
-                    waiting.remove(stage)
-                    results[stage.name] = {"wall_s": done["wall_s"], "reused": True}
-                    console.print(f"[dim]{stage.name}: done earlier ({done['wall_s']:.0f} s), skipped[/]")
-                elif len(running) < jobs:
+                if len(running) < jobs:
                     waiting.remove(stage)
                     log = out / "logs" / f"{stage.name}.log"
                     with log.open("w") as stream:

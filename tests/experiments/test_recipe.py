@@ -154,6 +154,13 @@ def test_stages_run_after_what_they_read_two_at_a_time_and_are_skipped_when_done
     (tmp_path / "stages" / "b.json").unlink()  # b runs again, so d (which reads it) does too; a and c are reused
     partly = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=Console(quiet=True))
     assert {name for name, result in partly.items() if not result["reused"]} == {"b", "d"}
+    # stages start in listed order among all that can start, also behind skipped ones: with a reused, c (listed
+    # first, reading a) takes the one slot before e, which reads nothing
+    log.write_text("")
+    (tmp_path / "stages" / "c.json").unlink()
+    run_stages([stages[0], stages[2], step("e")], tmp_path, jobs=1, threads=1, rerun=False,
+               console=Console(quiet=True))
+    assert log.read_text().splitlines() == ["start c", "end c", "start e", "end e"]
 
 
 def test_a_failing_stage_stops_the_recipe_naming_its_log(tmp_path):
