@@ -36,6 +36,11 @@ from tests.helpers.paths import REPO_ROOT
 # stand-in tokenizer's sequences differ by (4e-7). It still rejects every real fault: a rank's share lost or counted
 # twice, or a wrong world-size scaling, moves the loss by 10% or more.
 LOSS_ROUNDING = 4 * torch.finfo(torch.float32).eps * math.log(MINIMIND_VOCAB_SIZE)
+# The weights after 3 AdamW steps at lr 1e-3: Adam divides each gradient by its own running RMS, so a parameter whose
+# gradient is small (a rarely used embedding row) turns the gradients' rounding differences into update differences
+# far larger than theirs; measured up to 5.3e-6 (stand-in tokenizer) and 3e-6 (MiniMind's). A lost or doubled rank
+# share changes the gradient's direction and moves parameters by up to lr per step, 1e-3: 50x this bound.
+WEIGHT_ROUNDING = 2e-5
 
 
 def test_shares_split_a_micro_batch_in_rank_order():
@@ -152,7 +157,7 @@ def test_two_processes_make_the_single_process_update(workspace, mode):
     one = single(workspace, f"{name}-one", *mode)
     difference = max_difference(weights(two), weights(one))
     print(f"max |difference| of student parameters after 3 steps ({name}): {difference:.3g}")
-    assert difference < 5e-6
+    assert difference < WEIGHT_ROUNDING
     steps_two, steps_one = metrics(two_run), metrics(one)
     assert [m["episodes"] for m in steps_two] == [m["episodes"] for m in steps_one] == [4, 1, 4]
     for a, b in zip(steps_two, steps_one, strict=True):
