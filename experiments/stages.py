@@ -46,13 +46,17 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _skip_done(waiting: list[Stage], results: dict, ran: set[str], out: Path, rerun: bool, console: Console) -> None:
+def _skip_done(waiting: list[Stage], results: dict, ran: set[str], checked: set[str], out: Path, rerun: bool,
+               console: Console) -> None:
     """Take every waiting stage that is done already (its needs done, none of them run again) out of ``waiting``,
-    until none is left, so that the stages to start are chosen in listed order among all that can start."""
+    until none is left, so that the stages to start are chosen in listed order among all that can start. Each
+    stage is checked once, when its needs are first done (``checked``)."""
     skipped = True
     while skipped:
         skipped = False
-        for stage in [stage for stage in waiting if all(need in results for need in stage.needs)]:
+        for stage in [stage for stage in waiting
+                      if stage.name not in checked and all(need in results for need in stage.needs)]:
+            checked.add(stage.name)
             done = None if rerun or ran & set(stage.needs) else _is_done(stage, out / "stages" / f"{stage.name}.json")
             if done:
                 waiting.remove(stage)
@@ -70,11 +74,11 @@ def run_stages(stages: list[Stage], out: Path, *, jobs: int, threads: int, rerun
         raise UserError(f"jobs and threads must be >= 1, got jobs={jobs}, threads={threads}")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    results, ran, waiting, running = {}, set(), list(stages), {}
+    results, ran, checked, waiting, running = {}, set(), set(), list(stages), {}
     previous_handler = signal.signal(signal.SIGTERM, _interrupt)  # a terminated experiment stops its stages too
     try:
         while waiting or running:
-            _skip_done(waiting, results, ran, out, rerun, console)
+            _skip_done(waiting, results, ran, checked, out, rerun, console)
             for stage in [stage for stage in waiting if all(need in results for need in stage.needs)]:
                 if len(running) < jobs:
                     waiting.remove(stage)
