@@ -116,7 +116,8 @@ def metric_names(page: str) -> set[str]:
 
 
 class MetricsPoller:
-    """Reads ``base_url/metrics`` every 0.2 s in a thread; ``pages`` keeps each distinct page body."""
+    """Reads ``base_url/metrics`` every 0.05 s in a thread; ``pages`` keeps each distinct page body. (At 0.2 s a
+    24-conversation run on a loaded 2-core machine once ended between two loaded readings.)"""
 
     def __init__(self, base_url: str):
         self.base_url, self.pages, self._stop = base_url, [], threading.Event()
@@ -131,7 +132,7 @@ class MetricsPoller:
                 status, page = 0, ""
             if status == 200 and (not self.pages or page != self.pages[-1]):
                 self.pages.append(page)
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     def stop(self) -> list[str]:
         self._stop.set()

@@ -60,7 +60,7 @@ def test_server_vllm_starts_steers_by_metrics_and_stops(tmp_path, monkeypatch, c
     assert not log.with_suffix(".pid").exists()
     if dp == 2:
         assert "Started 2 API server processes" in log.read_text()
-        unfilled = unfilled_page(pages)  # seen unless vllm.sh's probe came within 0.2 s of the server answering
+        unfilled = unfilled_page(pages)  # seen unless vllm.sh's probe came within 0.05 s of the server answering
         if unfilled is not None:
             record_or_check("metrics_dp2_unfilled.txt", unfilled)
         page = loaded_page(pages)
