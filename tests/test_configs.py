@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
+import importlib
 
 import pytest
 import yaml
@@ -13,6 +12,7 @@ from omegaconf import OmegaConf
 
 from common.minimind.model import ModelSpec
 from tests.helpers.configs import compose_config, entry_config, options
+from tests.helpers.entries import run_main
 from tests.helpers.paths import CONFIG_DIR, REPO_ROOT
 
 GROUPS = {
@@ -116,10 +116,9 @@ def test_multirun_job_dirs_never_collide():
 
 
 def run_cli(script: str, *overrides: str) -> dict:
-    result = subprocess.run(
-        [sys.executable, script, "--cfg", "job", *overrides],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-    )
+    """``python SCRIPT --cfg job OVERRIDES`` (inside this process): the composed config it prints."""
+    entry = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+    result = run_main(entry.main, "--cfg", "job", *overrides, cwd=REPO_ROOT, program=script)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import torch
 
 from common.chat_records import AgentRecord
 from common.minimind.model import MiniMindArch, build_model
+from tests.helpers.entries import Ran, run_main
 from tests.helpers.paths import REPO_ROOT
 from tools.mock_tools import tool_schemas
 
@@ -88,11 +90,11 @@ def entry_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def run_entry(entry: str, *arguments: str, cwd=None) -> subprocess.CompletedProcess:
-    """``entry_command`` run to its end from ``cwd`` (the repository root by default)."""
-
-    return subprocess.run(entry_command(entry, *arguments), cwd=cwd or REPO_ROOT, env=entry_env(), capture_output=True,
-                          text=True, timeout=300)
+def run_entry(entry: str, *arguments: str, cwd=None) -> Ran:
+    """``python opd/{entry}.py ARGUMENTS`` run to its end from ``cwd`` (the repository root by default), inside this
+    process (``tests/helpers/entries.py``): what it printed and its exit status."""
+    return run_main(importlib.import_module(f"opd.{entry}").main, *arguments, cwd=cwd or REPO_ROOT,
+                    program=f"opd/{entry}.py")
 
 
 def not_a_checkpoint(key: str, path) -> str:

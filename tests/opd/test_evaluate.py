@@ -4,8 +4,6 @@ checkpoints, each in its own process, the table, the JSON report and the chart).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -18,7 +16,6 @@ from opd.config import EvalConfig, RolloutConfig, SamplingConfig
 from opd.evaluate import check_heldout, evaluate, evaluate_checkpoint
 from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.opd_support import agent_record, not_a_checkpoint, run_entry
-from tests.helpers.paths import REPO_ROOT
 
 
 def model_override(name: str, checkpoint, role: str) -> str:
@@ -32,12 +29,10 @@ def test_evaluate_cli_compares_checkpoints(tmp_path, tokenizer_path, tiny_checkp
     checkpoints = tiny_checkpoints
     data = write_task(tmp_path / "task", train=5, heldout=4, seed=4)["files"]["heldout_prompts"]
     out = tmp_path / "eval"
-    result = subprocess.run(
-        [sys.executable, "opd/evaluate.py", f"data={data}", f"tokenizer={tokenizer_path}", f"out_dir={out}",
-         f"hydra.run.dir={tmp_path / 'run'}", "rollout.max_gen_len=8", "rollout.max_turns=2", "batch_size=2", "device=cpu",
-         model_override("small", checkpoints["student"], "student"),
-         model_override("large", checkpoints["teacher"], "teacher")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    result = run_entry("evaluate", f"data={data}", f"tokenizer={tokenizer_path}", f"out_dir={out}",
+                       f"hydra.run.dir={tmp_path / 'run'}", "rollout.max_gen_len=8", "rollout.max_turns=2", "batch_size=2",
+                       "device=cpu", model_override("small", checkpoints["student"], "student"),
+                       model_override("large", checkpoints["teacher"], "teacher"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "evaluation.json").read_text())
     assert [c["name"] for c in report["checkpoints"]] == ["small", "large"]
@@ -64,9 +59,7 @@ def test_evaluate_cli_a_checkpoint_that_is_no_checkpoint_is_one_error_line(tmp_p
 
 
 def test_evaluate_cli_refuses_an_empty_model_list(tmp_path, tokenizer_path):
-    result = subprocess.run(
-        [sys.executable, "opd/evaluate.py", "data=x.jsonl", "models={}", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = run_entry("evaluate", "data=x.jsonl", "models={}", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1, result.stderr
     assert "error: models must be a mapping of name -> model block" in result.stderr
     assert "Traceback" not in result.stderr

@@ -15,6 +15,7 @@ from opd.checkpoints import load_resume
 from opd.sft import train
 from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.configs import entry_config
+from tests.helpers.opd_support import run_entry
 from tests.helpers.paths import REPO_ROOT
 
 
@@ -74,10 +75,8 @@ def test_sft_cli(workspace, tmp_path):
 @pytest.mark.parametrize("prefix", ["../../x", "sub/x", "/tmp/x", ""])
 def test_save_prefix_names_files_in_out_dir_only(workspace, tmp_path, prefix):
     """save_prefix=../../x once wrote {out_dir}/../../x_64.pth: a prefix that is no plain name is refused at start."""
-    result = subprocess.run(
-        [sys.executable, "opd/sft.py", *workspace["base"], f"out_dir={tmp_path / 'a' / 'b' / 'out'}",
-         f"hydra.run.dir={tmp_path / 'run'}", "max_steps=1", f"save_prefix='{prefix}'"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    result = run_entry("sft", *workspace["base"], f"out_dir={tmp_path / 'a' / 'b' / 'out'}",
+                       f"hydra.run.dir={tmp_path / 'run'}", "max_steps=1", f"save_prefix='{prefix}'")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.splitlines() == [
         f"error: save_prefix must be named with letters, digits, '_', '-' and '.' only (it names files in out_dir), "

@@ -144,9 +144,8 @@ def test_cli_trains_tiny_models_on_cpu(workspace):
     ("data=/nowhere/agent.jsonl", "error: agent data file not found: /nowhere/agent.jsonl"),
 ])
 def test_cli_user_errors_are_one_error_line_without_traceback(workspace, tmp_path, override, shown):
-    result = subprocess.run(
-        [sys.executable, "opd/train.py", *workspace["base"], f"out_dir={tmp_path / 'out'}",
-         f"hydra.run.dir={tmp_path / 'run'}", override], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    result = run_entry("train", *workspace["base"], f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'run'}",
+                       override)
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.splitlines()[0] == shown and "Traceback" not in result.stderr
 

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -23,7 +22,7 @@ from opd.loss import token_divergence
 from opd.train import train
 from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.configs import entry_config
-from tests.helpers.opd_support import write_agent_data
+from tests.helpers.opd_support import entry_command, entry_env, run_entry, write_agent_data
 from tests.helpers.paths import REPO_ROOT
 
 OPTIONS = {"turn_share": ["guidance.turn_share=0.9", "guidance.turn_share_final=0.1"],
@@ -78,27 +77,33 @@ def test_the_teachers_share_of_the_tokens_is_logged_every_step(workspace):
 
 @pytest.mark.parametrize("option", sorted(OPTIONS))
 def test_killed_and_resumed_guided_run_is_bit_identical_to_a_straight_one(workspace, option):
+    """The straight run and the resumed one run in this process, the killed one in its own; all on one thread, so
+    the three compute alike to the bit."""
     common = ["max_steps=6", "save_interval=1", "epochs=3", *OPTIONS[option]]
     straight, killed = workspace["root"] / f"{option}-straight", workspace["root"] / f"{option}-killed"
 
-    def command(out, *extra):
-        return [sys.executable, "opd/train.py", *workspace["base"], *common, f"out_dir={out}",
-                f"hydra.run.dir={out / 'run'}", *extra]
+    def arguments(out, *extra):
+        return [*workspace["base"], *common, f"out_dir={out}", f"hydra.run.dir={out / 'run'}", *extra]
 
-    done = subprocess.run(command(straight), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    process = subprocess.Popen(command(killed), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline, log = time.monotonic() + 300, killed / "run" / "metrics.jsonl"
-    while not log.is_file() or len(log.read_text().splitlines()) < 2:
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    resume = killed / "agent_opd_64_resume.pth"
-    assert 1 <= load_resume(resume)["step"] < 6  # killed mid-run
-    done = subprocess.run(command(killed, f"resume={resume}"), cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as entry_env() sets for the killed run
+    try:
+        done = run_entry("train", *arguments(straight))
+        assert done.returncode == 0, done.stderr[-3000:]
+        process = subprocess.Popen(entry_command("train", *arguments(killed)), cwd=REPO_ROOT, env=entry_env(),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = killed / "run" / "metrics.jsonl"
+        while not log.is_file() or len(log.read_text().splitlines()) < 2:  # a hang ends at pytest's timeout
+            assert process.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        resume = killed / "agent_opd_64_resume.pth"
+        assert 1 <= load_resume(resume)["step"] < 6  # killed mid-run
+        done = run_entry("train", *arguments(killed, f"resume={resume}"))
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        torch.set_num_threads(threads)
     final_straight, final_resumed = load_resume(straight / "agent_opd_64_resume.pth"), load_resume(resume)
     assert final_resumed["step"] == 6
     assert all(torch.equal(final_straight["model"][k], v) for k, v in final_resumed["model"].items())
@@ -142,8 +147,7 @@ def test_the_jsd_step_minimizes_the_mean_jsd_over_every_target(workspace, tokeni
      "error: loss.jsd_beta must be in (0, 1) (the limits are loss.kl_direction=forward_kl and reverse_kl), got 1.0"),
 ])
 def test_bad_guidance_settings_are_one_error_line(workspace, tmp_path, override, shown):
-    result = subprocess.run([sys.executable, "opd/train.py", *workspace["base"], f"out_dir={tmp_path / 'out'}",
-                             f"hydra.run.dir={tmp_path / 'run'}", *override],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    result = run_entry("train", *workspace["base"], f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'run'}",
+                       *override)
     assert result.returncode == 1 and result.stderr.splitlines()[0] == shown, result.stderr[-2000:]
     assert "Traceback" not in result.stderr

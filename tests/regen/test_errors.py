@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from common.minimind.model import MiniMindArch, build_model, save_native
+from tests.helpers.entries import Ran, run_main
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import EOS, ok, read_jsonl, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port, install_standin_vllm, wait_until
@@ -27,14 +28,21 @@ def regen_cli(*overrides: str, env: dict | None = None, cwd=REPO_ROOT) -> subpro
                           capture_output=True, text=True, timeout=180)
 
 
-def error_lines(result: subprocess.CompletedProcess) -> list[str]:
+def regen_main(*overrides: str, env: dict | None = None) -> Ran:
+    """``regen_cli`` inside this process (``tests/helpers/entries.py``), where no separate process is the point."""
+    from regen.main import main
+
+    return run_main(main, *overrides, env=env, cwd=REPO_ROOT, program="regen/main.py")
+
+
+def error_lines(result: subprocess.CompletedProcess | Ran) -> list[str]:
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     return [line for line in result.stderr.splitlines() if line.startswith("error:")]
 
 
 def test_the_readme_command_without_a_model_says_what_to_add(tmp_path):
-    result = regen_cli("dataset=magpie", "server.dp=4", f"hydra.run.dir={tmp_path / 'h'}")
+    result = regen_main("dataset=magpie", "server.dp=4", f"hydra.run.dir={tmp_path / 'h'}")
     assert error_lines(result) == [
         "error: server.model is required",
         "error: add server.model=<hub id or model folder> (e.g. server.model=Qwen/Qwen3-8B) for server=vllm, "
@@ -72,7 +80,7 @@ def test_user_errors_are_one_or_two_error_lines_before_any_request(serve, tmp_pa
         out.write_text('{"id": "z_gen0", "primary_id": "z"}\n')
     if setup == "blocked":
         (tmp_path / "blocked").write_text("a file where the folder should be")
-    result = regen_cli("dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{server.url}]",
+    result = regen_main("dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{server.url}]",
                        "server.model=standin", f"tokenizer={tokenizer_path}", f"output={out}", *overrides,
                        f"hydra.run.dir={tmp_path / 'h'}")
     assert error_lines(result) == [line.format(data=data, out=out, tmp=tmp_path) for line in expected]
@@ -82,7 +90,7 @@ def test_user_errors_are_one_or_two_error_lines_before_any_request(serve, tmp_pa
 
 def test_a_missing_local_checkpoint_is_refused_before_anything_starts(tmp_path, tokenizer_path):
     log = tmp_path / "local.log"
-    result = regen_cli("dataset=sample", "server=local", f"server.checkpoint={tmp_path / 'missing.pth'}",
+    result = regen_main("dataset=sample", "server=local", f"server.checkpoint={tmp_path / 'missing.pth'}",
                        f"server.log_file={log}", f"tokenizer={tokenizer_path}", f"output={tmp_path / 'out.jsonl'}",
                        f"hydra.run.dir={tmp_path / 'h'}")
     assert error_lines(result)[0] == f"error: server.checkpoint={tmp_path / 'missing.pth'}: no such file"
@@ -95,7 +103,7 @@ def test_a_server_that_fails_to_start_is_an_error_line_after_its_log(tmp_path, t
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "STANDIN_VLLM_MODE": "die",
            "VLLM_READY_POLL_S": "0.1"}
     log = tmp_path / "vllm.log"
-    result = regen_cli("dataset=sample", "server.model=org/m", f"server.port={free_port()}", f"server.log_file={log}",
+    result = regen_main("dataset=sample", "server.model=org/m", f"server.port={free_port()}", f"server.log_file={log}",
                        f"tokenizer={tokenizer_path}", f"output={tmp_path / 'out.jsonl'}",
                        f"hydra.run.dir={tmp_path / 'h'}", env=env)
     assert error_lines(result) == [
@@ -108,7 +116,7 @@ def test_checks_run_before_a_vllm_server_would_start(tmp_path, tokenizer_path):
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
            "STANDIN_VLLM_ARGV_LOG": str(tmp_path / "argv.jsonl")}
     (tmp_path / "out.jsonl").write_text('{"id": "z_gen0", "primary_id": "z"}\n')
-    result = regen_cli("dataset=sample", "server.model=org/m", f"server.port={free_port()}", f"tokenizer={tokenizer_path}",
+    result = regen_main("dataset=sample", "server.model=org/m", f"server.port={free_port()}", f"tokenizer={tokenizer_path}",
                        f"output={tmp_path / 'out.jsonl'}", f"hydra.run.dir={tmp_path / 'h'}", env=env)
     assert error_lines(result)[0] == f"error: {tmp_path / 'out.jsonl'} exists from an earlier run"
     assert not (tmp_path / "argv.jsonl").exists()  # vllm was never started

@@ -13,6 +13,8 @@ import sys
 from collections import Counter
 
 from regen.job import run
+from regen.main import main
+from tests.helpers.entries import run_main
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import EOS, ok, read_jsonl, regen_config, write_jsonl
 from tests.helpers.standin_vllm_cli import wait_until
@@ -77,11 +79,9 @@ def test_kill_9_mid_run_then_resume_finishes_every_conversation_once(serve, tmp_
 def test_multirun_jobs_write_distinct_files_with_their_sampling(serve, tmp_path, tokenizer_path):
     server = serve(lambda payload: ok("hi", [1, 5], [6, EOS]), model="org/Tiny")
     data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}])
-    result = subprocess.run(
-        cli("-m", "sampling.temperature=0.6,1.0", "dataset=local", f"dataset.path={data}", "server=external",
-            f"server.endpoints=[{server.url}]", f"tokenizer={tokenizer_path}", f"output_dir={tmp_path / 'o'}",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}"),
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = run_main(main, "-m", "sampling.temperature=0.6,1.0", "dataset=local", f"dataset.path={data}",
+                      "server=external", f"server.endpoints=[{server.url}]", f"tokenizer={tokenizer_path}",
+                      f"output_dir={tmp_path / 'o'}", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     for temperature in ("0.6", "1.0"):
         rows = read_jsonl(tmp_path / "o" / f"rows_Tiny_sampling.temperature={temperature}.jsonl")
@@ -103,10 +103,9 @@ def test_credentials_in_an_endpoint_reach_no_file_and_no_console(serve, tmp_path
     secret = "pw-3f9a2b"
     endpoint = server.url.replace("http://", f"http://alice:{secret}@") + "/v1"
     data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "messages": []}])
-    result = subprocess.run(
-        cli("dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{endpoint}]",
-            f"tokenizer={tokenizer_path}", f"output={tmp_path / 'o' / 'out.jsonl'}", f"hydra.run.dir={tmp_path / 'h'}"),
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = run_main(main, "dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{endpoint}]",
+                      f"tokenizer={tokenizer_path}", f"output={tmp_path / 'o' / 'out.jsonl'}",
+                      f"hydra.run.dir={tmp_path / 'h'}", cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert server.server.authorizations[-1] == "Basic " + base64.b64encode(f"alice:{secret}".encode()).decode()
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p != data]
