@@ -14,6 +14,7 @@ from experiments.study.report import checkpoint_scores, study_report, summary_re
 from experiments.study.study import StudyPaths, curve_steps, study_stages
 from opd.config import ConfigError, parse_config
 from tests.helpers.configs import compose_config
+from tests.helpers.entries import run_main
 from tests.helpers.paths import REPO_ROOT
 
 
@@ -229,15 +230,16 @@ def test_the_warm_start_is_the_first_kept_checkpoint_reaching_the_threshold(tmp_
         torch.manual_seed(step)
         save_native(build_model(MiniMindArch(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                              num_key_value_heads=1)), run / f"s_32_step{step}.pth")
-    command = [sys.executable, "-m", "experiments.study.warm_start", "--run-dir", str(run), "--stem", "s_32",
-               "--arch", "32,1,2,1", "--data", files["distill_prompts"], "--tokenizer", str(tokenizer_path),
-               "--prompts", "3", "--max-turns", "3", "--max-gen-len", "4", "--out", str(tmp_path / "warm.pth")]
-    first = subprocess.run([*command, "--min-accuracy", "0"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    from experiments.study.warm_start import main
+
+    command = ["--run-dir", str(run), "--stem", "s_32", "--arch", "32,1,2,1", "--data", files["distill_prompts"],
+               "--tokenizer", str(tokenizer_path), "--prompts", "3", "--max-turns", "3", "--max-gen-len", "4",
+               "--out", str(tmp_path / "warm.pth")]
+    first = run_main(main, *command, "--min-accuracy", "0", hydra=False)
     assert first.returncode == 0, first.stderr[-2000:]
     assert (tmp_path / "warm.pth").read_bytes() == (run / "s_32_step50.pth").read_bytes()
     assert json.loads((tmp_path / "warm.json").read_text())["chosen"]["step"] == 50
-    refused = subprocess.run([*command, "--min-accuracy", "1"], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=300)
+    refused = run_main(main, *command, "--min-accuracy", "1", hydra=False)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.startswith(f"error: no SFT checkpoint in {run} reached validation accuracy 1.0")
     assert [row["step"] for row in json.loads((tmp_path / "warm.json").read_text())["measured"]] == [50, 100]

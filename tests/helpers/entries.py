@@ -33,17 +33,18 @@ class Ran:
 
 
 def run_main(main: Callable[[], None], *arguments: str, cwd: Path | str | None = None, env: dict | None = None,
-             program: str = "entry") -> Ran:
+             program: str = "entry", hydra: bool = True) -> Ran:
     """``main()`` with ``sys.argv = [program, *arguments]`` from ``cwd`` (the current folder by default) and with
     ``env`` as the environment if given: its output and its exit status (0 when it returns, the ``SystemExit``
     code otherwise). The folder, ``sys.argv`` and the environment are restored afterwards.
 
     An entry's ``config_path`` (``../configs``) is relative to its file only when it runs as a script; imported as a
-    module Hydra would look for a package, so the run names the repository's ``configs/`` with ``--config-path``."""
+    module Hydra would look for a package, so the run names the repository's ``configs/`` with ``--config-path``
+    (``hydra=False``: a plain argparse entry, given ``arguments`` only)."""
     out, err = io.StringIO(), io.StringIO()
     argv, folder, environment = sys.argv, os.getcwd(), dict(os.environ)
     handlers, level = list(logging.root.handlers), logging.root.level
-    sys.argv = [program, "--config-path", str(CONFIG_DIR), *arguments]
+    sys.argv = [program, *(("--config-path", str(CONFIG_DIR)) if hydra else ()), *arguments]
     code = 0
     try:
         if env is not None:

@@ -6,14 +6,15 @@ are vLLM's own (``tests/fixtures/vllm/``, recorded by ``make test-vllm``)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 
 import pytest
 
+from regen.main import main
 from regen.settings import RegenSettings, SettingsError
 from standins.vllm_server import Reply
 from tests.helpers.configs import compose_config
+from tests.helpers.entries import run_main
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import EOS, Script, ok, read_jsonl, write_jsonl
 from tests.vllm_live.support import FIXTURES
@@ -44,11 +45,11 @@ def test_max_tokens_above_server_max_model_len_is_refused_before_the_server_star
 
 
 def cli(tmp_path, url, rows, *overrides):
+    """``python regen/main.py ...`` (inside this process) on a console wide enough that rich wraps no line."""
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
-    return subprocess.run([sys.executable, "regen/main.py", "dataset=local", f"dataset.path={data}", "server=external",
-                           f"server.endpoints=[{url}]", f"output={tmp_path / 'out.jsonl'}", "max_retries=0",
-                           f"hydra.run.dir={tmp_path / 'h'}", *overrides],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    return run_main(main, "dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{url}]",
+                    f"output={tmp_path / 'out.jsonl'}", "max_retries=0", f"hydra.run.dir={tmp_path / 'h'}", *overrides,
+                    cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "1000"})
 
 
 def summary_of(tmp_path) -> dict:
@@ -62,7 +63,7 @@ def test_a_run_where_every_request_fails_exits_1_with_its_own_status(serve, tmp_
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "regen failed: 0 conversations done, 2 FAILED, 0 truncated; 0 rows" in result.stderr
     first = f"{tmp_path / 'rows.jsonl'}:1: RequestFailed: HTTP 400 from {server.chat_url}: max_tokens=8192 cannot"
-    assert f"first failure: {first}" in " ".join(result.stderr.split())  # rich wraps long lines
+    assert f"first failure: {first}" in result.stderr
     assert "error: no conversation succeeded: 2 failed, 0 input errors; the first: " in result.stderr
     summary = summary_of(tmp_path)
     assert summary["status"].startswith("failed: NothingSucceeded: no conversation succeeded: 2 failed")
@@ -78,8 +79,8 @@ def test_some_failures_in_a_completed_run_are_in_its_first_line(serve, tmp_path,
                  f"tokenizer={tokenizer_path}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "regen completed: 1 conversations done, 1 FAILED, 0 truncated; 1 rows" in result.stderr
-    said = " ".join(result.stderr.split())  # rich wraps long lines
-    assert f"first failure: {tmp_path / 'rows.jsonl'}:2: RequestFailed: HTTP 400 from {server.chat_url}: bad request" in said
+    assert (f"first failure: {tmp_path / 'rows.jsonl'}:2: RequestFailed: HTTP 400 from {server.chat_url}: bad request"
+            in result.stderr)
     assert summary_of(tmp_path)["status"] == "completed" and summary_of(tmp_path)["first_failure"].endswith(
         "HTTP 400 from " + server.chat_url + ": bad request")
 
