@@ -68,6 +68,7 @@ from opd.chat_format import ChatFormat
 from opd.episodes import ANSWER, STOP_REASONS, Episode
 from tools.answer_check import answer_is_correct, final_answer
 from tools.mock_tools import math_expression
+from tools.safe_math import parse_expression
 from tools.tool_calls import MalformedToolCall, ToolCall, split_tool_calls
 from tools.tool_environment import NOT_A_CALL, OK, TOOL_ERROR, CallOutcome, execute_call
 
@@ -117,13 +118,9 @@ def score_from_row(row: dict) -> EpisodeScore:
     return EpisodeScore(**{item.name: row[item.name] for item in fields(EpisodeScore)})
 
 
-def expression_shape(call: ToolCall) -> str | None:
-    """A ``calculate_math`` call's expression as the tool reads it, parsed, every number replaced by 0 (None when
-    it does not parse)."""
-    try:
-        tree = ast.parse(math_expression(call.arguments), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+def expression_shape(call: ToolCall) -> str:
+    """The expression of a ``calculate_math`` call that ran, parsed as the tool parses it, every number replaced by 0."""
+    tree = parse_expression(math_expression(call.arguments))
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and type(node.value) in (int, float, complex):
             node.value = 0

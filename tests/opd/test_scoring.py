@@ -108,8 +108,9 @@ def test_call_error_types_and_recovery_on_scripted_episodes(tokenizer):
 
     scripts = {  # source -> (turns, the call types they must get)
         "c.jsonl:1": ([calc("(3 + 4) % 20"), calc("(7 + 4) % 20"), say("The result is 11.")], ["correct", "correct"]),
-        # a wrong number, then the retry of the same step: the retry is compared with the same expected call
-        "c.jsonl:2": ([calc("(3 + 5) % 20"), calc("(3 + 4) % 20"), calc("(7 + 4) % 20"), say("The result is 11.")],
+        # a wrong number (after a space the tool skips, as Python's eval does), then the retry of the same step: the
+        # retry is compared with the same expected call
+        "c.jsonl:2": ([calc(" (3 + 5) % 20"), calc("(3 + 4) % 20"), calc("(7 + 4) % 20"), say("The result is 11.")],
                       ["wrong_value", "correct", "correct"]),
         # subtracting instead of adding, then going on from the wrong result: still not the expected first call
         "c.jsonl:3": ([calc("(3 - 4) % 20"), calc("(19 - 4) % 20"), say("The result is 15.")],
