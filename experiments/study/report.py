@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from pathlib import Path
 
 from rich.console import Console
@@ -43,14 +44,18 @@ def horizons_by_line(heldout: Path) -> dict[int, int]:
 
 
 def checkpoint_scores(directory: Path, name: str, horizons: dict[int, int]) -> dict:
-    """One evaluated checkpoint's episodes grouped by horizon (and ``all``): ``correct`` (line -> bool) and the call
-    figures of ``opd.scoring.aggregate`` (``CALL_FIGURES``)."""
+    """One evaluated checkpoint's episodes grouped by horizon (and ``all``): ``correct`` (line -> the share of the
+    problem's samples that ended correct: 0 or 1 with one sample per prompt) and the call figures of
+    ``opd.scoring.aggregate`` (``CALL_FIGURES``)."""
     rows = [json.loads(line) for line in (directory / f"episodes_{name}.jsonl").read_text().splitlines()]
     groups: dict = {}
     for group in sorted({horizons[_line(row["source"])] for row in rows}) + [ALL]:
         chosen = [row for row in rows if group == ALL or horizons[_line(row["source"])] == group]
         metrics = aggregate([score_from_row(row) for row in chosen])
-        groups[group] = {"correct": {_line(row["source"]): bool(row["correct"]) for row in chosen},
+        samples = defaultdict(list)
+        for row in chosen:
+            samples[_line(row["source"])].append(row["correct"])
+        groups[group] = {"correct": {line: sum(correct) / len(correct) for line, correct in samples.items()},
                          **{key: metrics[key] for key in CALL_FIGURES}}
     return groups
 
@@ -62,7 +67,7 @@ def _evaluated(directory: Path, horizons: dict[int, int]) -> dict[str, dict]:
             for checkpoint in report["checkpoints"]}
 
 
-def _accuracy(correct: dict[int, bool]) -> float:
+def _accuracy(correct: dict[int, float]) -> float:
     return sum(correct.values()) / len(correct)
 
 

@@ -132,6 +132,16 @@ def test_checkpoint_scores_group_episodes_by_the_horizon_of_their_line(tmp_path)
     assert scores["all"]["tool_error_rate"] == pytest.approx(2 / 6) and len(scores["all"]["correct"]) == 4
 
 
+def test_checkpoint_scores_average_a_problems_samples(tmp_path):
+    """Two samples per prompt (opd/evaluate.py samples_per_prompt=2): a problem's correctness is their mean."""
+    outcomes = {1: (True, True), 2: (True, False), 3: (False, False)}
+    rows = [{**asdict(EpisodeScore(f"h.jsonl:{line}", "answer", "", correct, 1, 1, 0, [], [])), "sample": sample}
+            for line, samples in outcomes.items() for sample, correct in enumerate(samples)]
+    (tmp_path / "episodes_m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    scores = checkpoint_scores(tmp_path, "m", {1: 1, 2: 1, 3: 2})
+    assert scores[1]["correct"] == {1: 1.0, 2: 0.5} and scores["all"]["correct"] == {1: 1.0, 2: 0.5, 3: 0.0}
+
+
 def test_the_report_pairs_every_arm_with_the_baseline_per_horizon(tmp_path):
     """Two seeds, two arms, four held-out problems (two per horizon): accuracies and paired differences by hand."""
     cfg = study_config(tmp_path, "seeds=[0,1]", "arms=[opd]", "horizons=[1,2]", "warm.horizons=[1]", "distill.steps=10",
