@@ -3,7 +3,9 @@
 Each line holds ``conversations`` or ``messages`` (``role``/``content`` dicts). Tools come from the system
 message's ``tools`` field or a top-level ``tools`` field (a list, or a JSON string of one). A trailing
 assistant answer is dropped, so the prompt ends with a user or tool turn; ``gt`` (expected answer strings)
-is optional. Any malformed row raises ``RecordError`` naming the file, line and field.
+is optional, and so is ``expected_calls``: the tool calls a correct episode makes, in order, each
+``{"name": ..., "arguments": {...}}`` (evaluation compares the model's calls with them: ``opd.scoring``).
+Any malformed row raises ``RecordError`` naming the file, line and field.
 
 Hostile rows are refused before they cost anything: a line over ``MAX_LINE_BYTES`` before it is parsed (the file
 is read line by line, so memory stays bounded by that), JSON nested deeper than ``MAX_NESTING`` levels (in the
@@ -43,6 +45,7 @@ class AgentRecord:
     tools: list[dict] | None
     source: str
     gt: list[str] = field(default_factory=list)
+    expected_calls: list[dict] | None = None  # [{"name": str, "arguments": dict}] in order; None: not known
 
     @property
     def declared_tools(self) -> frozenset[str]:
@@ -153,7 +156,27 @@ def parse_record(row, source: str) -> AgentRecord:
     gt = [gt] if isinstance(gt, str) else gt
     if not isinstance(gt, list) or not all(isinstance(item, str | int | float) for item in gt):
         raise RecordError(f"{source}: gt must be a string or a list of strings")
-    return AgentRecord(messages=messages, tools=tools, source=source, gt=[str(item) for item in gt])
+    return AgentRecord(messages=messages, tools=tools, source=source, gt=[str(item) for item in gt],
+                       expected_calls=_parse_expected_calls(row.get("expected_calls"), source))
+
+
+def _parse_expected_calls(value, source: str) -> list[dict] | None:
+    """A row's ``expected_calls``: null/absent, or a list of ``{"name": non-empty string, "arguments": object}``
+    (``arguments`` may be left out: ``{}``)."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise RecordError(f"{source}: expected_calls must be a list of calls, got {type(value).__name__}")
+    calls = []
+    for index, call in enumerate(value):
+        where = f"{source}: expected_calls[{index}]"
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+            raise RecordError(f"{where}: a call needs a non-empty string 'name'")
+        arguments = call.get("arguments", {})
+        if not isinstance(arguments, dict):
+            raise RecordError(f"{where}.arguments: expected an object, got {type(arguments).__name__}")
+        calls.append({"name": call["name"], "arguments": arguments})
+    return calls
 
 
 def read_rows(path: str | Path) -> tuple[list[tuple[object, str]], str]:

@@ -1,19 +1,12 @@
-"""The statistics the experiments report: means with standard errors, and paired differences on the same problems."""
+"""The statistics the experiments report: paired differences on the same problems (means with standard errors are
+the evaluation's own, ``opd.scoring.mean_and_se``)."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-
-def mean_and_se(values: list[float]) -> tuple[float, float | None]:
-    """The mean and its standard error (sample standard deviation / sqrt(n); None for one value)."""
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    variance = sum((value - mean) ** 2 for value in values) / (len(values) - 1)
-    return mean, math.sqrt(variance / len(values))
+from opd.scoring import mean_and_se
 
 
 def paired_difference(correct: list[dict[str, bool]], baseline: list[dict[str, bool]]) -> dict:

@@ -361,6 +361,7 @@ class EvalConfig(_Precision):
     device: str
     dtype: str
     seed: int
+    samples_per_prompt: int  # k episodes per record, sample j seeded by (seed, the prompt, j): opd.sampling.sample_seed
     batch_size: int
     isolate: bool  # each checkpoint in a fresh process (its own peak RSS on CPU)
     chart: bool
@@ -368,6 +369,10 @@ class EvalConfig(_Precision):
     def __post_init__(self) -> None:
         self.precision  # noqa: B018 (resolving checks device and dtype)
         _check_count("batch_size", self.batch_size)
+        _check_count("samples_per_prompt", self.samples_per_prompt)
+        _require(self.samples_per_prompt == 1 or self.sampling.temperature > 0, "samples_per_prompt",
+                 "1 with greedy decoding (sampling.temperature=0: every sample would be the same episode; pick a "
+                 "sampling preset such as sampling=opd_rollout)", self.samples_per_prompt)
         _require(bool(self.models), "models", "a mapping of name -> model block (checkpoint and architecture flags)",
                  self.models)
         for name, spec in self.models.items():

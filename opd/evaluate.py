@@ -6,8 +6,12 @@
 
 Every checkpoint rolls out the same held-out records in the same batches through the trainer's own
 batched rollout and MiniMind's tool world (``opd.rollout``), with one ``sampling`` setting (greedy by
-default), one ``rollout`` block of limits and a sampler seeded with the same ``seed``. Episodes are scored
-by ``opd.scoring``; each checkpoint's episodes go to ``episodes_{name}.jsonl`` for inspection.
+default), one ``rollout`` block of limits and the same seeds: ``samples_per_prompt`` (k) episodes per record,
+sample j of a record drawn from its own generator seeded by (``sampling.seed`` or ``seed``, the record's prompt,
+j) (``opd.sampling.sample_seed``), so an episode depends on neither the batches, nor the records' order, nor the
+other records. Episodes are scored by ``opd.scoring`` (accuracy with its SE over prompts, call error types,
+recovery); each checkpoint's episodes go to ``episodes_{name}.jsonl``, one line per (record, sample) with its
+``sample`` index, for inspection.
 
 Time and memory per checkpoint: ``load_s`` (reading the weights) and ``wall_s`` (all rollouts) are wall
 clock. Peak memory on CUDA is ``torch.cuda.max_memory_allocated`` since the checkpoint's start. On CPU each
@@ -45,8 +49,8 @@ from opd.config import EvalConfig, parse_config
 from opd.out_dir import hold_out_dir
 from opd.reporting import print_table, require_matplotlib, write_chart
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler
-from opd.scoring import aggregate, score_episode
+from opd.sampling import TokenSampler, sample_seed
+from opd.scoring import aggregate, expected_outcomes, score_episode
 
 MIB = 1 << 20
 
@@ -72,7 +76,7 @@ def evaluate(cfg: EvalConfig) -> dict:
         results.append(evaluate_one(name, spec, cfg))
     report = {"data": str(cfg.data), "data_sha256": data_sha256, "records": len(records),
               "settings": {"sampling": asdict(cfg.sampling), "rollout": asdict(cfg.rollout), "seed": cfg.seed,
-                           "batch_size": cfg.batch_size, "device": str(cfg.precision.device), "isolate": cfg.isolate},
+                           "samples_per_prompt": cfg.samples_per_prompt, "batch_size": cfg.batch_size, "device": str(cfg.precision.device), "isolate": cfg.isolate},
               "checkpoints": results, "json": str(out / "evaluation.json"),
               "chart": str(out / "evaluation.png") if cfg.chart else None}
     print_table(results)
@@ -84,10 +88,12 @@ def evaluate(cfg: EvalConfig) -> dict:
 
 
 def check_heldout(records: list[AgentRecord], cfg: EvalConfig) -> None:
-    """Every record has ``gt`` and fits the limits; every model uses the same tokenizer (fails before any rollout)."""
+    """Every record has ``gt``, its ``expected_calls`` (if any) run in the tool world, and it fits the limits; every
+    model uses the same tokenizer (fails before any rollout)."""
     for record in records:
         if not record.gt:
             raise RecordError(f"{record.source}: gt is required for evaluation (the strings a correct answer contains)")
+        expected_outcomes(record)
     tokenizers = {name: load_tokenizer(spec.tokenizer or spec.checkpoint, role=f"models.{name}.tokenizer")
                   for name, spec in cfg.models.items()}
     first = next(iter(tokenizers))
@@ -103,13 +109,14 @@ def _rss_mb() -> float:
         return int(stream.read().split()[1]) * resource.getpagesize() / MIB
 
 
-def _episode_row(score, episode, chat_format: ChatFormat) -> dict:
-    return {**asdict(score), "gt": episode.record.gt,
+def _episode_row(score, episode, sample: int, chat_format: ChatFormat) -> dict:
+    return {**asdict(score), "sample": sample, "gt": episode.record.gt,
             "turn_texts": [chat_format.tokenizer.decode(episode.turn_ids(i)) for i in range(len(episode.turns))]}
 
 
 def evaluate_checkpoint(name: str, spec: ModelSpec, cfg: EvalConfig, *, isolated: bool = False) -> dict:
-    """Roll out every held-out record with one checkpoint and score it; writes ``episodes_{name}.jsonl``."""
+    """Roll out every held-out record ``samples_per_prompt`` times with one checkpoint and score it; writes
+    ``episodes_{name}.jsonl`` (record by record, each record's samples in order)."""
     precision = cfg.precision
     baseline_rss = _rss_mb()
     cuda = precision.device.type == "cuda"
@@ -122,22 +129,26 @@ def evaluate_checkpoint(name: str, spec: ModelSpec, cfg: EvalConfig, *, isolated
     records, _ = load_agent_records(cfg.data)
     torch.manual_seed(cfg.seed)
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
-    rollout = AgentRollout(model, chat_format, TokenSampler(cfg.sampling, precision.device, cfg.sampling.seed_or(cfg.seed)), cfg.rollout,
-                           autocast=precision.autocast)
-    episodes, scores = [], []
+    seed = cfg.sampling.seed_or(cfg.seed)
+    done = {}  # (record index, sample) -> (score, episode)
     progress = Progress(TextColumn(f"[bold]eval {name}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("accuracy {task.fields[accuracy]}"), TimeElapsedColumn())
     with progress:
-        task = progress.add_task("records", total=len(records), accuracy="-")
-        for start in range(0, len(records), cfg.batch_size):
-            batch = rollout.run(records[start:start + cfg.batch_size])
-            episodes += batch
-            scores += [score_episode(episode, chat_format) for episode in batch]
-            accuracy = sum(score.correct for score in scores) / len(scores)
-            progress.update(task, advance=len(batch), accuracy=f"{accuracy:.3f}")
+        task = progress.add_task("episodes", total=len(records) * cfg.samples_per_prompt, accuracy="-")
+        for sample in range(cfg.samples_per_prompt):  # a batch never holds one record twice (generators by source)
+            for start in range(0, len(records), cfg.batch_size):
+                chunk = records[start:start + cfg.batch_size]
+                sampler = TokenSampler.per_record(cfg.sampling, precision.device,
+                                                  {record.source: sample_seed(seed, record, sample) for record in chunk})
+                batch = AgentRollout(model, chat_format, sampler, cfg.rollout, autocast=precision.autocast).run(chunk)
+                for index, episode in enumerate(batch, start):
+                    done[index, sample] = score_episode(episode, chat_format), episode
+                accuracy = sum(score.correct for score, _ in done.values()) / len(done)
+                progress.update(task, advance=len(batch), accuracy=f"{accuracy:.3f}")
     wall = time.perf_counter() - loaded
-    rows = "".join(json.dumps(_episode_row(s, e, chat_format), ensure_ascii=False) + "\n"
-                   for s, e in zip(scores, episodes, strict=True))
+    scores = [done[key][0] for key in sorted(done)]
+    rows = "".join(json.dumps(_episode_row(*done[key], key[1], chat_format), ensure_ascii=False) + "\n"
+                   for key in sorted(done))
     atomic_write_text(Path(cfg.out_dir) / f"episodes_{name}.jsonl", rows)
     if cuda:
         peak, kind = torch.cuda.max_memory_allocated(precision.device) / MIB, "cuda_max_allocated"

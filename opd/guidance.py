@@ -25,18 +25,16 @@ episodes share its batch, and a resumed run redraws them without any saved state
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from opd.config import GuidanceConfig
+from opd.sampling import derived_seed
 
 
 def episode_seed(seed: int, step: int, micro_batch: int, position: int) -> int:
     """A 63-bit seed for the guidance draws of one episode: step ``step``, micro-batch ``micro_batch`` of its window,
     ``position`` in the global micro-batch."""
-    digest = hashlib.sha256(f"guidance:{seed}:{step}:{micro_batch}:{position}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    return derived_seed("guidance", seed, step, micro_batch, position)
 
 
 def turn_share_at(settings: GuidanceConfig, step: int, schedule_steps: int) -> float | None:

@@ -116,8 +116,10 @@ class TrainLog:
 
 # (report key, column title, format)
 COLUMNS = (
-    ("accuracy", "accuracy", "{:.3f}"), ("tool_success_rate", "tool ok", "{:.3f}"),
-    ("tool_error_rate", "tool err", "{:.3f}"), ("truncation_rate", "truncated", "{:.3f}"),
+    ("accuracy", "accuracy", "{:.3f}"), ("accuracy_se", "± SE", "{:.3f}"), ("tool_success_rate", "tool ok", "{:.3f}"),
+    ("tool_error_rate", "tool err", "{:.3f}"), ("wrong_value_rate", "wrong val", "{:.3f}"),
+    ("wrong_operation_rate", "wrong op", "{:.3f}"), ("failed_call_rate", "failed", "{:.3f}"),
+    ("broken_json_rate", "broken", "{:.3f}"), ("recovery_rate", "recovery", "{:.3f}"), ("truncation_rate", "truncated", "{:.3f}"),
     ("mean_turns", "turns", "{:.2f}"), ("mean_assistant_tokens", "asst tok", "{:.1f}"),
     ("tool_calls", "calls", "{}"), ("wall_s", "wall s", "{:.1f}"), ("peak_memory_mb", "peak MiB", "{:.0f}"),
 )
@@ -139,7 +141,7 @@ def print_table(results: list[dict], console: Console | None = None, title: str 
         table.add_row(result["name"], *(_cell(result[key], fmt) for key, _, fmt in COLUMNS))
     console = console or Console()
     if not console.is_terminal:  # a log file gets every column unabridged
-        console.width = max(console.width, 140)
+        console.width = max(console.width, 190)
     console.print(table)
 
 
@@ -172,15 +174,17 @@ def save_png(figure, path: str | Path) -> Path:
 
 
 def write_chart(results: list[dict], path: str | Path, title: str = "held-out evaluation") -> Path:
-    """A PNG with the rates, mean assistant tokens and mean turns of each checkpoint side by side."""
+    """A PNG with the rates (accuracy with its SE as an error bar), mean assistant tokens and mean turns of each
+    checkpoint side by side."""
     plt = pyplot()
     names = [result["name"] for result in results]
     figure, (rates, tokens, turns) = plt.subplots(1, 3, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3, 1.2, 1.2]})
     width = 0.8 / len(RATES)
     for offset, (key, label) in enumerate(RATES):
         values = [result[key] or 0.0 for result in results]
+        errors = [result["accuracy_se"] or 0.0 for result in results] if key == "accuracy" else None
         bars = rates.bar([i + (offset - (len(RATES) - 1) / 2) * width for i in range(len(names))], values, width,
-                         label=label)
+                         yerr=errors, capsize=3 if errors else 0, label=label)
         rates.bar_label(bars, labels=[_cell(result[key], "{:.2f}") for result in results], fontsize=7, padding=1)
     rates.set_xticks(range(len(names)), names)
     rates.set_ylim(0, 1.3)  # headroom: the legend sits above the 1.0 bars

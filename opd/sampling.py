@@ -2,19 +2,40 @@
 
 ``TokenSampler`` samples the batch from one seeded ``torch.Generator`` (the training rollout), or each row
 from its own record's generator (``TokenSampler.per_record``: cached teacher rollouts, whose episodes must
-not depend on which records shared a batch). The embedded server has its own per-request sampler
+not depend on which records shared a batch; evaluation's k samples of a prompt, each seeded by ``sample_seed``). The
+embedded server has its own per-request sampler
 (``launch/sampling.py``): it follows vLLM's request semantics row by row (penalties, per-request seeds),
 which a training rollout does not need.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 
 import torch
 
+from common.chat_records import AgentRecord
 from opd.config import SamplingConfig
 from opd.episodes import Episode
+
+
+def derived_seed(*parts) -> int:
+    """A 63-bit seed from ``parts`` (their ``str``, joined by ``:``, hashed with sha256): the same parts, the same seed."""
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big") >> 1
+
+
+def prompt_key(record: AgentRecord) -> str:
+    """A sha256 of what the model is prompted with (the record's messages and tools, as canonical JSON): the same
+    prompt has the same key in any file, at any line, beside any other records."""
+    prompt = json.dumps([record.messages, record.tools], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(prompt.encode()).hexdigest()
+
+
+def sample_seed(seed: int, record: AgentRecord, sample: int) -> int:
+    """The seed of sample ``sample`` (0-based) of ``record`` in an evaluation sampling with ``seed``."""
+    return derived_seed(seed, prompt_key(record), sample)
 
 
 class TokenSampler:

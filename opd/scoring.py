@@ -1,4 +1,5 @@
-"""Scoring finished agent episodes against ``gt``: the evaluation metrics and their exact definitions.
+"""Scoring finished agent episodes against ``gt`` (and ``expected_calls``): the evaluation metrics and their exact
+definitions.
 
 - **final answer**: MiniMind's (``tools.answer_check.final_answer``): the text of the episode's last assistant
   turn after its first ``</think>`` and after its last ``</tool_call>``, stripped — only when the episode
@@ -7,13 +8,45 @@
 - **accuracy**: share of episodes whose final answer holds every ``gt`` item as MiniMind's
   ``validate_gt_in_text`` finds it (``tools.answer_check``: case-insensitive substring, or a number within
   1e-6 of a free-standing number of the answer, commas ignored); no final answer is wrong.
+- **accuracy SE**: the standard error over prompts of the per-prompt accuracy (the mean over that prompt's k
+  samples): sample standard deviation of the per-prompt means / sqrt(prompts) (``mean_and_se``). The prompt is the
+  unit because the k samples of one prompt are correlated (an easy prompt is easy for all of them); the SE holds
+  both the draw of the prompts and of the samples. With k = 1 it is the binomial SE with the n - 1 correction,
+  sqrt(p (1 - p) / (n - 1)); with one prompt it is None.
 - **tool calls**: every ``<tool_call>`` block of every turn, also blocks that are not calls to MiniMind
   (``not_a_call``: not a closed JSON object; they get no observation).
 - **tool success rate**: share of tool calls that name a tool the record declares and MiniMind implements,
   with readable arguments (status ``ok``, or ``tool_error``: the tool failed on those values).
 - **tool error rate**: share of tool calls that did not return a result (every status but ``ok``).
   A call the tool fails on (``1/0``) counts in both rates.
-- **recovery rate**: of the episodes with at least one tool error, the share that still ended correct.
+- **call types**: every block gets exactly one (``classify_calls``), checked in this order:
+
+  - ``broken_json``: not a closed JSON object (status ``not_a_call``: invalid JSON, a JSON value that is not an
+    object, or a block cut off before ``</tool_call>``). MiniMind does not read it as a call: it gets no
+    observation, and a turn with no other call ends the episode, its text taken as the final answer.
+  - ``failed_call``: a JSON object the tool world answers with its error observation (statuses ``malformed``: no
+    string name or unusable arguments; ``undeclared``; ``unimplemented``; ``tool_error``: the tool failed on
+    the values, e.g. ``1/0``). A call of the last allowed turn is checked, not run, by the rollout; here it is run
+    to be compared, and one the tool fails on is a failed call too.
+  - the rest ran; when the record has ``expected_calls``, each is compared with the first expected call not yet
+    made correctly (a wrong call does not advance the sequence, so a retry is compared with the same expected
+    call; later calls are compared with the gold sequence, not with what the episode's own observations imply):
+    ``correct``: the same tool and the same result (the observation the expected call gets in MiniMind's world);
+    ``wrong_operation``: another tool, or for ``calculate_math`` another expression shape (the expression, as the
+    tool reads it, parsed with every number replaced by a placeholder: ``(7 - 3) % 20`` against ``(7 + 3) % 20``,
+    or a missing ``% 20``); ``wrong_value``: the same tool and shape with other values (another number of the
+    expression; for every other tool any other argument value); ``extra_call``: a call after every expected call
+    was made.
+  - ``unchecked``: a call that ran, in an episode whose record has no ``expected_calls`` (a generic agent dataset,
+    MiniMind's ``agent_rl.jsonl``): there only ``broken_json`` and ``failed_call`` can be counted, since they need
+    nothing but the tool world; the other rates are None.
+
+  **Error rates**: ``broken_json_rate`` and ``failed_call_rate`` over all calls; ``wrong_value_rate``,
+  ``wrong_operation_rate`` and ``extra_call_rate`` over the calls of episodes with ``expected_calls``
+  (``checked_calls``).
+- **recovery rate**: of the episodes with at least one call error (any type but ``correct`` and ``unchecked``:
+  ``error_episodes``), the share that still ended correct. Without ``expected_calls`` these are the episodes with
+  at least one tool error.
 - **truncation rate**: share of episodes that did not end with an answer.
 - **mean turns** / **mean assistant tokens**: assistant turns / generated tokens (each turn's EOS
   included) per episode.
@@ -25,13 +58,26 @@ Calls in a last allowed turn (``max_turns`` reached) are checked but not run; th
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+import ast
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field, fields
 
+from common.chat_records import AgentRecord, RecordError
 from opd.chat_format import ChatFormat
 from opd.episodes import ANSWER, STOP_REASONS, Episode
 from tools.answer_check import answer_is_correct, final_answer
-from tools.tool_environment import OK, TOOL_ERROR
+from tools.mock_tools import math_expression
+from tools.safe_math import parse_expression
+from tools.tool_calls import MalformedToolCall, ToolCall, split_tool_calls
+from tools.tool_environment import NOT_A_CALL, OK, TOOL_ERROR, CallOutcome, execute_call
+
+# call types (see the module doc), in the order they are checked
+BROKEN_JSON, FAILED_CALL, CORRECT, WRONG_OPERATION, WRONG_VALUE, EXTRA_CALL, UNCHECKED = (
+    "broken_json", "failed_call", "correct", "wrong_operation", "wrong_value", "extra_call", "unchecked")
+CALL_TYPES = (BROKEN_JSON, FAILED_CALL, CORRECT, WRONG_OPERATION, WRONG_VALUE, EXTRA_CALL, UNCHECKED)
+CALL_ERRORS = (BROKEN_JSON, FAILED_CALL, WRONG_OPERATION, WRONG_VALUE, EXTRA_CALL)
+NEEDS_EXPECTED_CALLS = (WRONG_OPERATION, WRONG_VALUE, EXTRA_CALL)  # rates over checked calls only
 
 
 @dataclass(frozen=True)
@@ -46,6 +92,8 @@ class EpisodeScore:
     assistant_tokens: int
     teacher_tokens: int
     call_statuses: list[str] = field(default_factory=list)
+    call_types: list[str] = field(default_factory=list)  # one per call, parallel to call_statuses
+    expected_calls: int | None = None  # how many calls the record expects; None: not known (calls unchecked)
 
     @property
     def calls(self) -> int:
@@ -59,6 +107,71 @@ class EpisodeScore:
     def error_calls(self) -> int:
         return sum(status != OK for status in self.call_statuses)
 
+    @property
+    def call_error(self) -> bool:
+        """Whether any call went wrong (a call type in ``CALL_ERRORS``)."""
+        return any(kind in CALL_ERRORS for kind in self.call_types)
+
+
+def score_from_row(row: dict) -> EpisodeScore:
+    """The score of one line of an evaluation's ``episodes_{name}.jsonl`` (which holds every field)."""
+    return EpisodeScore(**{item.name: row[item.name] for item in fields(EpisodeScore)})
+
+
+def expression_shape(call: ToolCall) -> str:
+    """The expression of a ``calculate_math`` call that ran, parsed as the tool parses it, every number replaced by 0."""
+    tree = parse_expression(math_expression(call.arguments))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float, complex):
+            node.value = 0
+    return ast.dump(tree)
+
+
+def _operation(call: ToolCall) -> tuple[str, str | None]:
+    return call.name, expression_shape(call) if call.name == "calculate_math" else None
+
+
+def expected_outcomes(record: AgentRecord) -> list[tuple[ToolCall, dict]] | None:
+    """The record's expected calls with the result each gets in MiniMind's tool world (None when it has none);
+    ``RecordError`` when one does not run there (undeclared by the record, or failing)."""
+    if record.expected_calls is None:
+        return None
+    expected = []
+    for index, call in enumerate(record.expected_calls):
+        tool_call = ToolCall(call["name"], call["arguments"])
+        outcome = execute_call(tool_call, record.declared_tools)
+        if outcome.status != OK:
+            raise RecordError(f"{record.source}: expected_calls[{index}] does not run in the tool world ({outcome.detail})")
+        expected.append((tool_call, outcome.result))
+    return expected
+
+
+def classify_calls(blocks: list[ToolCall | MalformedToolCall], outcomes: list[CallOutcome],
+                   expected: list[tuple[ToolCall, dict]] | None, declared) -> list[str]:
+    """One call type per block of an episode, in order (see the module doc): ``blocks`` are the parsed blocks,
+    ``outcomes`` what the rollout made of each, ``expected`` the record's ``expected_outcomes``."""
+    types, made = [], 0
+    for block, outcome in zip(blocks, outcomes, strict=True):
+        if outcome.status == NOT_A_CALL:
+            types.append(BROKEN_JSON)
+            continue
+        if outcome.status == OK and not outcome.executed:  # the last allowed turn's call: checked, not run
+            outcome = execute_call(block, declared)
+        if outcome.status != OK:
+            types.append(FAILED_CALL)
+        elif expected is None:
+            types.append(UNCHECKED)
+        elif made == len(expected):
+            types.append(EXTRA_CALL)
+        else:
+            call, result = expected[made]
+            if block.name == call.name and outcome.result == result:
+                types.append(CORRECT)
+                made += 1
+            else:
+                types.append(WRONG_OPERATION if _operation(block) != _operation(call) else WRONG_VALUE)
+    return types
+
 
 def episode_answer(episode: Episode, chat_format: ChatFormat) -> str | None:
     """The final answer (see the module doc), or None when the episode did not end with one."""
@@ -68,13 +181,29 @@ def episode_answer(episode: Episode, chat_format: ChatFormat) -> str | None:
 
 
 def score_episode(episode: Episode, chat_format: ChatFormat) -> EpisodeScore:
-    """Score one finished episode against its record's ``gt``."""
+    """Score one finished episode against its record's ``gt`` and ``expected_calls``."""
+    record = episode.record
     answer = episode_answer(episode, chat_format)
+    blocks = [block for index in range(len(episode.turns))
+              for block in split_tool_calls(chat_format.decode(episode.turn_ids(index)))[1]]
+    outcomes = [call for turn in episode.turns for call in turn.calls]
+    expected = expected_outcomes(record)
     return EpisodeScore(
-        source=episode.record.source, stop_reason=episode.stop_reason, final_answer=answer,
-        correct=answer is not None and answer_is_correct(answer, episode.record.gt), turns=len(episode.turns),
+        source=record.source, stop_reason=episode.stop_reason, final_answer=answer,
+        correct=answer is not None and answer_is_correct(answer, record.gt), turns=len(episode.turns),
         assistant_tokens=episode.assistant_tokens, teacher_tokens=episode.teacher_tokens,
-        call_statuses=[call.status for turn in episode.turns for call in turn.calls])
+        call_statuses=[call.status for call in outcomes],
+        call_types=classify_calls(blocks, outcomes, expected, record.declared_tools),
+        expected_calls=None if expected is None else len(expected))
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float | None]:
+    """The mean and its standard error (sample standard deviation / sqrt(n); None for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    variance = sum((value - mean) ** 2 for value in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -82,18 +211,32 @@ def _share(part: int, whole: int) -> float | None:
 
 
 def aggregate(scores: list[EpisodeScore]) -> dict:
-    """The metrics of a set of scored episodes (rates over no calls, or no failed calls, are None)."""
+    """The metrics of a set of scored episodes, each prompt (``source``) with one or more samples (rates over no
+    calls, or no episodes with a call error, are None)."""
     if not scores:
         raise ValueError("no episodes to aggregate")
     episodes, calls = len(scores), sum(score.calls for score in scores)
     stops = Counter(score.stop_reason for score in scores)
-    failed = [score for score in scores if score.error_calls]
+    failed = [score for score in scores if score.call_error]
+    by_prompt = defaultdict(list)
+    for score in scores:
+        by_prompt[score.source].append(score.correct)
+    _, accuracy_se = mean_and_se([sum(correct) / len(correct) for correct in by_prompt.values()])
+    types = Counter(kind for score in scores for kind in score.call_types)
+    checked = sum(score.calls for score in scores if score.expected_calls is not None)
     return {
         "episodes": episodes,
+        "prompts": len(by_prompt),
         "accuracy": sum(score.correct for score in scores) / episodes,
+        "accuracy_se": accuracy_se,
         "tool_calls": calls,
         "tool_success_rate": _share(sum(score.successful_calls for score in scores), calls),
         "tool_error_rate": _share(sum(score.error_calls for score in scores), calls),
+        "checked_calls": checked,
+        "call_types": {kind: types[kind] for kind in CALL_TYPES},
+        **{f"{kind}_rate": _share(types[kind], checked if kind in NEEDS_EXPECTED_CALLS else calls)
+           for kind in CALL_ERRORS},
+        "error_episodes": len(failed),
         "recovery_rate": _share(sum(score.correct for score in failed), len(failed)),
         "truncation_rate": (episodes - stops[ANSWER]) / episodes,
         "mean_turns": sum(score.turns for score in scores) / episodes,

@@ -76,10 +76,15 @@ DEFAULT_FACTOR = 1
 EXPRESSION_REWRITES = str.maketrans({"^": "**", "×": "*", "÷": "/", "−": "-", "（": "(", "）": ")"})
 
 
+def math_expression(arguments: dict) -> str:
+    """The text ``calculate_math`` evaluates: ``expression`` (default ``"0"``, any JSON value turned into text by
+    ``str``) after MiniMind's rewrites."""
+    return str(arguments.get("expression", "0")).translate(EXPRESSION_REWRITES)
+
+
 def calculate_math(arguments: dict) -> dict:
-    """``{"result": str(value)}`` of ``expression`` (default ``"0"``, any JSON value turned into text by ``str``)."""
-    expression = str(arguments.get("expression", "0")).translate(EXPRESSION_REWRITES)
-    value = evaluate_expression(expression)
+    """``{"result": str(value)}`` of ``math_expression(arguments)``."""
+    value = evaluate_expression(math_expression(arguments))
     try:
         return {"result": str(value)}
     except ValueError as error:  # an int of more than 4,300 digits: Python refuses to print it

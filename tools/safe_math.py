@@ -97,7 +97,8 @@ FUNCTIONS: dict[str, tuple[Callable, Callable | None]] = {
 }
 
 
-def _parse(text: str) -> ast.expr:
+def parse_expression(text: str) -> ast.expr:
+    """The expression's syntax tree as ``evaluate_expression`` reads it; ``CalculationError`` when it is none."""
     if len(text) > MAX_EXPRESSION_CHARS:
         raise CalculationError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     source = text.lstrip(" \t")  # eval() of a string drops leading spaces and tabs, ast.parse does not
@@ -174,7 +175,7 @@ def evaluate_expression(text: str) -> int | float | complex | bool | None:
     """The value Python gives ``text`` (see the module doc), or ``CalculationError``."""
     values: list = []
     # post-order walk: (node, None) still has to be expanded, (node, n) has its n children's values on top
-    stack: list[tuple[ast.AST, int | None]] = [(_parse(text), None)]
+    stack: list[tuple[ast.AST, int | None]] = [(parse_expression(text), None)]
     while stack:
         node, arity = stack.pop()
         if arity is None:

@@ -129,14 +129,18 @@ def _step(value: int, op: str, k: int) -> int:
 
 def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bool, noise: float = 0.0,
                 rng: random.Random | None = None) -> dict:
-    """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, optionally the turns."""
+    """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, then the turns (a
+    demonstration) or the gold calls as ``expected_calls`` (a prompt: the evaluation classifies every call against
+    them, ``opd.scoring``)."""
     turns, gt, mistakes = solve(triple, horizon, noise=noise, rng=rng)
     conversation = [{"role": "system", "content": SYSTEM_PROMPT, "tools": json.dumps(tool_schemas(list(TOOLS)))},
                     {"role": "user", "content": question(triple, horizon)}]
-    if demonstration:
-        conversation += turns
-    return {"conversations": conversation, "gt": [f"result is {gt}."],
-            "task": {"triple": list(triple), "horizon": horizon, **({"corrupted_calls": mistakes} if demonstration else {})}}
+    row = {"conversations": conversation + (turns if demonstration else []), "gt": [f"result is {gt}."],
+           "task": {"triple": list(triple), "horizon": horizon, **({"corrupted_calls": mistakes} if demonstration else {})}}
+    if not demonstration:  # the calls that are learned (weight-0 corrupted calls are not)
+        row["expected_calls"] = [call["function"] for turn in turns if turn.get("weight", 1)
+                                 for call in turn.get("tool_calls", [])]
+    return row
 
 
 def split_triples(heldout_share: float, distill_share: float) -> dict[str, list[tuple[int, str, int]]]:

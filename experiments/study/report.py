@@ -5,8 +5,9 @@
 - **minus baseline**: the arm's accuracy minus the baseline arm's on the same problems. ``se`` is the standard error
   over seeds of the per-seed mean differences (what the conclusions rest on: it carries the training's own
   randomness); ``se_problems`` the SE over problems of the per-problem differences averaged over seeds.
-- **recovery**: of the episodes with at least one failed tool call, the share that still ended correct (and how many
-  such episodes there were); **tool errors**: the share of calls that returned no result.
+- **recovery**, **error episodes**, **tool errors** and the call error types: ``opd.scoring``'s (the evaluation's own
+  classifier, run on the episodes' rows): recovery is, of the episodes with a call error (and how many there were),
+  the share that still ended correct; tool errors the share of calls that returned no result.
 - **seconds**: the run's ``elapsed_s`` at the step (loading and cached teacher rollouts included), mean over seeds.
 - **divergence**: the warm student's forward KL, reverse KL, top-1 agreement and top-k overlap against each teacher
   on its own temperature-1 episodes (``experiments.study.divergence``), mean over seeds.
@@ -16,15 +17,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from experiments.estimates import mean_and_se, paired_difference
-from tools.tool_environment import OK
+from experiments.estimates import paired_difference
+from opd.scoring import aggregate, mean_and_se, score_from_row
 
 ALL = "all"
+# the figures of opd.scoring.aggregate kept per horizon group
+CALL_FIGURES = ("tool_error_rate", "error_episodes", "recovery_rate", "wrong_value_rate", "wrong_operation_rate",
+                "failed_call_rate", "broken_json_rate")
 
 
 def _line(source: str) -> int:
@@ -39,18 +44,19 @@ def horizons_by_line(heldout: Path) -> dict[int, int]:
 
 
 def checkpoint_scores(directory: Path, name: str, horizons: dict[int, int]) -> dict:
-    """One evaluated checkpoint's episodes grouped by horizon (and ``all``): ``correct`` (line -> bool) and the
-    tool-error figures."""
+    """One evaluated checkpoint's episodes grouped by horizon (and ``all``): ``correct`` (line -> the share of the
+    problem's samples that ended correct: 0 or 1 with one sample per prompt) and the call figures of
+    ``opd.scoring.aggregate`` (``CALL_FIGURES``)."""
     rows = [json.loads(line) for line in (directory / f"episodes_{name}.jsonl").read_text().splitlines()]
     groups: dict = {}
     for group in sorted({horizons[_line(row["source"])] for row in rows}) + [ALL]:
         chosen = [row for row in rows if group == ALL or horizons[_line(row["source"])] == group]
-        calls = [status for row in chosen for status in row["call_statuses"]]
-        failed = [row for row in chosen if any(status != OK for status in row["call_statuses"])]
-        groups[group] = {"correct": {_line(row["source"]): bool(row["correct"]) for row in chosen},
-                         "tool_error_rate": sum(status != OK for status in calls) / len(calls) if calls else None,
-                         "episodes_with_tool_error": len(failed),
-                         "recovery_rate": sum(row["correct"] for row in failed) / len(failed) if failed else None}
+        metrics = aggregate([score_from_row(row) for row in chosen])
+        samples = defaultdict(list)
+        for row in chosen:
+            samples[_line(row["source"])].append(row["correct"])
+        groups[group] = {"correct": {line: sum(correct) / len(correct) for line, correct in samples.items()},
+                         **{key: metrics[key] for key in CALL_FIGURES}}
     return groups
 
 
@@ -61,7 +67,7 @@ def _evaluated(directory: Path, horizons: dict[int, int]) -> dict[str, dict]:
             for checkpoint in report["checkpoints"]}
 
 
-def _accuracy(correct: dict[int, bool]) -> float:
+def _accuracy(correct: dict[int, float]) -> float:
     return sum(correct.values()) / len(correct)
 
 
@@ -76,7 +82,7 @@ def _point(step: int, wall: float | None, runs: list[dict]) -> dict:
     return {"step": step, "wall_s": wall, "accuracy": accuracy, "se": se, "seeds": len(runs),
             "tool_error_rate": _mean([run["tool_error_rate"] for run in runs]),
             "recovery_rate": _mean([run["recovery_rate"] for run in runs]),
-            "episodes_with_tool_error": sum(run["episodes_with_tool_error"] for run in runs) / len(runs)}
+            "error_episodes": sum(run["error_episodes"] for run in runs) / len(runs)}
 
 
 def training_seconds(metrics: Path, steps: list[int]) -> list[float]:
@@ -166,11 +172,11 @@ def print_report(report: dict, console: Console) -> None:
         for kind, point in report["teachers"].items():
             table.add_row(f"teacher ({kind})", "-", _pm(point[horizon]["accuracy"], point[horizon]["se_problems"]), "-",
                           "-", _pm(point[horizon]["recovery_rate"], None),
-                          f"{point[horizon]['episodes_with_tool_error']:.1f}", _pm(point[horizon]["tool_error_rate"], None),
+                          f"{point[horizon]['error_episodes']:.1f}", _pm(point[horizon]["tool_error_rate"], None),
                           "-")
         start = report["student"][horizon][0]
         table.add_row("warm student (step 0)", "-", _pm(start["accuracy"], start["se"]), "-", "-",
-                      _pm(start["recovery_rate"], None), f"{start['episodes_with_tool_error']:.1f}",
+                      _pm(start["recovery_rate"], None), f"{start['error_episodes']:.1f}",
                       _pm(start["tool_error_rate"], None), "-")
         for arm, by_group in report["curves"].items():
             final = by_group[horizon][-1]
@@ -178,7 +184,7 @@ def print_report(report: dict, console: Console) -> None:
             table.add_row(arm, "yes" if report["arms"][arm]["on_policy"] else "no", _pm(final["accuracy"], final["se"]),
                           "-" if paired is None else _pm(paired["mean"], paired["se_seeds"]),
                           "-" if paired is None else _pm(paired["se_problems"], None), _pm(final["recovery_rate"], None),
-                          f"{final['episodes_with_tool_error']:.1f}", _pm(final["tool_error_rate"], None),
+                          f"{final['error_episodes']:.1f}", _pm(final["tool_error_rate"], None),
                           f"{final['wall_s']:.0f}")
         console.print(table)
     divergence = Table(title="the warm student against each teacher on its own T=1 episodes (mean over seeds)")

@@ -21,7 +21,7 @@
    steps, batch and schedule, keeping its weights every ``distill.eval_every`` steps; every kept checkpoint is
    evaluated on every held-out problem (greedy, one seed, one set of limits), so each arm is a learning curve.
 5. ``report`` (this process, ``experiments.study.report``): per arm, horizon and step, accuracy as mean ± SE over
-   seeds, the paired difference against ``baseline_arm`` on the same problems, recovery after a tool error, tool
+   seeds, the paired difference against ``baseline_arm`` on the same problems, recovery after a call error, tool
    errors, seconds of training; the charts; ``study_summary.json``.
 
 Stages run ``jobs`` at a time with ``threads`` torch threads each (``experiments.stages``); a stage whose command,

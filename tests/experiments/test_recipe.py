@@ -13,11 +13,12 @@ import pytest
 from rich.console import Console
 
 from common.user_errors import UserError
-from experiments.estimates import mean_and_se, paired_difference
+from experiments.estimates import paired_difference
 from experiments.recipe.config import Arm, RecipeConfig
 from experiments.recipe.recipe import curve_report, curve_steps, recipe_stages
 from experiments.stages import Stage, run_stages
 from opd.config import ConfigError, parse_config
+from opd.scoring import mean_and_se
 from tests.helpers.configs import compose_config
 from tests.helpers.paths import REPO_ROOT
 

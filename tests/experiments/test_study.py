@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 
@@ -13,6 +14,7 @@ from experiments.study.config import StudyConfig
 from experiments.study.report import checkpoint_scores, study_report, summary_results
 from experiments.study.study import StudyPaths, curve_steps, study_stages
 from opd.config import ConfigError, parse_config
+from opd.scoring import EpisodeScore
 from tests.helpers.configs import compose_config
 from tests.helpers.entries import run_main
 from tests.helpers.paths import REPO_ROOT
@@ -105,10 +107,12 @@ def test_each_bad_setting_stops_the_study_at_start_naming_its_key(tmp_path, over
 
 
 def write_episodes(directory, name: str, outcomes: dict[int, tuple[bool, list[str]]], data) -> None:
-    """An evaluation of one checkpoint: line -> (correct, call statuses)."""
+    """An evaluation of one checkpoint, its rows as opd/evaluate.py writes them: line -> (correct, call statuses);
+    no expected calls, so a call that ran is unchecked and a failed one a failed call."""
     directory.mkdir(parents=True, exist_ok=True)
-    rows = [{"source": f"{data}:{line}", "correct": correct, "call_statuses": statuses}
-            for line, (correct, statuses) in outcomes.items()]
+    rows = [{**asdict(EpisodeScore(f"{data}:{line}", "answer", "", correct, 1, 1, 0, statuses,
+                                   ["unchecked" if status == "ok" else "failed_call" for status in statuses])),
+             "sample": 0} for line, (correct, statuses) in outcomes.items()]
     (directory / f"episodes_{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
@@ -120,13 +124,23 @@ def write_heldout(path, horizons: list[int]) -> None:
 def test_checkpoint_scores_group_episodes_by_the_horizon_of_their_line(tmp_path):
     data = tmp_path / "heldout.jsonl"
     write_heldout(data, [1, 4, 4, 1])
-    write_episodes(tmp_path / "eval", "m", {1: (True, ["ok"]), 2: (False, ["ok", "invalid_arguments"]),
-                                            3: (True, ["unknown_tool", "ok", "ok"]), 4: (False, [])}, data)
+    write_episodes(tmp_path / "eval", "m", {1: (True, ["ok"]), 2: (False, ["ok", "malformed"]),
+                                            3: (True, ["undeclared", "ok", "ok"]), 4: (False, [])}, data)
     scores = checkpoint_scores(tmp_path / "eval", "m", {1: 1, 2: 4, 3: 4, 4: 1})
     assert scores[1]["correct"] == {1: True, 4: False} and scores[4]["correct"] == {2: False, 3: True}
     assert scores[4]["tool_error_rate"] == pytest.approx(2 / 5) and scores[4]["recovery_rate"] == pytest.approx(1 / 2)
-    assert scores[1]["recovery_rate"] is None and scores[1]["episodes_with_tool_error"] == 0
+    assert scores[1]["recovery_rate"] is None and scores[1]["error_episodes"] == 0
     assert scores["all"]["tool_error_rate"] == pytest.approx(2 / 6) and len(scores["all"]["correct"]) == 4
+
+
+def test_checkpoint_scores_average_a_problems_samples(tmp_path):
+    """Two samples per prompt (opd/evaluate.py samples_per_prompt=2): a problem's correctness is their mean."""
+    outcomes = {1: (True, True), 2: (True, False), 3: (False, False)}
+    rows = [{**asdict(EpisodeScore(f"h.jsonl:{line}", "answer", "", correct, 1, 1, 0, [], [])), "sample": sample}
+            for line, samples in outcomes.items() for sample, correct in enumerate(samples)]
+    (tmp_path / "episodes_m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    scores = checkpoint_scores(tmp_path, "m", {1: 1, 2: 1, 3: 2})
+    assert scores[1]["correct"] == {1: 1.0, 2: 0.5} and scores["all"]["correct"] == {1: 1.0, 2: 0.5, 3: 0.0}
 
 
 def test_the_report_pairs_every_arm_with_the_baseline_per_horizon(tmp_path):
@@ -147,7 +161,7 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon(tmp_path):
     for (name, seed), correct in table.items():
         directory = paths.evaluation(seed, name)
         checkpoint = "student" if name == "student" else "step10"
-        write_episodes(directory, checkpoint, {line: (bool(c), ["ok"] if c else ["ok", "invalid_arguments"])
+        write_episodes(directory, checkpoint, {line: (bool(c), ["ok"] if c else ["ok", "malformed"])
                                                for line, c in enumerate(correct, 1)}, data)
         (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": checkpoint}]}))
         if name != "student":

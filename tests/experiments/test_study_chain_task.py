@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from common.chat_records import load_agent_records
 from experiments.study.chain_task import (
     HORIZONS,
     MODULUS,
@@ -20,6 +21,7 @@ from experiments.study.chain_task import (
 )
 from opd.chat_format import ChatFormat
 from opd.demonstrations import demonstration_episode, load_demonstrations
+from opd.scoring import expected_outcomes
 from tools.answer_check import answer_is_correct
 from tools.tool_calls import ToolCall
 from tools.tool_environment import execute_call
@@ -96,6 +98,16 @@ def test_the_gt_phrase_is_found_only_in_the_right_answer():
     assert answer_is_correct(f"The result is {value}.", row["gt"])
     assert not any(answer_is_correct(f"The result is {other}.", row["gt"]) for other in range(MODULUS * 2)
                    if other != value)  # 1 is no answer for 11 (a bare "1" gt would be found in "11")
+
+
+def test_a_prompt_carries_its_gold_calls_for_the_evaluations_classifier(tmp_path):
+    path = tmp_path / "prompt.jsonl"
+    path.write_text(json.dumps(make_record((13, "-", 6), 4, demonstration=False)) + "\n")
+    expected = expected_outcomes(load_agent_records(path)[0][0])
+    assert [call.arguments["expression"] for call, _ in expected] == [
+        "(13 - 6) % 20", "(7 - 6) % 20", "(1 - 6) % 20", "(15 - 6) % 20"]
+    assert [result["result"] for _, result in expected] == ["7", "1", "15", "9"]
+    assert "expected_calls" not in make_record((13, "-", 6), 4, demonstration=True)
 
 
 def test_noisy_calls_are_invalid_get_the_tool_worlds_error_and_are_retried_correctly():

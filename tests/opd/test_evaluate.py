@@ -1,10 +1,12 @@
-"""opd/evaluate.py: deterministic per seed, held-out checks before any rollout, and the CLI end to end (two
-checkpoints, each in its own process, the table, the JSON report and the chart)."""
+"""opd/evaluate.py: deterministic per seed, k samples per prompt whose episodes depend on neither batches, order nor
+other records, held-out checks before any rollout, and the CLI end to end (two checkpoints, each in its own process,
+the table, the JSON report and the chart; k samples at temperature 1 in-process)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -12,9 +14,11 @@ from common.chat_records import RecordError, load_agent_records
 from common.minimind.model import ModelSpec
 from common.minimind.tokenizer import load_tokenizer
 from experiments.recipe.synthetic_task import write_task
-from opd.config import EvalConfig, RolloutConfig, SamplingConfig
+from opd.config import ConfigError, EvalConfig, RolloutConfig, SamplingConfig
 from opd.evaluate import check_heldout, evaluate, evaluate_checkpoint
+from opd.sampling import prompt_key
 from standins.tiny_checkpoints import tiny_arch
+from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import agent_record, not_a_checkpoint, run_entry
 
 
@@ -73,10 +77,11 @@ def heldout(tmp_path_factory, tiny_checkpoints):
     return root, checkpoints, files["heldout_prompts"]
 
 
-def settings(models: dict[str, ModelSpec], data, out_dir, *, temperature: float = 0.0, seed: int = 0) -> EvalConfig:
+def settings(models: dict[str, ModelSpec], data, out_dir, *, temperature: float = 0.0, seed: int = 0, samples: int = 1,
+             batch_size: int = 2) -> EvalConfig:
     return EvalConfig(SamplingConfig(temperature=temperature), RolloutConfig(2, 12, 2048, open_thinking=False), models,
                       tokenizer=None, data=str(data), out_dir=str(out_dir), device="cpu", dtype="float32", seed=seed,
-                      batch_size=2, isolate=False, chart=False)
+                      samples_per_prompt=samples, batch_size=batch_size, isolate=False, chart=False)
 
 
 def block(checkpoint, tokenizer_path) -> ModelSpec:
@@ -87,13 +92,74 @@ def test_evaluation_is_deterministic_for_a_fixed_seed(heldout, tokenizer_path):
     root, checkpoints, data = heldout
     model = block(checkpoints["student"], tokenizer_path)
     runs = {name: evaluate_checkpoint("student", model, settings({"student": model}, data, root / name,
-                                                                 temperature=1.0, seed=seed))
+                                                                 temperature=1.0, seed=seed, samples=2))
             for name, seed in (("a", 7), ("b", 7), ("c", 8))}
     episodes = {name: (root / name / "episodes_student.jsonl").read_text() for name in runs}
     assert episodes["a"] == episodes["b"] != episodes["c"]
     timing = ("load_s", "wall_s", "assistant_tokens_per_s", "baseline_rss_mb")
     assert {k: v for k, v in runs["a"].items() if k not in timing} == {k: v for k, v in runs["b"].items() if k not in timing}
-    assert runs["a"]["episodes"] == 5 and runs["a"]["peak_memory_mb"] is None  # cpu, not isolated: not measured
+    assert (runs["a"]["episodes"], runs["a"]["prompts"]) == (10, 5)
+    assert runs["a"]["peak_memory_mb"] is None  # cpu, not isolated: not measured
+
+
+def episodes_by_prompt(out_dir, data) -> dict:
+    """(prompt key, sample) -> what the episode did, from an evaluation's episodes file."""
+    keys = {record.source: prompt_key(record) for record in load_agent_records(data)[0]}
+    rows = [json.loads(line) for line in (out_dir / "episodes_student.jsonl").read_text().splitlines()]
+    return {(keys[row["source"]], row["sample"]): (row["turn_texts"], row["correct"], row["call_types"]) for row in rows}
+
+
+def test_each_sample_depends_on_its_prompt_and_index_only(heldout, tokenizer_path, tmp_path):
+    """The same (prompt, sample) episodes with other batch sizes, the records reversed, and other records added."""
+    _, checkpoints, data = heldout
+    lines = Path(data).read_text().splitlines(keepends=True)
+    others = write_task(tmp_path / "other", train=5, heldout=3, seed=9)["files"]["heldout_prompts"]
+    variants = {"reversed.jsonl": lines[::-1], "more.jsonl": [*Path(others).read_text().splitlines(keepends=True), *lines]}
+    for name, content in variants.items():
+        (tmp_path / name).write_text("".join(content))
+    model = block(checkpoints["student"], tokenizer_path)
+    runs = {}
+    for name, path, batch_size in (("base", data, 2), ("one", data, 1), ("reversed", tmp_path / "reversed.jsonl", 3),
+                                   ("more", tmp_path / "more.jsonl", 4)):
+        evaluate_checkpoint("student", model, settings({"student": model}, path, tmp_path / name, temperature=1.0,
+                                                        seed=3, samples=3, batch_size=batch_size))
+        runs[name] = episodes_by_prompt(tmp_path / name, path)
+    assert len(runs["base"]) == 15 and {sample for _, sample in runs["base"]} == {0, 1, 2}
+    assert runs["one"] == runs["base"] and runs["reversed"] == runs["base"]
+    assert {key: runs["more"][key] for key in runs["base"]} == runs["base"] and len(runs["more"]) == 24
+    texts = [turns for turns, _, _ in runs["base"].values()]
+    assert len({json.dumps(turns) for turns in texts}) > 5  # the samples of a prompt differ from each other
+
+
+def test_evaluate_entry_samples_k_episodes_per_prompt_at_temperature_one(heldout, tokenizer_path, tmp_path):
+    """``samples_per_prompt=4 sampling=opd_rollout`` as composed from the command line, run in-process."""
+    _, checkpoints, data = heldout
+    arguments = [f"data={data}", f"tokenizer={tokenizer_path}", f"out_dir={tmp_path / 'eval'}", "device=cpu",
+                 "isolate=false", "samples_per_prompt=4", "sampling=opd_rollout", "rollout.max_gen_len=8",
+                 "rollout.max_turns=2", "batch_size=3", model_override("small", checkpoints["student"], "student")]
+    report = evaluate(entry_config("evaluate", arguments))
+    again = evaluate(entry_config("evaluate", [*arguments[:2], f"out_dir={tmp_path / 'again'}", *arguments[3:]]))
+    assert report["settings"]["samples_per_prompt"] == 4 and report["settings"]["sampling"]["temperature"] == 1.0
+    result = report["checkpoints"][0]
+    assert (result["episodes"], result["prompts"]) == (20, 5) and result["accuracy_se"] is not None
+    assert sum(result["call_types"].values()) == result["tool_calls"]
+    timing = ("load_s", "wall_s", "assistant_tokens_per_s", "baseline_rss_mb")
+    assert {k: v for k, v in result.items() if k not in timing} == {
+        k: v for k, v in again["checkpoints"][0].items() if k not in timing}  # the same command, the same numbers
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "episodes_small.jsonl").read_text().splitlines()]
+    assert [(row["source"].rsplit(":", 1)[1], row["sample"]) for row in rows] == [
+        (str(line), sample) for line in range(1, 6) for sample in range(4)]
+    assert (tmp_path / "eval" / "evaluation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["samples_per_prompt=0"], "samples_per_prompt must be an integer >= 1, got 0"),
+    (["samples_per_prompt=2"], "samples_per_prompt must be 1 with greedy decoding (sampling.temperature=0"),
+])
+def test_bad_samples_per_prompt_is_refused_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        entry_config("evaluate", ["data=x.jsonl", "models={m: {checkpoint: x.pth}}", *overrides])
+    assert message in str(refused.value)
 
 
 RECORDS = [replace(agent_record("h.jsonl:1", "What is 2+3?"), gt=["5"]), agent_record("h.jsonl:2", "And 3+4?")]
