@@ -3,6 +3,12 @@ filter and limit, and duplicate ids -- the first row claims an id, every later o
 
 from __future__ import annotations
 
+import gc
+import logging
+
+import pytest
+
+from regen.detokenizer import TokenizerMismatch
 from tests.helpers.regen_support import EOS, Script, ok
 
 
@@ -86,3 +92,16 @@ def test_a_bad_element_of_a_json_array_is_an_error_row_with_its_index(serve, tmp
     assert "found 'question', which regen does not read" in errors[0]["metadata"]["error"]
     assert "row is int, expected a JSON object" in errors[1]["metadata"]["error"]
     assert (summary["input_errors"], summary["conversations_done"]) == (2, 2)
+
+
+def test_a_run_that_stops_on_an_error_leaves_asyncio_nothing_to_report(serve, regen, caplog):
+    """A token id outside the vocabulary stops the run while the reader waits at the full queue and the dispatcher
+    at the pool: every task is cancelled and awaited, and no future's exception is left unretrieved (asyncio would
+    print '_GatheringFuture exception was never retrieved' with a traceback)."""
+    server = serve(lambda payload: ok("x", [1, 5], [6, 10**6, EOS]))
+    rows = [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(700)]  # more than the queue holds
+    with caplog.at_level(logging.DEBUG, logger="asyncio"), pytest.raises(TokenizerMismatch):
+        regen([server.url], rows, "concurrency=2")
+    gc.collect()
+    assert [record.getMessage() for record in caplog.records if record.name == "asyncio"
+            and record.levelno >= logging.ERROR] == []
