@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -199,3 +200,36 @@ def test_interrupting_a_run_on_the_embedded_server(tmp_path, tokenizer_path):
     status, stderr = interrupt(process, signal.SIGINT, generating)
     assert_interrupted(tmp_path, status, stderr, signal.SIGINT)
     assert not generating()  # the embedded server was stopped with the run
+
+
+def _loaded(pid: int, library: str) -> bool:
+    """Whether the process has mapped a shared library whose name contains ``library``."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return any(library in line for line in maps)
+
+
+@pytest.mark.parametrize("moment", ["imports", "models"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_start_up_is_one_line_and_130_or_143(tmp_path, tokenizer_path, signum, moment):
+    """While Hydra is still being imported (PyYAML's C extension is mapped: omegaconf is on its way) and while
+    regen waits for the endpoints' first answer (one that accepts and never answers), SIGINT / SIGTERM end the
+    run with one line, no traceback."""
+    mute = socket.create_server(("127.0.0.1", 0))  # accepts connections (the backlog), never answers
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "a"}])
+    process = start(tmp_path, data, "server=external", f"server.endpoints=[http://127.0.0.1:{mute.getsockname()[1]}]",
+                    f"tokenizer={tokenizer_path}")
+    try:
+        wait_until(lambda: _loaded(process.pid, "_yaml"), process, "Hydra is being imported")
+        if moment == "models":
+            wait_until(lambda: len(os.listdir(f"/proc/{process.pid}/fd")) and any(
+                os.readlink(f"/proc/{process.pid}/fd/{fd}").startswith("socket:")
+                for fd in os.listdir(f"/proc/{process.pid}/fd")), process, "regen asks /v1/models")
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        mute.close()
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"regen: interrupted ({signal.Signals(signum).name})"), stderr
+    assert not (tmp_path / "out.jsonl").exists()
