@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from common.minimind.model import MiniMindArch, build_model, save_native
-from tests.helpers.paths import REPO_ROOT
+from tests.helpers.paths import REPO_ROOT, small_tmpfs
 from tests.helpers.regen_support import EOS, ok, read_jsonl, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port, install_standin_vllm, wait_until
 
@@ -233,3 +233,31 @@ def test_a_signal_during_start_up_is_one_line_and_130_or_143(tmp_path, tokenizer
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"regen: interrupted ({signal.Signals(signum).name})"), stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_full_disk_is_one_error_and_the_output_stays_resumable(serve, tmp_path, tokenizer_path):
+    """Output on a 64 KiB tmpfs: the run ends with one error (the file, the space its write needed) and a hint, no
+    traceback; the output holds whole conversations only; a resume on the still-full disk is the same one error;
+    once there is room, resume finishes every conversation exactly once."""
+    server = serve(lambda payload: ok("a fairly long answer " * 20, list(range(3, 60)), list(range(60, 260)) + [EOS]))
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": f"c{i}", "prompt": f"p{i}"} for i in range(200)])
+    with small_tmpfs(tmp_path / "disk", 64 << 10) as disk:
+        out = disk / "out.jsonl"
+        command = ["dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{server.url}]",
+                   f"tokenizer={tokenizer_path}", f"output={out}", "concurrency=4", f"hydra.run.dir={tmp_path / 'h'}"]
+        for attempt in range(2):
+            result = regen_cli(*command, *(["resume=true"] if attempt else []))
+            lines = error_lines(result)
+            assert len(lines) == 2, result.stderr
+            assert re.fullmatch(rf"error: no space left on device for {re.escape(str(disk))}/out\S*: the write needs "
+                                r"\d+ bytes free, \d+ bytes are free", lines[0]), lines
+            assert lines[1].startswith("error: make room on that disk, then run again with resume=true")
+            rows = read_jsonl(out)  # every line whole, every conversation with all its rows
+            assert all(row["metadata"]["num_generations"] == 1 for row in rows)
+            if attempt == 0:
+                assert 0 < len(rows) < 200
+        subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+        result = regen_cli(*command, "resume=true")
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert sorted(row["primary_id"] for row in read_jsonl(out)) == sorted(f"c{i}" for i in range(200))
+        assert json.loads((disk / "out.summary.json").read_text())["status"] == "completed"
