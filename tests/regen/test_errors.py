@@ -261,3 +261,26 @@ def test_a_full_disk_is_one_error_and_the_output_stays_resumable(serve, tmp_path
         assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
         assert sorted(row["primary_id"] for row in read_jsonl(out)) == sorted(f"c{i}" for i in range(200))
         assert json.loads((disk / "out.summary.json").read_text())["status"] == "completed"
+
+
+def test_running_out_of_file_descriptors_is_two_error_lines_and_nothing_from_asyncio(serve, tmp_path,
+                                                                                      tokenizer_path):
+    """``ulimit -n 64`` with 100 conversations wanted in flight: the run stops with the two lines of
+    OutOfFileDescriptors; no traceback, nothing asyncio reports about tasks or futures."""
+    import resource
+
+    held = Held()
+    server = serve(held)
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(1000)])
+    try:
+        result = subprocess.run(
+            [sys.executable, "regen/main.py", "dataset=local", f"dataset.path={data}", f"output={tmp_path / 'out.jsonl'}",
+             f"hydra.run.dir={tmp_path / 'h'}", "server=external", f"server.endpoints=[{server.url}]",
+             f"tokenizer={tokenizer_path}", "concurrency=auto", "concurrency_start=100"], cwd=REPO_ROOT, capture_output=True, text=True,
+            timeout=180, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    finally:
+        held.event and server.loop.call_soon_threadsafe(held.event.set)
+    lines = error_lines(result)
+    assert lines[0] == "error: this process ran out of file descriptors (ulimit -n is 64) while connecting to " \
+        f"{server.url}/v1/chat/completions" or "ran out of file descriptors" in lines[0], result.stderr
+    assert len(lines) == 2 and "never retrieved" not in result.stderr and "asyncio" not in result.stderr, result.stderr
