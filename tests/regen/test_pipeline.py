@@ -10,6 +10,7 @@ import pytest
 
 from regen.detokenizer import TokenizerMismatch
 from tests.helpers.regen_support import EOS, Script, ok
+from tests.regen.test_row_sources import HOSTILE
 
 
 def test_bad_local_rows_become_error_rows_and_the_run_goes_on(serve, regen, tmp_path):
@@ -105,3 +106,17 @@ def test_a_run_that_stops_on_an_error_leaves_asyncio_nothing_to_report(serve, re
     gc.collect()
     assert [record.getMessage() for record in caplog.records if record.name == "asyncio"
             and record.levelno >= logging.ERROR] == []
+
+
+def test_hostile_rows_are_error_rows_and_every_good_row_is_done(serve, regen, tmp_path):
+    """200,000 nested brackets, a lone surrogate and a 9 MiB line each become one error row naming FILE:LINE; the
+    good rows around them are regenerated (before: a RecursionError or orjson's TypeError ended the run)."""
+    server = serve(lambda payload: ok("y", [1, 5], [6, EOS]))
+    rows = [{"id": "g0", "prompt": "a"}, *(line for line, _ in HOSTILE.values()), {"id": "g1", "prompt": "b"}]
+    summary, out, errors = regen([server.url], rows)
+    data = tmp_path / "rows.jsonl"
+    assert sorted(row["primary_id"] for row in out) == ["g0", "g1"]
+    assert [(e["id"], e["metadata"]["stage"]) for e in errors] == [(f"{data}:{n}", "input") for n in (2, 3, 4)]
+    for error, (_, expected) in zip(errors, HOSTILE.values(), strict=True):
+        assert expected in error["metadata"]["error"]
+    assert (summary["conversations_done"], summary["input_errors"], summary["status"]) == (2, 3, "completed")
