@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from regen.output_files import compact_errors
 from regen.pipeline import Pipeline, SourceRows
 from regen.progress_view import ProgressView
 from regen.regenerate import Regeneration, RequestShape
+from regen.reply_bodies import read_body, read_head
 from regen.request_params import RequestParams
 from regen.row_sources import Source, open_source
 from regen.run_output import open_output
@@ -40,6 +42,8 @@ from regen.run_summary import RunState, print_summary
 from regen.servers import provide_endpoints
 from regen.settings import ExternalServer, RegenSettings, check_max_tokens_fit
 from regen.stop_signals import StopSignals, stop_signals
+
+MODELS_PAGE_BYTES = 16 << 20  # /v1/models: a list of model cards
 
 
 class EndpointsUnusable(UserError):
@@ -120,7 +124,8 @@ async def regenerate_dataset(state: RunState, source: Source, signals: StopSigna
     async with client_session(settings.api_key_env) as session:
         client = ChatClient(session, pool, RetryPolicy(settings.max_retries, settings.retry_backoff_s,
                                                        settings.max_backoff_s),
-                            settings.request_timeout_s, settings.all_endpoints_down_wait_s, state.stats)
+                            settings.request_timeout_s, settings.all_endpoints_down_wait_s, state.stats,
+                            max_reply_bytes=settings.max_reply_bytes)
         regeneration = Regeneration(client, RequestShape(state.model, settings.max_tokens, settings.carry_reasoning),
                                     RequestParams.from_settings(settings), state.output.detokenizer)
         rows = SourceRows(source, settings.dataset.format, settings.limit, settings.language_filter)
@@ -237,8 +242,9 @@ async def _served_models(api_key_env: str | None, pool: EndpointPool) -> dict[st
                                        timeout=timeout) as reply:
                     if reply.status != 200:
                         hint = " (the server wants an API key: set api_key_env=)" if reply.status == 401 else ""
-                        raise RuntimeError(f"HTTP {reply.status}{hint}: {(await reply.text())[:300]}")
-                    data = await reply.json(content_type=None)
+                        message = (await read_head(reply)).decode("utf-8", "replace")[:300]
+                        raise RuntimeError(f"HTTP {reply.status}{hint}: {message}")
+                    data = json.loads(await read_body(reply, MODELS_PAGE_BYTES))
                 cards = [(str(card["id"]), card.get("max_model_len")) for card in data["data"]]
             except Exception as error:  # noqa: BLE001 - reported per endpoint, the run goes on with the others
                 if out_of_descriptors(error):

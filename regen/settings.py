@@ -465,6 +465,7 @@ class RegenSettings:
     concurrency_max: int
     concurrency_interval_s: float
     request_timeout_s: float
+    max_reply_mib: float | None
     max_retries: int
     retry_backoff_s: float
     max_backoff_s: float
@@ -503,6 +504,7 @@ class RegenSettings:
                                 f"concurrency_max={self.concurrency_max}", "lower concurrency_start or raise concurrency_max")
         check_number("concurrency_interval_s", self.concurrency_interval_s, 0, exclusive=True, example="2")
         check_number("request_timeout_s", self.request_timeout_s, 0, exclusive=True, example="1800")
+        check_number("max_reply_mib", self.max_reply_mib, 0, exclusive=True, optional=True, example="64")
         check_integer("max_retries", self.max_retries, 0, example="6")
         check_number("retry_backoff_s", self.retry_backoff_s, 0)
         check_number("max_backoff_s", self.max_backoff_s, 0)
@@ -561,6 +563,14 @@ class RegenSettings:
     def served_model(self) -> str | None:
         """The model id requests use, when the settings alone tell it (else the endpoints' /v1/models does)."""
         return self.server.served_model
+
+    @property
+    def max_reply_bytes(self) -> int:
+        """The largest reply body a request may get: ``max_reply_mib``, else 8 MiB (the prompt's ids, the JSON
+        around them) + 512 bytes per ``max_tokens`` (a generated token's id, text, reasoning and tool-call share)."""
+        if self.max_reply_mib is not None:
+            return int(self.max_reply_mib * (1 << 20))
+        return (8 << 20) + 512 * self.max_tokens
 
     @property
     def fixed_concurrency(self) -> int | None:
