@@ -284,3 +284,28 @@ def test_running_out_of_file_descriptors_is_two_error_lines_and_nothing_from_asy
     assert lines[0] == "error: this process ran out of file descriptors (ulimit -n is 64) while connecting to " \
         f"{server.url}/v1/chat/completions" or "ran out of file descriptors" in lines[0], result.stderr
     assert len(lines) == 2 and "never retrieved" not in result.stderr and "asyncio" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("kind", ["dev-null", "fifo", "link-to-dev-null"])
+def test_an_output_that_is_not_a_regular_file_is_refused_before_any_file_is_made(serve, tmp_path, tokenizer_path,
+                                                                                  kind):
+    """/dev/null (named, or through a symlink) and a FIFO: one error and its hint, exit 1, nothing created beside
+    it (before: the run 'completed' into /dev/null and left /dev/null.errors.jsonl, .manifest.json, .summary.json)."""
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "a"}])
+    out = {"dev-null": "/dev/null", "fifo": str(tmp_path / "pipe.jsonl"), "link-to-dev-null": str(tmp_path / "l.jsonl")}[kind]
+    if kind == "fifo":
+        os.mkfifo(out)
+    if kind == "link-to-dev-null":
+        os.symlink("/dev/null", out)
+    before = set(os.listdir("/dev")), set(os.listdir(tmp_path))
+    result = regen_cli("dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{server.url}]",
+                       f"tokenizer={tokenizer_path}", f"output={out}", f"hydra.run.dir={tmp_path / 'h'}")
+    real = os.path.realpath(out)
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    assert error_lines(result) == [
+        f"error: {real} is {what}, not a regular file: regen writes its rows, error file, summary and manifest as "
+        "files beside the output, to be resumed",
+        "error: choose an output= that is a new or regular file (e.g. output=out/regen/rows.jsonl)"]
+    assert (set(os.listdir("/dev")), set(os.listdir(tmp_path)) - {"h"}) == before
+    assert server.requests == []
