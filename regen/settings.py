@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import orjson
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
@@ -128,6 +129,25 @@ def check_finite_values(key: str, value: Any) -> None:
             stack.extend((f"{where}.{k}", v) for k, v in item.items())
         elif isinstance(item, (list, tuple)):
             stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
+
+
+def string_keys(key: str, value: Any) -> Any:
+    """``value`` with every mapping's integer keys as strings, as JSON (and OpenAI's API: ``logit_bias: {"21":
+    100}``) has them; ``{21: 100}`` from the command line or YAML is that. Other non-string keys, and two keys
+    that become one, are refused naming where."""
+    if isinstance(value, Mapping):
+        converted: dict[str, Any] = {}
+        for name, item in value.items():
+            if isinstance(name, bool) or not isinstance(name, int | str):
+                raise SettingsError(f"{key} has the key {name!r} ({type(name).__name__}): request keys are strings "
+                                    "(integers become strings)")
+            if str(name) in converted:
+                raise SettingsError(f"{key} has the key {str(name)!r} twice (as a string and as a number)")
+            converted[str(name)] = string_keys(f"{key}.{name}", item)
+        return converted
+    if isinstance(value, list | tuple):
+        return [string_keys(f"{key}[{index}]", item) for index, item in enumerate(value)]
+    return value
 
 
 # What a key of each type must be, in a refusal ("resume must be true or false, got 'maybe'").
@@ -549,6 +569,11 @@ class RegenSettings:
             if key in extra and refused(extra[key]):
                 raise SettingsError(f"extra_request_params.{key}={extra[key]!r} is refused: {reason}")
         check_finite_values("extra_request_params", extra)
+        self.extra_request_params = string_keys("extra_request_params", extra)
+        try:
+            orjson.dumps(self.extra_request_params)
+        except TypeError as error:
+            raise SettingsError(f"extra_request_params cannot be sent as JSON: {error}") from None
 
     @classmethod
     def from_config(cls, cfg: DictConfig | Mapping) -> RegenSettings:
