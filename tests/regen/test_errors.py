@@ -218,15 +218,25 @@ def test_a_signal_during_start_up_is_one_line_and_130_or_143(tmp_path, tokenizer
     data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "a"}])
     process = start(tmp_path, data, "server=external", f"server.endpoints=[http://127.0.0.1:{mute.getsockname()[1]}]",
                     f"tokenizer={tokenizer_path}")
+    mute.settimeout(0.05)
+    held = []
+
+    def connected() -> bool:
+        try:
+            held.append(mute.accept()[0])  # held open, never answered
+        except TimeoutError:
+            return False
+        return True
+
     try:
         wait_until(lambda: _loaded(process.pid, "_yaml"), process, "Hydra is being imported")
         if moment == "models":
-            wait_until(lambda: len(os.listdir(f"/proc/{process.pid}/fd")) and any(
-                os.readlink(f"/proc/{process.pid}/fd/{fd}").startswith("socket:")
-                for fd in os.listdir(f"/proc/{process.pid}/fd")), process, "regen asks /v1/models")
+            wait_until(connected, process, "regen asks /v1/models")
         process.send_signal(signum)
         _, stderr = process.communicate(timeout=120)
     finally:
+        for connection in held:
+            connection.close()
         mute.close()
     assert process.returncode == 128 + signum, stderr[-3000:]
     assert "Traceback" not in stderr
