@@ -2,7 +2,8 @@
 
 The new bytes go to a uniquely named temp file beside the target (so concurrent writers never share one),
 are flushed and fsynced, and the temp file is renamed over the target; the folder is fsynced after the
-rename. A failure removes the temp file; a full disk is reported as ``no space left on device: PATH``.
+rename. A failure removes the temp file; a full disk is reported as an ``OSError`` (ENOSPC) whose message names the
+file, the bytes it needed and the bytes free (``no_space``).
 The new file gets the target's permissions when it exists, else the ones the umask gives a new file.
 
 ``stage`` and ``commit`` split the two halves, so several files can be written first and renamed together
@@ -14,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +30,21 @@ def _new_file_mode(path: Path) -> int:
     return 0o666 & ~umask
 
 
-def stage(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
-    """Write a temp file beside ``path`` with ``write(stream)``, fsynced; returns the temp file's path."""
+def no_space(path: str | Path, needed: int | None) -> OSError:
+    """The error for a full disk while writing ``path``: ENOSPC, naming the file, the bytes the write needed (when
+    known) and the bytes free on its file system now."""
+    path = Path(path)
+    try:
+        free = f"{shutil.disk_usage(path.parent).free} bytes are free"
+    except OSError:
+        free = "its file system's free space cannot be read"
+    wanted = f"needs {needed} bytes free, " if needed is not None else ""
+    return OSError(errno.ENOSPC, f"no space left on device for {path}: the write {wanted}{free}")
+
+
+def stage(path: str | Path, write: Callable[[BinaryIO], object], size: int | None = None) -> Path:
+    """Write a temp file beside ``path`` with ``write(stream)``, fsynced; returns the temp file's path. ``size`` (the
+    bytes ``write`` writes, when known) goes into a full disk's message."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -42,7 +57,7 @@ def stage(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
     except BaseException as error:
         Path(temp).unlink(missing_ok=True)
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            raise OSError(errno.ENOSPC, f"no space left on device: {path}") from None
+            raise no_space(path, size) from None
         raise
     return Path(temp)
 
@@ -59,15 +74,16 @@ def commit(temp: Path, path: str | Path) -> Path:
     return path
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
-    """Replace ``path`` with what ``write(stream)`` writes, atomically; returns ``path``."""
-    return commit(stage(path, write), path)
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], size: int | None = None) -> Path:
+    """Replace ``path`` with what ``write(stream)`` writes (``size`` bytes, when known), atomically; returns
+    ``path``."""
+    return commit(stage(path, write, size), path)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Replace ``path`` with UTF-8 ``text``, atomically."""
     data = text.encode("utf-8")
-    return atomic_write(path, lambda stream: stream.write(data))
+    return atomic_write(path, lambda stream: stream.write(data), len(data))
 
 
 def atomic_write_json(path: str | Path, payload) -> Path:

@@ -11,15 +11,20 @@ Hostile rows are refused before they cost anything: a line over ``MAX_LINE_BYTES
 is read line by line, so memory stays bounded by that), JSON nested deeper than ``MAX_NESTING`` levels (in the
 row or in a ``tools`` string; Python's parsers and the chat template would recurse past their limit), and a
 string holding a lone surrogate (``"\ud800"``, valid JSON but not text a tokenizer can encode).
+:func:`json_lines` is that guarded reader for any JSONL file: opd's records here, and regen's local datasets
+(where a refused line becomes an error row and the rest of the file is read).
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from common.user_errors import UserError
 
@@ -89,6 +94,49 @@ def decode_json(text: bytes | str):
     if problem:
         raise ValueError(problem)
     return value
+
+
+@dataclass(frozen=True)
+class JsonLine:
+    """One non-blank line of a JSONL file: its 1-based ``number`` and its decoded ``value``, or the ``problem``
+    that makes it unusable (then ``value`` is None)."""
+
+    number: int
+    value: object = None
+    problem: str | None = None
+
+
+def _whole_lines(stream: BinaryIO, limit: int) -> Iterator[tuple[bytes, bool]]:
+    """``(line, too_long)`` for each line of ``stream``; a line over ``limit`` bytes comes as its first ``limit``
+    bytes with ``too_long`` set, its rest read and dropped a MiB at a time (never held whole)."""
+    while line := stream.readline(limit + 1):
+        if len(line) > limit and not line.endswith(b"\n"):
+            while (rest := stream.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass
+            yield line[:limit], True
+        else:
+            yield line, len(line.rstrip(b"\r\n")) > limit
+
+
+def json_lines(stream: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[JsonLine]:
+    """Every non-blank line of a JSONL byte stream as a :class:`JsonLine` (a UTF-8 BOM on the first line is
+    dropped): decoded with :func:`decode_json`, or with the problem that refuses it: over ``max_line_bytes`` (read
+    in bounded memory, not whole), not UTF-8, not JSON, nested too deep, a lone surrogate."""
+    for number, (line, too_long) in enumerate(_whole_lines(stream, max_line_bytes), start=1):
+        if number == 1 and line.startswith(codecs.BOM_UTF8):
+            line = line[len(codecs.BOM_UTF8):]
+        if too_long:
+            yield JsonLine(number, problem=f"the line is over {max_line_bytes / (1 << 20):g} MiB (MAX_LINE_BYTES), far "
+                                           "past any context a record must fit")
+        elif line.strip():
+            try:
+                yield JsonLine(number, decode_json(line.decode("utf-8")))
+            except UnicodeDecodeError as error:
+                yield JsonLine(number, problem=f"not UTF-8 ({error.reason} at byte {error.start})")
+            except json.JSONDecodeError as error:
+                yield JsonLine(number, problem=f"invalid JSON: {error.msg} (column {error.colno})")
+            except ValueError as error:  # decode_json's refusals
+                yield JsonLine(number, problem=str(error))
 
 
 def parse_tools_field(value) -> list[dict]:
@@ -187,25 +235,25 @@ def read_rows(path: str | Path) -> tuple[list[tuple[object, str]], str]:
         raise FileNotFoundError(f"agent data file not found: {path}")
     rows, digest = [], hashlib.sha256()
     with path.open("rb") as stream:
-        for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""), start=1):
-            digest.update(line)
-            source = f"{path}:{number}"
-            if len(line.rstrip(b"\n")) > MAX_LINE_BYTES:
-                raise RecordError(f"{source}: the line is over {MAX_LINE_BYTES >> 20} MiB (MAX_LINE_BYTES), far past "
-                                  "any context a record must fit")
-            if not line.strip():
-                continue
-            try:
-                rows.append((decode_json(line), source))
-            except UnicodeDecodeError as error:
-                raise RecordError(f"{source}: not UTF-8 ({error.reason} at byte {error.start})") from None
-            except json.JSONDecodeError as error:
-                raise RecordError(f"{source}: invalid JSON ({error.msg} at column {error.colno})") from None
-            except ValueError as error:  # decode_json's refusals
-                raise RecordError(f"{source}: {error}") from None
+        for line in json_lines(_Digesting(stream, digest)):
+            if line.problem:
+                raise RecordError(f"{path}:{line.number}: {line.problem}")
+            rows.append((line.value, f"{path}:{line.number}"))
     if not rows:
         raise RecordError(f"{path}: no records")
     return rows, digest.hexdigest()
+
+
+class _Digesting:
+    """A binary stream whose ``readline`` also feeds what it reads to ``digest``."""
+
+    def __init__(self, stream: BinaryIO, digest) -> None:
+        self.stream, self.digest = stream, digest
+
+    def readline(self, size: int = -1) -> bytes:
+        line = self.stream.readline(size)
+        self.digest.update(line)
+        return line
 
 
 def load_agent_records(path: str | Path) -> tuple[list[AgentRecord], str]:

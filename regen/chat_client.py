@@ -8,6 +8,9 @@ out; a reply slower than ``request_timeout_s`` is retried but says nothing about
 retry after a timeout goes to another live endpoint when there is one, at once (a hung endpoint would
 otherwise hold its conversations for every attempt while the others sit idle); other retries stay on the
 conversation's endpoint after a backoff.
+A reply body is read in bounded memory (``regen.reply_bodies``): one over ``max_reply_bytes`` fails its request
+as soon as the limit is passed (not retried: the server would send it again), and an error reply is read only as
+far as its message.
 Running out of file descriptors is this client's problem, not the endpoint's: it stops the run with a
 hint. When every endpoint is out, a request waits up to ``all_down_wait_s`` for the pool's probe to
 bring one back, then fails.
@@ -30,6 +33,7 @@ import orjson
 
 from common.user_errors import UserError
 from regen.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpoint
+from regen.reply_bodies import BodyTooLarge, read_body, read_head
 from regen.run_stats import RunStats
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
@@ -132,8 +136,10 @@ class ChatClient:
     """One shared aiohttp session sending chat requests to the pool's endpoints; retries are counted in ``stats``."""
 
     def __init__(self, session: aiohttp.ClientSession, pool: EndpointPool, policy: RetryPolicy,
-                 request_timeout_s: float, all_down_wait_s: float, stats: RunStats, rng: random.Random | None = None):
+                 request_timeout_s: float, all_down_wait_s: float, stats: RunStats, rng: random.Random | None = None,
+                 max_reply_bytes: int = 64 << 20):
         self.session = session
+        self.max_reply_bytes = max_reply_bytes
         self.pool = pool
         self.policy = policy
         self.all_down_wait_s = all_down_wait_s
@@ -146,9 +152,12 @@ class ChatClient:
         try:
             async with self.session.post(endpoint.chat_target, data=body, headers=endpoint.request_headers,
                                          timeout=self.timeout) as reply:
-                body = await reply.read()
                 status = reply.status
                 retry_after = reply.headers.get("Retry-After")
+                body = await (read_body(reply, self.max_reply_bytes) if status == 200 else read_head(reply))
+        except BodyTooLarge as error:
+            raise RequestFailed(f"reply from {endpoint.url} refused: {error} (max_reply_mib; by default 8 MiB + "
+                                "512 bytes per max_tokens)", endpoint.url) from None
         except ConnectTimeout as error:
             raise _Retryable(f"no connection within {self.timeout.sock_connect:g} s ({type(error).__name__})",
                              unreachable=True, timed_out=True) from None
@@ -186,7 +195,10 @@ class ChatClient:
 
     async def complete(self, payload: dict[str, Any], affinity: Affinity) -> tuple[Any, str]:
         """The decoded JSON reply and the endpoint URL that gave it; raises :class:`RequestFailed`."""
-        body = orjson.dumps(payload)
+        try:
+            body = orjson.dumps(payload)
+        except TypeError as error:  # settings and rows are checked before: a last guard, one error row
+            raise RequestFailed(f"the request cannot be sent as JSON: {error}") from None
         retry_number = 0
         while True:
             endpoint = await self._live_endpoint(affinity)

@@ -104,7 +104,10 @@ class Endpoint:
         self.chat_target = URL(self.url)  # parsed once, not per request
         self.headers = self.address.auth_headers()
         self.request_headers = {"Content-Type": "application/json", **self.headers}
-        self.started = self._since = time.monotonic()
+        # The figures' clock (the means, the generation rate) starts when the endpoint takes its first conversation,
+        # just before its first request: a server's start-up, or a wait for /v1/models, is not the endpoint's work.
+        self.started: float | None = None
+        self._since = time.monotonic()
         self._active_area = self._limit_area = 0.0  # integrals over time, for the means
         self.conversation_s: deque[float] = deque(maxlen=256)  # how long recent conversations stayed here
 
@@ -115,28 +118,34 @@ class Endpoint:
 
     def _advance(self) -> None:
         now = time.monotonic()
-        self._active_area += self.active * (now - self._since)
-        self._limit_area += (self.limit or 0) * (now - self._since)
+        if self.started is not None:
+            self._active_area += self.active * (now - self._since)
+            self._limit_area += (self.limit or 0) * (now - self._since)
         self._since = now
 
     def change_active(self, delta: int) -> None:
         self._advance()
+        if self.started is None and delta > 0:
+            self.started = self._since
         self.active += delta
 
     def set_limit(self, limit: int) -> None:
         self._advance()
         self.limit = limit
 
-    def mean_in_flight(self) -> float:
+    def _elapsed(self) -> float:
+        """Seconds since the figures' clock started (0 before the first conversation)."""
         self._advance()
-        elapsed = self._since - self.started
+        return 0.0 if self.started is None else self._since - self.started
+
+    def mean_in_flight(self) -> float:
+        elapsed = self._elapsed()
         return self._active_area / elapsed if elapsed > 0 else float(self.active)
 
     def mean_limit(self) -> float | None:
         if self.limit is None:
             return None
-        self._advance()
-        elapsed = self._since - self.started
+        elapsed = self._elapsed()
         return self._limit_area / elapsed if elapsed > 0 else float(self.limit)
 
     def mean_conversation_s(self) -> float | None:
@@ -144,8 +153,8 @@ class Endpoint:
         return sum(self.conversation_s) / len(self.conversation_s) if self.conversation_s else None
 
     def generation_rate(self) -> float:
-        """Completion tokens per second since the run started."""
-        elapsed = time.monotonic() - self.started
+        """Completion tokens per second since the endpoint took its first conversation."""
+        elapsed = self._elapsed()
         return self.completion_tokens / elapsed if elapsed > 0 else 0.0
 
     def counts(self) -> dict:

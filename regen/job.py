@@ -4,13 +4,19 @@ Everything a person can get wrong is checked before any server starts (settings,
 writable, not taken by another run, not an earlier run's without ``resume=true``, a resume with the same
 settings); when the served model decides the output's name (``server=external`` without ``server.model``) the
 endpoints are asked first, still before any request. Ctrl-C and SIGTERM stop the run between requests: finished
-conversations stay, the summary says ``interrupted`` (``regen.stop_signals``).
+conversations stay, the summary says ``interrupted`` (``regen.stop_signals``). A full disk ends the run with one
+``error:`` line naming the file and the space its write needed (:class:`DiskFull`); the output keeps whole blocks
+only, and the summary is written when there is room for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import aiohttp
@@ -28,6 +34,7 @@ from regen.output_files import compact_errors
 from regen.pipeline import Pipeline, SourceRows
 from regen.progress_view import ProgressView
 from regen.regenerate import Regeneration, RequestShape
+from regen.reply_bodies import read_body, read_head
 from regen.request_params import RequestParams
 from regen.row_sources import Source, open_source
 from regen.run_output import open_output
@@ -35,6 +42,8 @@ from regen.run_summary import RunState, print_summary
 from regen.servers import provide_endpoints
 from regen.settings import ExternalServer, RegenSettings, check_max_tokens_fit
 from regen.stop_signals import StopSignals, stop_signals
+
+MODELS_PAGE_BYTES = 16 << 20  # /v1/models: a list of model cards
 
 
 class EndpointsUnusable(UserError):
@@ -45,12 +54,34 @@ class RunStopped(UserError):
     """The run ended before the end of the source (every endpoint down)."""
 
 
+class DiskFull(UserError):
+    """A file of the run could not be written: no space left on its disk."""
+
+
+@contextmanager
+def full_disk_is_one_error() -> Iterator[None]:
+    """A full disk (ENOSPC, from any write of the run) as :class:`DiskFull`: its message names the file and the
+    space needed (``common.atomic_write.no_space``), its hint says how to go on."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        raise DiskFull(error.strerror or str(error), "make room on that disk, then run again with resume=true "
+                       "(finished conversations are kept; resume repairs the rest)") from None
+
+
 class NothingSucceeded(UserError):
     """Every conversation this run tried failed (or every row was unusable): the run is a failure."""
 
 
 def run(cfg) -> dict[str, Any]:
     """Regenerate the configured dataset; returns the summary (also written beside the output)."""
+    with full_disk_is_one_error():
+        return _run(cfg)
+
+
+def _run(cfg) -> dict[str, Any]:
     settings = RegenSettings.from_config(cfg)
     scrub_credentials()
     console = Console(stderr=True)
@@ -68,16 +99,19 @@ def run(cfg) -> dict[str, Any]:
                 model = served_model(settings, pool)
             state = RunState(settings, model, output, pool)
             announce(state, console)
+            ending: BaseException | None = None
             try:
                 asyncio.run(regenerate_dataset(state, source, signals, console))
                 signals.raise_if_caught()
                 check_finished(state)
                 state.status = "completed"
-            except Exception as error:
-                state.status = f"failed: {type(error).__name__}: {error}"
+            except BaseException as error:
+                ending = error
+                if isinstance(error, Exception):
+                    state.status = f"failed: {type(error).__name__}: {error}"
                 raise
             finally:  # interrupted, failed or completed: the summary says which
-                summary = write_summary(state, console)
+                summary = write_summary(state, console, ending)
     return summary
 
 
@@ -90,7 +124,8 @@ async def regenerate_dataset(state: RunState, source: Source, signals: StopSigna
     async with client_session(settings.api_key_env) as session:
         client = ChatClient(session, pool, RetryPolicy(settings.max_retries, settings.retry_backoff_s,
                                                        settings.max_backoff_s),
-                            settings.request_timeout_s, settings.all_endpoints_down_wait_s, state.stats)
+                            settings.request_timeout_s, settings.all_endpoints_down_wait_s, state.stats,
+                            max_reply_bytes=settings.max_reply_bytes)
         regeneration = Regeneration(client, RequestShape(state.model, settings.max_tokens, settings.carry_reasoning),
                                     RequestParams.from_settings(settings), state.output.detokenizer)
         rows = SourceRows(source, settings.dataset.format, settings.limit, settings.language_filter)
@@ -131,14 +166,23 @@ def check_finished(state: RunState) -> None:
         f"{stats.first_failure}", f"see {errors} for every one; fix the cause, then run again with resume=true")
 
 
-def write_summary(state: RunState, console: Console) -> dict[str, Any]:
-    """Close the output, compact the error file, write ``<stem>.summary.json`` and print the end-of-run lines."""
+def write_summary(state: RunState, console: Console, ending: BaseException | None = None) -> dict[str, Any]:
+    """Close the output, compact the error file, write ``<stem>.summary.json`` and print the end-of-run lines.
+    When the run is already ending on an error (``ending``), a full disk only costs the summary file (a warning):
+    the run's own error stays the one reported."""
     state.output.close()
     paths = state.output.paths
-    remaining_errors = compact_errors(paths.errors, state.stats.recovered_ids)
-    summary = state.summary(errors_file_rows=len(remaining_errors))
-    atomic_write_json(paths.summary, summary)
-    paths.match_output_mode(paths.summary)
+    try:
+        remaining_errors = compact_errors(paths.errors, state.stats.recovered_ids)
+        summary = state.summary(errors_file_rows=len(remaining_errors))
+        atomic_write_json(paths.summary, summary)
+        paths.match_output_mode(paths.summary)
+    except OSError as error:
+        if ending is None or error.errno != errno.ENOSPC:
+            raise
+        warner(console)(f"{paths.summary} not written: {error.strerror}")
+        summary = state.summary(errors_file_rows=sum(1 for _ in paths.errors.open("rb")) if paths.errors.is_file()
+                                else 0)
     print_summary(console, summary, paths)
     return summary
 
@@ -198,8 +242,9 @@ async def _served_models(api_key_env: str | None, pool: EndpointPool) -> dict[st
                                        timeout=timeout) as reply:
                     if reply.status != 200:
                         hint = " (the server wants an API key: set api_key_env=)" if reply.status == 401 else ""
-                        raise RuntimeError(f"HTTP {reply.status}{hint}: {(await reply.text())[:300]}")
-                    data = await reply.json(content_type=None)
+                        message = (await read_head(reply)).decode("utf-8", "replace")[:300]
+                        raise RuntimeError(f"HTTP {reply.status}{hint}: {message}")
+                    data = json.loads(await read_body(reply, MODELS_PAGE_BYTES))
                 cards = [(str(card["id"]), card.get("max_model_len")) for card in data["data"]]
             except Exception as error:  # noqa: BLE001 - reported per endpoint, the run goes on with the others
                 if out_of_descriptors(error):

@@ -3,20 +3,29 @@
     python regen/main.py dataset=magpie server.model=Qwen/Qwen3-8B server.dp=4
 
 The job is ``regen.job.run``. A mistake a person can fix ends in one or two ``error:`` lines and exit status 1
-(``HYDRA_FULL_ERROR=1`` shows the traceback too); Ctrl-C / SIGTERM end with status 130 / 143.
+(``HYDRA_FULL_ERROR=1`` shows the traceback too); Ctrl-C / SIGTERM end with status 130 / 143 and one line, from
+the first line of this file on (Hydra importing and composing the config included).
 """
 
-import hydra
-from omegaconf import DictConfig
+from common.user_errors import exit_on_user_error
+from regen.stop_signals import stop_at_start_up
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="regen")
-def main(cfg: DictConfig) -> None:
-    from common.user_errors import exit_on_user_error
+def job(cfg) -> None:
+    """The job Hydra runs with the composed config."""
     from regen.job import run
 
     with exit_on_user_error():
         run(cfg)
+
+
+def main() -> None:
+    """``@hydra.main`` over :func:`job`, with Ctrl-C / SIGTERM handled before Hydra is even imported."""
+    stop_at_start_up()
+    with exit_on_user_error():
+        import hydra
+
+        hydra.main(version_base="1.3", config_path="../configs", config_name="regen")(job)()
 
 
 if __name__ == "__main__":

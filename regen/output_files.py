@@ -12,6 +12,7 @@ manifest, lock) get the output's permissions.
 from __future__ import annotations
 
 import bisect
+import errno
 import hashlib
 import heapq
 import json
@@ -25,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from common.atomic_write import atomic_write
+from common.atomic_write import atomic_write, no_space
 from common.user_errors import UserError
 
 # Rows start {"id": ..., "primary_id": ...} (compact or with spaces); num_generations sits in the metadata.
@@ -230,7 +231,7 @@ def _rewrite_without(path: Path, ranges: list[tuple[int, int]], keep_until: int)
                     remaining -= len(chunk)
                 position = end
 
-    atomic_write(path, copy)
+    atomic_write(path, copy, keep_until - sum(end - start for start, end in ranges))
 
 
 def compact_errors(path: Path, succeeded, *, drop_input_errors: bool = False) -> set[str]:
@@ -254,12 +255,14 @@ def compact_errors(path: Path, succeeded, *, drop_input_errors: bool = False) ->
             newest.pop(key, None)  # re-insert so the order follows the newest row
             if key not in succeeded and not (drop_input_errors and stage == "input"):
                 newest[key] = line
-    atomic_write(path, lambda stream: stream.write(b"".join(newest.values())))
+    kept = b"".join(newest.values())
+    atomic_write(path, lambda stream: stream.write(kept), len(kept))
     return set(newest)
 
 
 class LineAppender:
-    """Appends whole-line JSON blocks (orjson, compact) to a file: one unbuffered write loop per block."""
+    """Appends whole-line JSON blocks (orjson, compact) to a file: one unbuffered write loop per block. A block that
+    does not fit (a full disk) is cut off again, so the file ends with whole blocks, and raises ``no_space``."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -268,9 +271,16 @@ class LineAppender:
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         data = b"".join(orjson.dumps(record) + b"\n" for record in records)
+        start = os.fstat(self._handle.fileno()).st_size  # the one writer (the run's lock): the block starts here
         view = memoryview(data)
-        while view:
-            view = view[self._handle.write(view):]
+        try:
+            while view:
+                view = view[self._handle.write(view):]
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            os.ftruncate(self._handle.fileno(), start)
+            raise no_space(self.path, len(data)) from None
 
     def close(self) -> None:
         self._handle.close()

@@ -176,25 +176,32 @@ class Pipeline:
             await asyncio.wait(self._conversations)
 
     async def run(self) -> None:
-        """Regenerate every admitted conversation; a fatal error cancels the rest and propagates."""
-        self._fatal = asyncio.get_running_loop().create_future()
+        """Regenerate every admitted conversation; a fatal error cancels the rest and propagates. However it ends
+        (the source's end, an error, a cancel from a signal), every task it started is cancelled and awaited
+        before it returns, and every error is retrieved: asyncio has nothing left to report."""
+        fatal = self._fatal = asyncio.get_running_loop().create_future()
         queue: asyncio.Queue = asyncio.Queue(maxsize=CHUNK)
-        tasks = [asyncio.create_task(self._produce(queue)), asyncio.create_task(self._dispatch(queue))]
-        finished = asyncio.gather(*tasks)
+        produce = asyncio.create_task(self._produce(queue))
+        dispatch = asyncio.create_task(self._dispatch(queue))
         try:
-            await asyncio.wait([finished, self._fatal], return_when=asyncio.FIRST_COMPLETED)
-            if self._fatal.done():
-                self._fatal.result()
-            finished.result()
+            waiting = {produce, dispatch, fatal}
+            while not dispatch.done() and not fatal.done():
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in done - {fatal}:
+                    task.result()  # an error reading the source ends the run
+            if fatal.done():
+                fatal.result()
+            dispatch.result()
         except OSError as error:  # no file descriptor left for reading the source or writing: the same as connecting
             if out_of_descriptors(error):
                 raise OutOfFileDescriptors("regenerating conversations") from None
             raise
         finally:
-            finished.cancel()
-            pending = [*tasks, *self._conversations]
+            pending = [produce, dispatch, *self._conversations]
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-            if not self._fatal.done():
-                self._fatal.cancel()
+            if not fatal.done():
+                fatal.cancel()
+            elif not fatal.cancelled():
+                fatal.exception()  # retrieved, also when it came while the rest was being cancelled

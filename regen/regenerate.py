@@ -117,7 +117,7 @@ async def regenerate(conversation: Conversation, send: Send, shape: RequestShape
                     payload["tools"] = conversation.tools
                     payload["tool_choice"] = "auto"
                 data, endpoint = await send(payload)
-                generation = parse_reply(data)
+                generation = parse_reply(data, shape.max_tokens)
                 outcome.rows.append(_row(conversation, len(outcome.rows), generation, endpoint, params, tokens.decode))
                 outcome.prompt_tokens += len(generation.prompt_ids)
                 outcome.completion_tokens += len(generation.generated_ids)

@@ -38,8 +38,10 @@ def _token_list(value: Any, name: str) -> list[int]:
     return value
 
 
-def parse_reply(data: Any) -> Generation:
-    """Check one reply and return its :class:`Generation`; raises :class:`ReplyError`."""
+def parse_reply(data: Any, max_tokens: int | None = None) -> Generation:
+    """Check one reply (to a request with ``max_tokens``) and return its :class:`Generation`; raises
+    :class:`ReplyError`: more generated ids than ``max_tokens``, or ``usage`` that disagrees with the ids, is an
+    error too."""
     if not isinstance(data, dict):
         raise ReplyError(f"reply is {type(data).__name__}, expected a JSON object")
     choices = data.get("choices")
@@ -51,6 +53,9 @@ def parse_reply(data: Any) -> Generation:
         raise ReplyError("reply choices[0] has no message object")
     prompt_ids = _token_list(data.get("prompt_token_ids"), "prompt_token_ids")
     generated_ids = _token_list(choice.get("token_ids"), "choices[0].token_ids")
+    if max_tokens is not None and len(generated_ids) > max_tokens:
+        raise ReplyError(f"reply carries {len(generated_ids)} generated ids, more than the request's "
+                         f"max_tokens={max_tokens}")
     usage = data.get("usage") or {}
     if not isinstance(usage, dict):
         raise ReplyError("reply usage must be an object")

@@ -4,7 +4,8 @@
 any server starts: a ``.json`` must be UTF-8 (a BOM is accepted, as in ``.jsonl``), non-empty and one
 top-level array. Rows are then yielded one at a time as :class:`SourceRecord` with their resume key
 (``primary_id``; for id-less local rows the key speculators computes, see ``regen.speculators_keys``).
-A ``.jsonl`` line that is not JSON comes as a record with an ``error`` and the run goes on. Every
+A row that cannot be used (a ``.jsonl`` line that is not JSON or over 8 MiB, JSON nested too deep, a lone
+surrogate: ``common.chat_records``) comes as a record with an ``error`` and the run goes on. Every
 source also has a ``fingerprint`` (what the run manifest compares on resume) and ``locate(idx)``, which
 names a row in messages.
 """
@@ -14,11 +15,13 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.chat_records import TOO_DEEP, json_lines, structure_problem
 from common.user_errors import UserError
 from regen.conversation import primary_id_of
 from regen.settings import DatasetSettings
@@ -67,25 +70,34 @@ class JsonlFile:
         return f"{self.path}:{idx + 1}"
 
     def records(self) -> Iterator[SourceRecord]:
+        """Each non-blank line, read through the guarded reader shared with opd (``common.chat_records``): a line
+        that is too long, not UTF-8, not JSON, nested too deep or holding a lone surrogate is a record with an
+        ``error``, and the lines after it are read as usual."""
         keys = LocalFileKeys(self.path, self.warn)
-        ordinal = -1  # rows as datasets counts them: blank lines are not rows
         with self.path.open("rb") as handle:
-            for line_number, raw in enumerate(handle, 1):
-                if line_number == 1 and raw.startswith(codecs.BOM_UTF8):
-                    raw = raw[len(codecs.BOM_UTF8):]
-                if not raw.strip():
-                    continue
-                ordinal += 1
-                where = f"{self.path}:{line_number}"
-                try:
-                    row = json.loads(raw.decode("utf-8"))
-                except UnicodeDecodeError as error:
-                    yield SourceRecord(line_number - 1, where, error=f"not UTF-8 ({error.reason} at byte {error.start})")
-                    continue
-                except json.JSONDecodeError as error:
-                    yield SourceRecord(line_number - 1, where, error=f"invalid JSON: {error.msg} (column {error.colno})")
-                    continue
-                yield SourceRecord(line_number - 1, where, row=row, primary_id=keys.key(ordinal, row))
+            for ordinal, line in enumerate(json_lines(handle)):  # rows as datasets counts them: blank lines are not
+                where = f"{self.path}:{line.number}"
+                if line.problem is not None:
+                    yield SourceRecord(line.number - 1, where, error=line.problem)
+                else:
+                    yield SourceRecord(line.number - 1, where, row=line.value, primary_id=keys.key(ordinal, line.value))
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _value_end(text: str, position: int) -> int:
+    """Where the array or object starting at ``position`` ends (after its closing bracket), found by counting
+    brackets outside strings, without recursion; the text's end when it never closes."""
+    depth = 0
+    for token in _TOKEN.finditer(text, position):
+        if token.group() in "[{":
+            depth += 1
+        elif token.group() in "]}":
+            depth -= 1
+            if depth == 0:
+                return token.end()
+    return len(text)
 
 
 def _skip_space(text: str, position: int) -> int:
@@ -130,12 +142,20 @@ class JsonArrayFile:
                 return
             line += text.count("\n", counted_to, position)
             counted_to = position
+            where = f"{path}:{line} (element {index})"
             try:
-                row, position = decoder.raw_decode(text, position)
+                row, end = decoder.raw_decode(text, position)
+                problem = structure_problem(row)
+            except RecursionError:  # json's own limit: the element is skipped by its brackets
+                row, end, problem = None, _value_end(text, position), TOO_DEEP
             except json.JSONDecodeError as error:
                 raise SourceError(f"{path}:{error.lineno}: invalid JSON ({error.msg})",
                                   "fix the file, or convert it to .jsonl (one row per line)") from None
-            yield SourceRecord(index, f"{path}:{line} (element {index})", row=row, primary_id=keys.key(index, row))
+            position = end
+            if problem is not None:
+                yield SourceRecord(index, where, error=problem)
+            else:
+                yield SourceRecord(index, where, row=row, primary_id=keys.key(index, row))
             index += 1
             position = _skip_space(text, position)
             if text.startswith(",", position):
@@ -172,6 +192,10 @@ class HubDataset:
             raise SourceError(f"cannot stream {self.label}: {type(error).__name__}: {error}",
                               "check dataset.split") from None
         for index, row in enumerate(rows):
+            problem = structure_problem(row)
+            if problem is not None:
+                yield SourceRecord(index, self.locate(index), error=problem)
+                continue
             key = primary_id_of(row) if isinstance(row, dict) else None
             yield SourceRecord(index, self.locate(index), row=row, primary_id=key)
 

@@ -69,7 +69,8 @@ def _write(paths: OutputPaths, manifest: dict) -> None:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    """The manifest at ``path``: an object whose ``settings`` is an object and ``changes`` (if any) a list."""
+    """The manifest at ``path``: an object whose ``settings`` is an object, ``changes`` (if any) a list and
+    ``version`` this regen's (a manifest of another version is refused, naming it)."""
     hint = "restore it, or remove it to resume without a settings check"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -81,6 +82,10 @@ def _read(path: Path) -> dict[str, Any]:
         problem = f"'settings' is {type(manifest.get('settings')).__name__}, not an object"
     elif not isinstance(manifest.get("changes", []), list):
         problem = f"'changes' is {type(manifest['changes']).__name__}, not a list"
+    elif manifest.get("version") != MANIFEST_VERSION:
+        raise ResumeRefused(f"{path} has manifest version {manifest.get('version')!r}; this regen reads version "
+                            f"{MANIFEST_VERSION} only", "resume it with the regen that wrote it, or remove the manifest "
+                            "to resume without a settings check") from None
     else:
         return manifest
     raise ResumeRefused(f"{path} is not a regen manifest: {problem}", hint)

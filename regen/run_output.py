@@ -15,6 +15,7 @@ is removed when the run lets go (``common.run_lock``).
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,12 +66,25 @@ class RunOutput:
         self.errors.close()
 
 
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"))
+
+
 def _refuse_unsafe_output(paths: OutputPaths) -> None:
-    """A folder, or a file with other names another run could be given."""
+    """A folder, something that is not a regular file (``/dev/null``, a FIFO, a device: its siblings would land in
+    ``/dev``, and nothing could be resumed), or a file with other names another run could be given. Checked
+    before any file is created."""
     output = paths.output
     if output.is_dir():
         raise UserError(f"output={output} is a folder, not a file",
                         f"name a file in it (output={output}/rows.jsonl), or set output_dir={output} instead")
+    for path in (output, paths.errors):
+        mode = path.stat().st_mode if path.exists() else None
+        kind = next((name for test, name in _KINDS if mode is not None and test(mode)), None)
+        if kind is not None:
+            raise UserError(f"{path} is {kind}, not a regular file: regen writes its rows, error file, summary and "
+                            "manifest as files beside the output, to be resumed",
+                            "choose an output= that is a new or regular file (e.g. output=out/regen/rows.jsonl)")
     if output.is_file() and output.stat().st_nlink > 1:
         raise UserError(f"{output} has {output.stat().st_nlink} names (hard links): a run given another of them "
                         "would write the same file at the same time",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import orjson
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
@@ -128,6 +129,25 @@ def check_finite_values(key: str, value: Any) -> None:
             stack.extend((f"{where}.{k}", v) for k, v in item.items())
         elif isinstance(item, (list, tuple)):
             stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
+
+
+def string_keys(key: str, value: Any) -> Any:
+    """``value`` with every mapping's integer keys as strings, as JSON (and OpenAI's API: ``logit_bias: {"21":
+    100}``) has them; ``{21: 100}`` from the command line or YAML is that. Other non-string keys, and two keys
+    that become one, are refused naming where."""
+    if isinstance(value, Mapping):
+        converted: dict[str, Any] = {}
+        for name, item in value.items():
+            if isinstance(name, bool) or not isinstance(name, int | str):
+                raise SettingsError(f"{key} has the key {name!r} ({type(name).__name__}): request keys are strings "
+                                    "(integers become strings)")
+            if str(name) in converted:
+                raise SettingsError(f"{key} has the key {str(name)!r} twice (as a string and as a number)")
+            converted[str(name)] = string_keys(f"{key}.{name}", item)
+        return converted
+    if isinstance(value, list | tuple):
+        return [string_keys(f"{key}[{index}]", item) for index, item in enumerate(value)]
+    return value
 
 
 # What a key of each type must be, in a refusal ("resume must be true or false, got 'maybe'").
@@ -465,6 +485,7 @@ class RegenSettings:
     concurrency_max: int
     concurrency_interval_s: float
     request_timeout_s: float
+    max_reply_mib: float | None
     max_retries: int
     retry_backoff_s: float
     max_backoff_s: float
@@ -503,6 +524,7 @@ class RegenSettings:
                                 f"concurrency_max={self.concurrency_max}", "lower concurrency_start or raise concurrency_max")
         check_number("concurrency_interval_s", self.concurrency_interval_s, 0, exclusive=True, example="2")
         check_number("request_timeout_s", self.request_timeout_s, 0, exclusive=True, example="1800")
+        check_number("max_reply_mib", self.max_reply_mib, 0, exclusive=True, optional=True, example="64")
         check_integer("max_retries", self.max_retries, 0, example="6")
         check_number("retry_backoff_s", self.retry_backoff_s, 0)
         check_number("max_backoff_s", self.max_backoff_s, 0)
@@ -547,6 +569,11 @@ class RegenSettings:
             if key in extra and refused(extra[key]):
                 raise SettingsError(f"extra_request_params.{key}={extra[key]!r} is refused: {reason}")
         check_finite_values("extra_request_params", extra)
+        self.extra_request_params = string_keys("extra_request_params", extra)
+        try:
+            orjson.dumps(self.extra_request_params)
+        except TypeError as error:
+            raise SettingsError(f"extra_request_params cannot be sent as JSON: {error}") from None
 
     @classmethod
     def from_config(cls, cfg: DictConfig | Mapping) -> RegenSettings:
@@ -561,6 +588,14 @@ class RegenSettings:
     def served_model(self) -> str | None:
         """The model id requests use, when the settings alone tell it (else the endpoints' /v1/models does)."""
         return self.server.served_model
+
+    @property
+    def max_reply_bytes(self) -> int:
+        """The largest reply body a request may get: ``max_reply_mib``, else 8 MiB (the prompt's ids, the JSON
+        around them) + 512 bytes per ``max_tokens`` (a generated token's id, text, reasoning and tool-call share)."""
+        if self.max_reply_mib is not None:
+            return int(self.max_reply_mib * (1 << 20))
+        return (8 << 20) + 512 * self.max_tokens
 
     @property
     def fixed_concurrency(self) -> int | None:

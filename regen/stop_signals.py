@@ -7,7 +7,11 @@ Where the run is in plain code (reading settings, starting a server, opening the
 summary and raises ``Interrupted`` itself (:meth:`StopSignals.raise_if_caught`). The exit status is 128 + the
 signal number (130 for SIGINT, 143 for SIGTERM).
 
-Only in the main thread, and only over Python's default handlers: a second ``stop_signals()`` inside the first
+Before that, from the first line of ``regen/main.py`` (imports, Hydra composing the config), ``stop_at_start_up()``
+makes both signals raise :class:`Interrupted` with the start-up line, so a signal then ends with 130 / 143 and that
+one line too, never a ``KeyboardInterrupt`` traceback or a bare kill by SIGTERM.
+
+Only in the main thread, and only over Python's default handlers (or the start-up one): a second ``stop_signals()`` inside the first
 (a multirun's shared server holds one for every job) returns the first, and under a handler someone else
 installed nothing is changed.
 """
@@ -25,6 +29,21 @@ from common.user_errors import Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 MESSAGE = "regen: interrupted ({signal}); finished conversations are kept, continue with resume=true"
+START_UP_MESSAGE = "regen: interrupted ({signal}) while starting; no conversation was started"
+
+
+def _interrupt_start_up(signum: int, frame: Any) -> None:
+    raise Interrupted(signum, START_UP_MESSAGE.format(signal=signal.Signals(signum).name))
+
+
+def stop_at_start_up() -> None:
+    """Make SIGINT and SIGTERM raise :class:`Interrupted` with the start-up line (main thread, default handlers
+    only); ``stop_signals()`` takes over from it for the run."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(signum) == default:
+            signal.signal(signum, _interrupt_start_up)
 
 
 class StopSignals:
@@ -70,8 +89,9 @@ def stop_signals() -> Iterator[StopSignals]:
         return
     handler = StopSignals()
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
-    if (threading.current_thread() is not threading.main_thread() or previous[signal.SIGTERM] != signal.SIG_DFL
-            or previous[signal.SIGINT] is not signal.default_int_handler):
+    if (threading.current_thread() is not threading.main_thread()
+            or previous[signal.SIGTERM] not in (signal.SIG_DFL, _interrupt_start_up)
+            or previous[signal.SIGINT] not in (signal.default_int_handler, _interrupt_start_up)):
         yield handler  # someone else's handling stays; until_signal then just runs the work
         return
     for signum in SIGNALS:

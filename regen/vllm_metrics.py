@@ -26,10 +26,13 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from regen.reply_bodies import BodyTooLarge, read_body
+
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # current name first
 PREEMPTIONS = "vllm:num_preemptions_total"
+MAX_PAGE_BYTES = 16 << 20  # a dp=8 server's page is about 200 KB
 
 
 class MetricsMissing(Exception):
@@ -74,8 +77,16 @@ def parse_sample(line: str) -> tuple[str, float] | None:
         return None
 
 
+def _checked(values: list[float], name: str) -> list[float]:
+    """``values``; a negative or non-finite one makes the whole reading fail (``ValueError``)."""
+    for value in values:
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} is {value} in /metrics: not a count or share (the reading is skipped)")
+    return values
+
+
 def _count(values: list[float], name: str) -> int:
-    total = sum(values)
+    total = sum(_checked(values, name))
     if not math.isfinite(total):
         raise ValueError(f"{name} sums to {total} over its {len(values)} series")
     return round(total)
@@ -84,20 +95,21 @@ def _count(values: list[float], name: str) -> int:
 def parse_load(text: str) -> ServerLoad:
     """The :class:`ServerLoad` in a ``/metrics`` body. Raises :class:`MetricsMissing` without vLLM's gauges,
     :class:`MetricsNotYet` when they are declared without values, ``ValueError`` for values that do not add up
-    to a count."""
+    to a count (a negative or non-finite value of a gauge it reads included: that reading fails)."""
     values: dict[str, list[float]] = defaultdict(list)
     declared = False
     for line in text.splitlines():
         sample = parse_sample(line)
-        if sample is not None and math.isfinite(sample[1]):
+        if sample is not None:
             values[sample[0]].append(sample[1])
         elif sample is None and line.startswith(f"# TYPE {RUNNING} "):
             declared = True
-    kv = next((values[name] for name in KV_USAGE if values.get(name)), None)
-    if not values.get(RUNNING) or kv is None:
+    kv_name = next((name for name in KV_USAGE if values.get(name)), None)
+    if not values.get(RUNNING) or kv_name is None:
         if declared:
             raise MetricsNotYet(f"/metrics declares {RUNNING} without values (no engine has reported yet)")
         raise MetricsMissing(f"no {RUNNING} or {KV_USAGE[0]} in /metrics")
+    kv = _checked(values[kv_name], kv_name)
     kv_usage = sum(kv) / len(kv)
     if not math.isfinite(kv_usage):
         raise ValueError(f"{KV_USAGE[0]} averages to {kv_usage}")
@@ -117,7 +129,9 @@ async def read_load(session: aiohttp.ClientSession, base_url: str, headers: dict
                 return None
             if reply.status != 200:
                 raise MetricsMissing(f"GET /metrics answered HTTP {reply.status}")
-            text = await reply.text(errors="replace")
+            text = (await read_body(reply, MAX_PAGE_BYTES)).decode("utf-8", "replace")
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
         return None
+    except BodyTooLarge as error:
+        raise ValueError(f"/metrics: {error}") from None
     return parse_load(text)

@@ -9,6 +9,10 @@ latency with a deterministic text, tokenized with a real ``tokenizer.json`` when
 ``standins.capacity_server`` builds the capacity-model server on it.
 
     python -m standins.vllm_server --port 0 --latency-ms 20 --tokenizer PATH   # prints "READY http://..."
+
+``--unavailable-share 0.2`` answers a fifth of the chat requests with HTTP 503 (a kill-and-resume loop's flaky
+server); ``--content-bytes N`` pads every answer to N bytes (a server sending huge replies). A reply with
+``stream_bytes`` streams that many bytes without ``Content-Length`` (a body a client must stop reading).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import inspect
 import json
 import os
+import random
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,6 +41,7 @@ class Reply:
     raw: bytes | None = None  # sent as-is instead of JSON (e.g. a malformed reply)
     drop: bool = False  # close the connection without answering
     delay_s: float = 0.0
+    stream_bytes: int = 0  # sent instead: that many bytes in 64 KiB chunks, no Content-Length (a reply too big to hold)
 
 
 Responder = Callable[[dict], "Reply | Awaitable[Reply]"]
@@ -67,7 +73,7 @@ class SyntheticResponder:
     WORDS = "the model writes a fresh answer here so the client has real tokens to carry".split()
 
     def __init__(self, tokenizer_file: str | None = None, completion_words: int = 48, model: str = "standin",
-                 length_spread: float = 0.0):
+                 length_spread: float = 0.0, content_bytes: int = 0, unavailable_share: float = 0.0):
         self.tokenizer = None
         if tokenizer_file:
             from tokenizers import Tokenizer
@@ -76,6 +82,9 @@ class SyntheticResponder:
         self.completion_words = completion_words
         self.model = model
         self.length_spread = length_spread
+        self.content_bytes = content_bytes  # > 0: each answer's content padded to that many bytes (a huge reply)
+        self.unavailable_share = unavailable_share  # that share of requests (drawn from a seeded generator) gets 503
+        self._draws = random.Random(0)
 
     def _ids(self, text: str) -> list[int]:
         if self.tokenizer is not None:
@@ -83,6 +92,8 @@ class SyntheticResponder:
         return [36 + byte % 6000 for byte in text.encode("utf-8")[::4]]
 
     def __call__(self, payload: dict) -> Reply:
+        if self.unavailable_share and self._draws.random() < self.unavailable_share:
+            return Reply({"error": {"message": "stand-in: service unavailable", "code": 503}}, status=503)
         messages = payload.get("messages") or []
         prompt = "".join(f"<|im_start|>{m.get('role')}\n{m.get('content') or ''}<|im_end|>\n" for m in messages)
         turn = sum(1 for m in messages if m.get("role") == "assistant")
@@ -92,6 +103,8 @@ class SyntheticResponder:
         content = f"Answer {turn}: " + " ".join(words)
         prompt_ids = self._ids(prompt + "<|im_start|>assistant\n")
         token_ids = self._ids(content + "<|im_end|>")
+        if self.content_bytes:
+            content = content.ljust(self.content_bytes, "x")
         return Reply(vllm_body(content, prompt_ids, token_ids, model=self.model))
 
 
@@ -107,6 +120,7 @@ class StandinServer:
         self.model, self.latency_s, self.host = model, latency_s, host
         self.keep_requests, self.die_after = keep_requests, die_after
         self.requests: list[dict] = []
+        self.streamed_bytes = 0  # bytes of ``stream_bytes`` replies written before the client stopped reading
         self.authorizations: list[str | None] = []
         self.request_count = 0
         self._runner: web.AppRunner | None = None
@@ -146,10 +160,24 @@ class StandinServer:
         if reply.drop:
             request.transport.abort()
             return web.Response(status=500)
+        if reply.stream_bytes:
+            return await self._stream(request, reply.stream_bytes)
         if reply.raw is not None:
             return web.Response(body=reply.raw, status=reply.status, headers=reply.headers,
                                 content_type="application/json")
         return web.json_response(reply.body, status=reply.status, headers=reply.headers)
+
+    async def _stream(self, request: web.Request, size: int) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        chunk = b'{"pad": "' + b"x" * ((1 << 16) - 9)
+        try:
+            while self.streamed_bytes < size:
+                await response.write(chunk)
+                self.streamed_bytes += len(chunk)
+        except (ConnectionError, RuntimeError):  # the client stopped reading and closed the connection
+            pass
+        return response
 
     async def start(self, port: int = 0) -> str:
         """Listen on ``host:port`` (0 = any free port); returns the base URL."""
@@ -174,7 +202,8 @@ class StandinServer:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    responder = SyntheticResponder(args.tokenizer, args.completion_words, args.model)
+    responder = SyntheticResponder(args.tokenizer, args.completion_words, args.model,
+                                   content_bytes=args.content_bytes, unavailable_share=args.unavailable_share)
     server = StandinServer(responder, model=args.model, latency_s=args.latency_ms / 1000, host=args.host,
                            keep_requests=False, die_after=args.die_after)
     url = await server.start(args.port)
@@ -194,6 +223,9 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="tokenizer.json used to turn prompts and answers into ids")
     parser.add_argument("--completion-words", type=int, default=48)
     parser.add_argument("--die-after", type=int, help="exit abruptly on the request after this many")
+    parser.add_argument("--content-bytes", type=int, default=0, help="pad each answer's content to this many bytes")
+    parser.add_argument("--unavailable-share", type=float, default=0.0,
+                        help="answer this share of chat requests with HTTP 503 (seeded draws)")
     parser.add_argument("--max-lifetime-s", type=float, default=3600.0, help="stop on its own after this long")
     asyncio.run(_serve(parser.parse_args()))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
@@ -36,7 +37,8 @@ def run_main(main: Callable[[], None], *arguments: str, cwd: Path | str | None =
              program: str = "entry", hydra: bool = True) -> Ran:
     """``main()`` with ``sys.argv = [program, *arguments]`` from ``cwd`` (the current folder by default) and with
     ``env`` as the environment if given: its output and its exit status (0 when it returns, the ``SystemExit``
-    code otherwise). The folder, ``sys.argv`` and the environment are restored afterwards.
+    code otherwise). The folder, ``sys.argv``, the environment, the logging handlers and the SIGINT / SIGTERM
+    handlers are restored afterwards.
 
     An entry's ``config_path`` (``../configs``) is relative to its file only when it runs as a script; imported as a
     module Hydra would look for a package, so the run names the repository's ``configs/`` with ``--config-path``
@@ -44,6 +46,7 @@ def run_main(main: Callable[[], None], *arguments: str, cwd: Path | str | None =
     out, err = io.StringIO(), io.StringIO()
     argv, folder, environment = sys.argv, os.getcwd(), dict(os.environ)
     handlers, level = list(logging.root.handlers), logging.root.level
+    signals = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     sys.argv = [program, *(("--config-path", str(CONFIG_DIR)) if hydra else ()), *arguments]
     code = 0
     try:
@@ -67,6 +70,8 @@ def run_main(main: Callable[[], None], *arguments: str, cwd: Path | str | None =
         for handler in set(logging.root.handlers) - set(handlers):  # the run's log file and console handlers
             handler.close()
         logging.root.handlers[:], logging.root.level = handlers, level
+        for signum, handler in signals.items():  # an entry's own Ctrl-C / SIGTERM handling ends with it
+            signal.signal(signum, handler)
         sys.argv = argv
         os.chdir(folder)
         if env is not None:

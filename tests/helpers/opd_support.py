@@ -5,11 +5,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import sys
-from contextlib import contextmanager
 
-import pytest
 import torch
 
 from common.chat_records import AgentRecord
@@ -114,15 +111,3 @@ time.sleep(600)
 """
 
 
-@contextmanager
-def small_tmpfs(path, size: int, *options: str):
-    """A tmpfs of ``size`` bytes mounted at ``path`` for the block (skips where mounting is not permitted)."""
-    path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
-                             capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"mounting a tmpfs is not permitted here ({mounted.stderr.decode().strip()})")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)

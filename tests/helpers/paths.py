@@ -1,9 +1,13 @@
-"""Where the repository, its configs and the tokenizer the tests use are."""
+"""Where the repository, its configs and the tokenizer the tests use are, and a small tmpfs (a disk that fills)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -22,3 +26,17 @@ def real_tokenizer_path() -> Path | None:
         if candidate and (Path(candidate) / "tokenizer.json").is_file():
             return Path(candidate)
     return None
+
+
+@contextmanager
+def small_tmpfs(path, size: int, *options: str):
+    """A tmpfs of ``size`` bytes mounted at ``path`` for the block (skips where mounting is not permitted)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
+                             capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"mounting a tmpfs is not permitted here ({mounted.stderr.decode().strip()})")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

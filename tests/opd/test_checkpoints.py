@@ -24,7 +24,8 @@ from opd.checkpoints import (
 from opd.config import OptimConfig
 from opd.data_order import DataCursor
 from opd.optimization import Optimization
-from tests.helpers.opd_support import TINY_STUDENT, small_tmpfs, tiny_model
+from tests.helpers.opd_support import TINY_STUDENT, tiny_model
+from tests.helpers.paths import small_tmpfs
 
 CPU = resolve_precision("cpu", "float32")
 SIGNATURE = {"seed": 1, "optim.learning_rate": 0.1}

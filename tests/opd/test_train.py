@@ -16,8 +16,8 @@ from opd.checkpoints import ResumeRefusedError, load_resume
 from opd.train import train
 from standins.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from tests.helpers.configs import entry_config
-from tests.helpers.opd_support import not_a_checkpoint, run_entry, small_tmpfs, write_agent_data
-from tests.helpers.paths import REPO_ROOT
+from tests.helpers.opd_support import not_a_checkpoint, run_entry, write_agent_data
+from tests.helpers.paths import REPO_ROOT, small_tmpfs
 
 
 @pytest.fixture(scope="module")

@@ -174,3 +174,32 @@ def test_no_file_descriptor_left_anywhere_in_a_run_is_the_same_error(serve, rege
         assert [record.getMessage() for record in caplog.records] == ["Task exception was never retrieved"]
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("huge", [
+    ok("x" * (3 << 20), [1, 5], [6, EOS]),  # 3 MiB with Content-Length: refused before reading
+    Reply(stream_bytes=200 << 20),  # 200 MiB streamed without Content-Length: reading stops at the limit
+], ids=["content-length", "streamed"])
+def test_a_reply_over_the_limit_fails_its_request_without_being_read_whole(serve, regen, huge):
+    """max_reply_mib=1: the conversation fails at once (not retried: the server would send it again), the other
+    one is done, and the streaming server could write little more than the limit before the client hung up."""
+    server = serve(Script({"huge": [huge], "small": [ok("fine", [1, 5], [6, EOS])]}))
+    summary, out, errors = regen([server.url], [{"id": "H", "prompt": "huge"}, {"id": "S", "prompt": "small"}],
+                                 "max_reply_mib=1")
+    assert [r["id"] for r in out] == ["S_gen0"] and summary["retries"] == 0
+    [error] = errors
+    assert error["id"] == "H" and "the 1 MiB regen reads (max_reply_mib" in error["metadata"]["error"]
+    assert server.server.streamed_bytes < 64 << 20  # the limit plus what the sockets' buffers took
+
+
+def test_the_default_reply_limit_follows_max_tokens():
+    from regen.settings import RegenSettings
+    from tests.helpers.configs import compose_config
+
+    def limit(*overrides):
+        return RegenSettings.from_config(compose_config("regen", ["dataset=sample", "server.model=m", *overrides])
+                                         ).max_reply_bytes
+
+    assert limit() == (8 << 20) + 512 * 8192
+    assert limit("max_tokens=100000") == (8 << 20) + 512 * 100000
+    assert limit("max_reply_mib=64") == 64 << 20

@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+import regen.endpoint_pool as endpoint_pool
 from regen.endpoint_pool import Affinity, EndpointPool, NoLiveEndpoint, parse_endpoint
 from regen.job import RunStopped, run
 from tests.helpers.paths import REPO_ROOT
@@ -200,3 +201,21 @@ def test_auto_mode_sends_a_new_conversation_where_most_slots_are_free_and_waits_
         assert (await pool.claim()).endpoint is b
 
     asyncio.run(go())
+
+
+def test_an_endpoints_figures_start_with_its_first_conversation_not_the_servers_start_up(monkeypatch):
+    """Made at t=0, the server takes 100 s to start, then one conversation runs 10 s and gets 1,000 tokens:
+    1.0 in flight and 100 tok/s (counted from t=0: 0.09 and 9.1). A fake clock, no waiting."""
+    now = [0.0]
+    monkeypatch.setattr(endpoint_pool.time, "monotonic", lambda: now[0])
+    pool = EndpointPool([parse_endpoint("http://a")], max_failures=2, concurrency=None, start_limit=4)
+    [endpoint] = pool.endpoints
+    assert (endpoint.generation_rate(), endpoint.mean_in_flight()) == (0.0, 0.0)
+    now[0] = 100.0
+    conversation = Affinity()
+    pool.pick(conversation)
+    now[0] = 110.0
+    pool.record_success(endpoint, 1000)
+    counts = pool.counts()[A]
+    assert (counts["generation_tokens_per_s"], counts["in_flight_mean"], counts["in_flight_limit_mean"]) == \
+        (100.0, 1.0, 4.0)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -18,7 +19,7 @@ import torch
 
 from common.minimind.model import MiniMindArch, build_model, save_native
 from tests.helpers.entries import Ran, run_main
-from tests.helpers.paths import REPO_ROOT
+from tests.helpers.paths import REPO_ROOT, small_tmpfs
 from tests.helpers.regen_support import EOS, ok, read_jsonl, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port, install_standin_vllm, wait_until
 
@@ -207,3 +208,122 @@ def test_interrupting_a_run_on_the_embedded_server(tmp_path, tokenizer_path):
     status, stderr = interrupt(process, signal.SIGINT, generating)
     assert_interrupted(tmp_path, status, stderr, signal.SIGINT)
     assert not generating()  # the embedded server was stopped with the run
+
+
+def _loaded(pid: int, library: str) -> bool:
+    """Whether the process has mapped a shared library whose name contains ``library``."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return any(library in line for line in maps)
+
+
+@pytest.mark.parametrize("moment", ["imports", "models"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_start_up_is_one_line_and_130_or_143(tmp_path, tokenizer_path, signum, moment):
+    """While Hydra is still being imported (PyYAML's C extension is mapped: omegaconf is on its way) and while
+    regen waits for the endpoints' first answer (one that accepts and never answers), SIGINT / SIGTERM end the
+    run with one line, no traceback."""
+    mute = socket.create_server(("127.0.0.1", 0))  # accepts connections (the backlog), never answers
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "a"}])
+    process = start(tmp_path, data, "server=external", f"server.endpoints=[http://127.0.0.1:{mute.getsockname()[1]}]",
+                    f"tokenizer={tokenizer_path}")
+    mute.settimeout(0.05)
+    held = []
+
+    def connected() -> bool:
+        try:
+            held.append(mute.accept()[0])  # held open, never answered
+        except TimeoutError:
+            return False
+        return True
+
+    try:
+        wait_until(lambda: _loaded(process.pid, "_yaml"), process, "Hydra is being imported")
+        if moment == "models":
+            wait_until(connected, process, "regen asks /v1/models")
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        for connection in held:
+            connection.close()
+        mute.close()
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"regen: interrupted ({signal.Signals(signum).name})"), stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_full_disk_is_one_error_and_the_output_stays_resumable(serve, tmp_path, tokenizer_path):
+    """Output on a 64 KiB tmpfs: the run ends with one error (the file, the space its write needed) and a hint, no
+    traceback; the output holds whole conversations only; a resume on the still-full disk is the same one error;
+    once there is room, resume finishes every conversation exactly once."""
+    server = serve(lambda payload: ok("a fairly long answer " * 20, list(range(3, 60)), list(range(60, 260)) + [EOS]))
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": f"c{i}", "prompt": f"p{i}"} for i in range(200)])
+    with small_tmpfs(tmp_path / "disk", 64 << 10) as disk:
+        out = disk / "out.jsonl"
+        command = ["dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{server.url}]",
+                   f"tokenizer={tokenizer_path}", f"output={out}", "concurrency=4", f"hydra.run.dir={tmp_path / 'h'}"]
+        for attempt in range(2):
+            result = regen_cli(*command, *(["resume=true"] if attempt else []))
+            lines = error_lines(result)
+            assert len(lines) == 2, result.stderr
+            assert re.fullmatch(rf"error: no space left on device for {re.escape(str(disk))}/out\S*: the write needs "
+                                r"\d+ bytes free, \d+ bytes are free", lines[0]), lines
+            assert lines[1].startswith("error: make room on that disk, then run again with resume=true")
+            rows = read_jsonl(out)  # every line whole, every conversation with all its rows
+            assert all(row["metadata"]["num_generations"] == 1 for row in rows)
+            if attempt == 0:
+                assert 0 < len(rows) < 200
+        subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+        result = regen_cli(*command, "resume=true")
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert sorted(row["primary_id"] for row in read_jsonl(out)) == sorted(f"c{i}" for i in range(200))
+        assert json.loads((disk / "out.summary.json").read_text())["status"] == "completed"
+
+
+def test_running_out_of_file_descriptors_is_two_error_lines_and_nothing_from_asyncio(serve, tmp_path,
+                                                                                      tokenizer_path):
+    """``ulimit -n 64`` with 100 conversations wanted in flight: the run stops with the two lines of
+    OutOfFileDescriptors; no traceback, nothing asyncio reports about tasks or futures."""
+    import resource
+
+    held = Held()
+    server = serve(held)
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(1000)])
+    try:
+        result = subprocess.run(
+            [sys.executable, "regen/main.py", "dataset=local", f"dataset.path={data}", f"output={tmp_path / 'out.jsonl'}",
+             f"hydra.run.dir={tmp_path / 'h'}", "server=external", f"server.endpoints=[{server.url}]",
+             f"tokenizer={tokenizer_path}", "concurrency=auto", "concurrency_start=100"], cwd=REPO_ROOT, capture_output=True, text=True,
+            timeout=180, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    finally:
+        held.event and server.loop.call_soon_threadsafe(held.event.set)
+    lines = error_lines(result)
+    assert lines[0] == "error: this process ran out of file descriptors (ulimit -n is 64) while connecting to " \
+        f"{server.url}/v1/chat/completions" or "ran out of file descriptors" in lines[0], result.stderr
+    assert len(lines) == 2 and "never retrieved" not in result.stderr and "asyncio" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("kind", ["dev-null", "fifo", "link-to-dev-null"])
+def test_an_output_that_is_not_a_regular_file_is_refused_before_any_file_is_made(serve, tmp_path, tokenizer_path,
+                                                                                  kind):
+    """/dev/null (named, or through a symlink) and a FIFO: one error and its hint, exit 1, nothing created beside
+    it (before: the run 'completed' into /dev/null and left /dev/null.errors.jsonl, .manifest.json, .summary.json)."""
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "a"}])
+    out = {"dev-null": "/dev/null", "fifo": str(tmp_path / "pipe.jsonl"), "link-to-dev-null": str(tmp_path / "l.jsonl")}[kind]
+    if kind == "fifo":
+        os.mkfifo(out)
+    if kind == "link-to-dev-null":
+        os.symlink("/dev/null", out)
+    before = set(os.listdir("/dev")), set(os.listdir(tmp_path))
+    result = regen_cli("dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{server.url}]",
+                       f"tokenizer={tokenizer_path}", f"output={out}", f"hydra.run.dir={tmp_path / 'h'}")
+    real = os.path.realpath(out)
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    assert error_lines(result) == [
+        f"error: {real} is {what}, not a regular file: regen writes its rows, error file, summary and manifest as "
+        "files beside the output, to be resumed",
+        "error: choose an output= that is a new or regular file (e.g. output=out/regen/rows.jsonl)"]
+    assert (set(os.listdir("/dev")), set(os.listdir(tmp_path)) - {"h"}) == before
+    assert server.requests == []

@@ -7,13 +7,17 @@ import asyncio
 import base64
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 from collections import Counter
 
+import pytest
+
 from regen.job import run
 from regen.main import main
+from standins.vllm_server import SyntheticResponder
 from tests.helpers.entries import run_main
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import EOS, ok, read_jsonl, regen_config, write_jsonl
@@ -115,3 +119,59 @@ def test_credentials_in_an_endpoint_reach_no_file_and_no_console(serve, tmp_path
     assert secret not in result.stdout + result.stderr
     rows = read_jsonl(tmp_path / "o" / "out.jsonl")
     assert rows[0]["metadata"]["endpoint"] == f"{server.url}/v1/chat/completions"
+
+
+@pytest.mark.slow
+def test_kill_loop_with_flaky_server_finishes_every_conversation_exactly_once(serve, tmp_path, tokenizer_path):
+    """12 runs of `python regen/main.py ... resume=true`, each stopped at a random moment (seeded) by SIGINT,
+    SIGTERM or kill -9 in turn, against a server answering a fifth of the requests with 503: no run prints a
+    traceback or anything from asyncio; a signalled run ends with 130 / 143 (or 0 when it had finished) and its
+    one interrupted line; the output only ever holds whole blocks but for a kill -9's torn tail; a last run
+    finishes every conversation exactly once, with nothing in the error file."""
+    server = serve(SyntheticResponder(str(tokenizer_path / "tokenizer.json"), completion_words=12,
+                                      unavailable_share=0.2), latency_s=0.02, keep_requests=False)
+    count = 1200
+    rows = [{"id": f"k{i}", "messages": [{"role": "user", "content": f"q{i}"}, {"role": "user", "content": "more"}]}
+            for i in range(count)]
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    output = tmp_path / "out.jsonl"
+
+    def command(attempt: int) -> list[str]:
+        return cli("dataset=local", f"dataset.path={data}", "server=external", f"server.endpoints=[{server.url}]",
+                   f"tokenizer={tokenizer_path}", f"output={output}", "concurrency=8", "resume=true",
+                   "max_retries=12", "retry_backoff_s=0.01", "max_backoff_s=0.05", "progress_log_s=0.5",
+                   f"hydra.run.dir={tmp_path / f'h{attempt}'}")
+
+    rng = random.Random(28)
+    signals = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
+    outcomes = []
+    for attempt in range(12):
+        signum = signals[attempt % 3]
+        process = subprocess.Popen(command(attempt), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        try:
+            process.communicate(timeout=rng.uniform(0.5, 6.0))
+        except subprocess.TimeoutExpired:
+            process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=300)
+        both = stdout + stderr
+        assert "Traceback" not in both and "never retrieved" not in both and "asyncio" not in both, both[-3000:]
+        if signum == signal.SIGKILL:
+            assert process.returncode in (0, -signal.SIGKILL), both[-3000:]
+        else:
+            assert process.returncode in (0, 128 + signum), both[-3000:]
+            if process.returncode:
+                said = [line for line in stderr.splitlines() if "interrupted (" in line]
+                assert len(said) == 1 and said[0].startswith("regen: interrupted ("), stderr[-3000:]
+                read_jsonl(output)  # whole lines only
+        done = len({row["primary_id"] for row in read_jsonl(output)}) if signum != signal.SIGKILL else None
+        outcomes.append((signal.Signals(signum).name, process.returncode, done))
+    assert any(code for _, code, _ in outcomes)  # the loop did interrupt runs
+    final = subprocess.run(command(99), cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0 and "Traceback" not in final.stderr, final.stderr[-3000:]
+    counts = Counter(row["primary_id"] for row in read_jsonl(output))
+    assert counts == {f"k{i}": 2 for i in range(count)}, outcomes
+    assert sorted(row["id"] for row in read_jsonl(output)) == sorted(f"k{i}_gen{k}" for i in range(count)
+                                                                     for k in (0, 1))
+    assert read_jsonl(tmp_path / "out.errors.jsonl") == []
+    print("kill loop:", outcomes)

@@ -3,7 +3,14 @@ filter and limit, and duplicate ids -- the first row claims an id, every later o
 
 from __future__ import annotations
 
+import gc
+import logging
+
+import pytest
+
+from regen.detokenizer import TokenizerMismatch
 from tests.helpers.regen_support import EOS, Script, ok
+from tests.regen.test_row_sources import HOSTILE
 
 
 def test_bad_local_rows_become_error_rows_and_the_run_goes_on(serve, regen, tmp_path):
@@ -86,3 +93,30 @@ def test_a_bad_element_of_a_json_array_is_an_error_row_with_its_index(serve, tmp
     assert "found 'question', which regen does not read" in errors[0]["metadata"]["error"]
     assert "row is int, expected a JSON object" in errors[1]["metadata"]["error"]
     assert (summary["input_errors"], summary["conversations_done"]) == (2, 2)
+
+
+def test_a_run_that_stops_on_an_error_leaves_asyncio_nothing_to_report(serve, regen, caplog):
+    """A token id outside the vocabulary stops the run while the reader waits at the full queue and the dispatcher
+    at the pool: every task is cancelled and awaited, and no future's exception is left unretrieved (asyncio would
+    print '_GatheringFuture exception was never retrieved' with a traceback)."""
+    server = serve(lambda payload: ok("x", [1, 5], [6, 10**6, EOS]))
+    rows = [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(700)]  # more than the queue holds
+    with caplog.at_level(logging.DEBUG, logger="asyncio"), pytest.raises(TokenizerMismatch):
+        regen([server.url], rows, "concurrency=2")
+    gc.collect()
+    assert [record.getMessage() for record in caplog.records if record.name == "asyncio"
+            and record.levelno >= logging.ERROR] == []
+
+
+def test_hostile_rows_are_error_rows_and_every_good_row_is_done(serve, regen, tmp_path):
+    """200,000 nested brackets, a lone surrogate and a 9 MiB line each become one error row naming FILE:LINE; the
+    good rows around them are regenerated (before: a RecursionError or orjson's TypeError ended the run)."""
+    server = serve(lambda payload: ok("y", [1, 5], [6, EOS]))
+    rows = [{"id": "g0", "prompt": "a"}, *(line for line, _ in HOSTILE.values()), {"id": "g1", "prompt": "b"}]
+    summary, out, errors = regen([server.url], rows)
+    data = tmp_path / "rows.jsonl"
+    assert sorted(row["primary_id"] for row in out) == ["g0", "g1"]
+    assert [(e["id"], e["metadata"]["stage"]) for e in errors] == [(f"{data}:{n}", "input") for n in (2, 3, 4)]
+    for error, (_, expected) in zip(errors, HOSTILE.values(), strict=True):
+        assert expected in error["metadata"]["error"]
+    assert (summary["conversations_done"], summary["input_errors"], summary["status"]) == (2, 3, "completed")

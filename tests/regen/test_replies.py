@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from regen.replies import ReplyError, parse_reply
+from tests.helpers.regen_support import ok
 
 STOP = {"id": "chatcmpl-1a2b", "object": "chat.completion", "created": 1760000000, "model": "Qwen/Qwen3-8B", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Four.", "reasoning": None}, "logprobs": None, "finish_reason": "stop", "stop_reason": None, "token_ids": [9001, 13, 151645]}], "usage": {"prompt_tokens": 5, "total_tokens": 8, "completion_tokens": 3, "prompt_tokens_details": None}, "prompt_token_ids": [151644, 872, 198, 17, 151645]}  # noqa: E501
 LENGTH = {"id": "chatcmpl-3c4d", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Tides begin", "reasoning": None}, "finish_reason": "length", "stop_reason": None, "token_ids": [785, 3840]}], "usage": {"prompt_tokens": 2, "total_tokens": 4, "completion_tokens": 2}, "prompt_token_ids": [151644, 872]}  # noqa: E501
@@ -57,3 +58,18 @@ def test_unusable_replies(body, message):
 
 def test_usage_is_optional():
     assert parse_reply({k: v for k, v in STOP.items() if k != "usage"}).usage == {}
+
+
+def test_more_generated_ids_than_max_tokens_is_a_reply_error():
+    """A server that sends 5 ids for max_tokens=2 (or 5,000,000 for 8192) is not believed."""
+    assert parse_reply(STOP, max_tokens=3).generated_ids == [9001, 13, 151645]
+    with pytest.raises(ReplyError, match="carries 3 generated ids, more than the request's max_tokens=2"):
+        parse_reply(STOP, max_tokens=2)
+
+
+def test_a_reply_over_max_tokens_fails_its_conversation(serve, regen):
+    server = serve(lambda payload: ok("long", [1, 5], list(range(10, 10 + len(payload["messages"][-1]["content"])))))
+    summary, out, errors = regen([server.url], [{"id": "A", "prompt": "a" * 21}, {"id": "B", "prompt": "b" * 20}],
+                                 "max_tokens=20")
+    assert [row["id"] for row in out] == ["B_gen0"] and [e["id"] for e in errors] == ["A"]
+    assert "21 generated ids, more than the request's max_tokens=20" in errors[0]["metadata"]["error"]

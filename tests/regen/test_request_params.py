@@ -6,6 +6,7 @@ from collections import Counter
 
 from regen.request_params import RequestParams
 from regen.settings import WeightedChoice
+from tests.helpers.regen_support import EOS, ok
 
 SAMPLING = {"temperature": 0.7, "top_p": None, "top_k": 20, "seed": None}
 EFFORT = WeightedChoice(("low", "high"), (1.0, 3.0))
@@ -29,3 +30,11 @@ def test_mixes_are_drawn_per_conversation_and_reproducible():
     other_seed = RequestParams(SAMPLING, reasoning_effort=EFFORT, mix_seed=8)
     assert [other_seed.for_conversation(f"conv-{i}")["reasoning_effort"] for i in range(400)] != [
         d["reasoning_effort"] for d in draws]
+
+
+def test_logit_bias_from_the_command_line_reaches_the_server_with_string_keys(serve, regen, tmp_path):
+    server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
+    summary, out, errors = regen([server.url], [{"id": "a", "prompt": "a"}],
+                                 "extra_request_params={logit_bias: {21: 100}}")
+    assert [request["logit_bias"] for request in server.requests] == [{"21": 100}]
+    assert out[0]["metadata"]["sampling_params"]["logit_bias"] == {"21": 100} and errors == []

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import io
 import json
 
 import pytest
 
+from common.chat_records import MAX_LINE_BYTES, json_lines
 from regen.row_sources import SourceError, open_source
 from regen.settings import DatasetSettings
 
@@ -112,3 +114,49 @@ def test_hub_dataset_streams_the_chosen_config_and_split(hub_like):
 def test_an_unreadable_hub_dataset_is_a_clear_error(hub_like):
     with pytest.raises(SourceError, match=r"cannot open the hub dataset .*\[nope/train\]"):
         open_source(DatasetSettings(source="hf", path=str(hub_like), format="gsm8k", subset="nope", split="train"))
+
+
+HOSTILE = {  # a line of each kind common.chat_records refuses, and the error its record carries
+    "deep": ('{"id": "d", "prompt": ' + "[" * 200_000 + "]" * 200_000 + "}", "nested deeper than 100 levels"),
+    "surrogate": ('{"id": "s", "prompt": "a\\ud800b"}', "prompt: holds a lone surrogate ('\\ud800' at char 1)"),
+    "long": ('{"id": "l", "prompt": "' + "x" * (9 << 20) + '"}', "the line is over 8 MiB (MAX_LINE_BYTES)"),
+}
+
+
+def test_hostile_jsonl_lines_are_error_records_and_the_rest_of_the_file_is_read(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    lines = [line for line, _ in HOSTILE.values()]
+    path.write_text("\n".join(['{"id": "g0", "prompt": "a"}', *lines, '{"id": "g1", "prompt": "b"}']) + "\n")
+    records = local(path)
+    assert [(r.where, r.primary_id) for r in records] == [(f"{path}:{n}", key) for n, key in
+                                                          [(1, "g0"), (2, None), (3, None), (4, None), (5, "g1")]]
+    for record, (_, expected) in zip(records[1:4], HOSTILE.values(), strict=True):
+        assert record.row is None and expected in record.error
+
+
+def test_a_too_deep_element_of_a_json_array_is_an_error_record_and_the_next_elements_are_read(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text('[{"id": "g0", "prompt": "a"},\n' + HOSTILE["deep"][0] + ',\n' + HOSTILE["surrogate"][0]
+                    + ',\n{"id": "g1", "prompt": "b ] } [ {"}]')
+    records = local(path)
+    assert [(r.where, r.primary_id, r.error) for r in records] == [
+        (f"{path}:1 (element 0)", "g0", None), (f"{path}:2 (element 1)", None, "nested deeper than 100 levels of "
+                                                "arrays and objects"),
+        (f"{path}:3 (element 2)", None, "prompt: holds a lone surrogate ('\\ud800' at char 1), which is not text"),
+        (f"{path}:4 (element 3)", "g1", None)]
+
+
+def test_a_line_over_the_cap_is_never_held_whole(tmp_path):
+    """The reader asks the file for at most the cap (+1 byte) at a time, whatever the line's length."""
+    class Counting(io.BytesIO):
+        largest = 0
+
+        def readline(self, size=-1):
+            line = super().readline(size)
+            Counting.largest = max(Counting.largest, len(line))
+            assert size != -1
+            return line
+
+    stream = Counting(b'{"a": "' + b"x" * (3 * MAX_LINE_BYTES) + b'"}\n{"b": 1}\n')
+    assert [(line.number, line.value) for line in json_lines(stream)][1:] == [(2, {"b": 1})]
+    assert Counting.largest <= MAX_LINE_BYTES + 1

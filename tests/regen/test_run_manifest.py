@@ -5,6 +5,7 @@ warning. End to end through ``run`` against a scripted server."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -121,4 +122,17 @@ def test_a_manifest_of_the_wrong_shape_is_an_error_naming_it(first_run, regen, t
     with pytest.raises(ResumeRefused, match=f"^{path} is not a regen manifest: ") as refused:
         regen([server.url], ROWS, "resume=true", *overrides)
     assert refused.value.hint == "restore it, or remove it to resume without a settings check"
+    assert (tmp_path / "out.jsonl").read_bytes() == before and json.loads(path.read_text()) == saved
+
+
+@pytest.mark.parametrize("version", [99, None, "1"])
+def test_a_manifest_of_an_unknown_version_is_refused_naming_it(first_run, regen, tmp_path, version):
+    server, before = first_run
+    path = tmp_path / "out.manifest.json"
+    saved = {**manifest(tmp_path), "version": version}
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ResumeRefused, match=re.escape(f"{path} has manifest version {version!r}; this regen reads "
+                                                      "version 1 only")) as refused:
+        regen([server.url], ROWS, "resume=true")
+    assert refused.value.hint.startswith("resume it with the regen that wrote it")
     assert (tmp_path / "out.jsonl").read_bytes() == before and json.loads(path.read_text()) == saved

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from regen.job import run
-from regen.settings import RegenSettings, SettingsError, WeightedChoice
+from regen.settings import RegenSettings, SettingsError, WeightedChoice, string_keys
 from tests.helpers.configs import compose_config
 from tests.helpers.regen_support import regen_config, write_jsonl
 
@@ -155,3 +155,21 @@ def test_multimodal_preset_is_refused_with_the_reason():
     cfg = compose_config("regen", ["dataset=sharegpt4v-coco", "server=external", "server.endpoints=[http://127.0.0.1:9]"], hydra_config=True)
     with pytest.raises(SettingsError, match="dataset sharegpt4v-coco is multimodal .* text-only"):
         RegenSettings.from_config(cfg)
+
+
+def test_integer_request_keys_become_strings_as_openai_wants(settings_of):
+    """``'extra_request_params={logit_bias: {21: 100}}'`` from the command line (Hydra gives the key as an int;
+    before, orjson's 'Dict key must be str' traceback came at the first request, after the files were made)."""
+    settings = settings_of("extra_request_params={logit_bias: {21: 100, 22: -5}, stop_token_ids: [2]}")
+    assert settings.extra_request_params == {"logit_bias": {"21": 100, "22": -5}, "stop_token_ids": [2]}
+
+
+@pytest.mark.parametrize("extra,reason", [
+    ("{logit_bias: {1.5: 3}}", "extra_request_params.logit_bias has the key 1.5 (float): request keys are strings"),
+    ("{logit_bias: {true: 3}}", "extra_request_params.logit_bias has the key True (bool)"),
+])
+def test_request_keys_that_cannot_be_sent_are_refused(settings_of, extra, reason):
+    with pytest.raises(SettingsError, match=re.escape(reason)):
+        settings_of(f"extra_request_params={extra}")
+    with pytest.raises(SettingsError, match=re.escape("extra_request_params.logit_bias has the key '21' twice")):
+        string_keys("extra_request_params", {"logit_bias": {21: 1, "21": 2}})  # a YAML file can say both

@@ -55,6 +55,17 @@ def test_a_metrics_page_without_vllm_gauges_is_refused():
         parse_load('# TYPE http_requests_total counter\nhttp_requests_total{code="200"} 3\n')
 
 
+@pytest.mark.parametrize("bad", ["-3.0", "NaN", "+Inf"])
+@pytest.mark.parametrize("gauge", ["vllm:num_requests_running", "vllm:num_requests_waiting",
+                                   "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total"])
+def test_a_negative_or_non_finite_gauge_value_is_a_failed_reading(gauge, bad):
+    """Not skipped (the sum of the other engines would read as the load) and never taken as a count."""
+    page = "".join(f"{line.rsplit(' ', 2)[0]} {bad}\n" if line.startswith(gauge) else line + "\n"
+                   for line in OLDER.splitlines())
+    with pytest.raises(ValueError, match=f"{gauge} is "):
+        parse_load(page)
+
+
 def test_read_load_over_http_tells_a_missing_route_from_a_failing_one():
     statuses = {"a": (200, OLDER), "b": (404, "Not Found"), "c": (503, "busy")}
 
