@@ -137,6 +137,8 @@ def train(cfg: OPDConfig) -> dict:
             # --- log and save
             metrics = step_metrics(window, update, micro_batches, chat_format, ranks, mode=cfg.mode,
                                    times=(entered, began, fetched))
+            if guide is not None and cfg.guidance.turn_share is not None:  # Guided-OPD's scheduled turn share
+                metrics["turn_share"] = turn_share_at(cfg.guidance, step, schedule_steps)
             log.step(metrics)
             losses.append(metrics["loss"])
             tokens += metrics["assistant_tokens"]
