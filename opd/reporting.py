@@ -253,6 +253,8 @@ def write_training_curves(rows: list[dict], path: str | Path, title: str = "trai
         return None
     if not rows:
         return None
+    from matplotlib.ticker import MaxNLocator
+
     panels = [(key, label) for key, label in CURVES if any(row.get(key) is not None for row in rows)]
     figure, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2), squeeze=False)
     for axis, (key, label) in zip(axes[0], panels, strict=True):
@@ -260,5 +262,8 @@ def write_training_curves(rows: list[dict], path: str | Path, title: str = "trai
         axis.plot(*zip(*measured, strict=True), marker="o" if len(measured) < 30 else None, markersize=3)
         axis.set_title(label, fontsize=10)
         axis.set_xlabel("step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if key == "answer_accuracy":
+            axis.set_ylim(-0.03, 1.03)
     figure.suptitle(title)
     return save_png(figure, path)
