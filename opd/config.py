@@ -45,7 +45,7 @@ GUIDANCE_OPTIONS = ("turn_share", "token_mix", "top_k")
 UNIMPLEMENTED_SAMPLING_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 # logger.backends: each metrics backend -> the package it needs, which the extra of the same name installs (jsonl: none)
 LOGGER_BACKENDS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
-WANDB_MODES = ("offline", "online", "disabled")
+WANDB_MODES = ("offline", "online", "shared", "disabled")  # wandb.init's modes
 PATH_KEYS = ("data", "tokenizer", "out_dir", "resume", "checkpoint", "cache_dir")  # left out of sweep folder names
 
 Config = TypeVar("Config")
@@ -284,10 +284,7 @@ class WandbConfig:
 
     project: str
     name: str | None  # null: W&B names the run
-    mode: str  # offline (no network), online or disabled
-
-    def __post_init__(self) -> None:
-        _check_choice("logger.wandb.mode", self.mode, WANDB_MODES)
+    mode: str  # offline (no network), online, shared or disabled; checked only when wandb is a backend
 
 
 @dataclass
@@ -301,6 +298,9 @@ class LoggerConfig:
     def __post_init__(self) -> None:
         for backend in self.backends:
             _check_choice("logger.backends", backend, tuple(LOGGER_BACKENDS))
+        if "wandb" in self.backends:  # its mode may come from $WANDB_MODE, set for other tools: checked when used
+            _check_choice("logger.wandb.mode", self.wandb.mode, WANDB_MODES)
+        for backend in self.backends:
             package = LOGGER_BACKENDS[backend]
             if package and importlib.util.find_spec(package) is None:
                 raise ConfigError(f"logger.backends: {backend} needs the {package} package, which is not installed: "

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from experiments.recipe.synthetic_task import write_task
-from opd.config import LoggerConfig, WandbConfig
+from opd.config import ConfigError, LoggerConfig, WandbConfig
 from opd.metric_loggers import MetricLoggers
 from opd.reporting import TrainLog, write_training_curves
 from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.charts import drawn_axes
+from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import run_entry, write_agent_data
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -139,12 +140,22 @@ def test_a_backend_whose_package_is_missing_is_one_error_line_naming_the_extra(t
 
 @pytest.mark.parametrize("override,shown", [
     ("logger.backends=[jsonl,csv]", "error: logger.backends must be one of jsonl, tensorboard, wandb, got 'csv'"),
-    ("logger.wandb.mode=cloud", "error: logger.wandb.mode must be one of offline, online, disabled, got 'cloud'"),
+    ("logger.backends=[wandb] logger.wandb.mode=cloud",
+     "error: logger.wandb.mode must be one of offline, online, shared, disabled, got 'cloud'"),
     ("logger.backends=jsonl", "error: logger.backends must be a list, as in logger.backends=[a,b]"),
 ])
 def test_bad_logger_settings_are_one_error_line(tmp_path, override, shown):
-    result = run_entry("train", "data=agent.jsonl", f"hydra.run.dir={tmp_path / 'run'}", override)
+    result = run_entry("train", "data=agent.jsonl", f"hydra.run.dir={tmp_path / 'run'}", *override.split())
     assert result.returncode == 1 and result.stderr.splitlines()[0] == shown, result.stderr[-2000:]
+
+
+def test_wandb_mode_from_the_environment_is_checked_only_when_wandb_logs(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "dryrun")  # set for another tool
+    assert entry_config("opd", ["data=agent.jsonl"]).logger.wandb.mode == "dryrun"
+    with pytest.raises(ConfigError, match="logger.wandb.mode must be one of offline, online, shared, disabled, got 'dryrun'"):
+        entry_config("opd", ["data=agent.jsonl", "logger.backends=[wandb]"])
+    monkeypatch.delenv("WANDB_MODE")
+    assert entry_config("opd", ["data=agent.jsonl"]).logger.wandb.mode == "offline"  # the default
 
 
 def test_only_the_logging_process_writes(tmp_path):
