@@ -9,6 +9,7 @@ key; code deeper down takes these objects and does not check them again. Values 
 
 Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollout.AgentRollout``, ``sampling`` →
 ``opd.sampling.TokenSampler``, ``guidance`` → ``opd.guidance.BehaviourPolicy``, ``loss`` → ``opd.loss.token_divergence``, ``optim`` → ``opd.optimization.Optimization``,
+``logger`` → ``opd.metric_loggers.MetricLoggers``,
 ``teacher``/``student``/``model``/``models.NAME`` → ``common.minimind.model.load_model``.
 
 Model presets live once, in ``configs/model/``; ``register_model_groups`` makes the same files opd's
@@ -21,6 +22,7 @@ of sweep folder names).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,9 @@ OFFLINE_SOURCES = ("dataset", "teacher_rollouts")
 GUIDANCE_OPTIONS = ("turn_share", "token_mix", "top_k")
 # sampling keys the local rollout does not implement: refused by name when set, never silently ignored
 UNIMPLEMENTED_SAMPLING_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+# logger.backends: each metrics backend -> the package it needs, which the extra of the same name installs (jsonl: none)
+LOGGER_BACKENDS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
+WANDB_MODES = ("offline", "online", "shared", "disabled")  # wandb.init's modes
 PATH_KEYS = ("data", "tokenizer", "out_dir", "resume", "checkpoint", "cache_dir")  # left out of sweep folder names
 
 Config = TypeVar("Config")
@@ -94,6 +99,8 @@ def parse_config(schema: type[Config], cfg: DictConfig) -> Config:
     except OmegaConfBaseException as error:
         message = str(error).splitlines()[0]
         key = getattr(error, "full_key", None)
+        if "is not a ListConfig, list or tuple" in message:  # OmegaConf names its node class, not the value
+            raise ConfigError(f"{key} must be a list, as in {key}=[a,b]") from None
         raise ConfigError(f"{key}: {message}" if key and key not in message else message) from None
 
 
@@ -271,6 +278,35 @@ class MixtureConfig:
                  self.teacher_share)
 
 
+@dataclass
+class WandbConfig:
+    """The W&B run of ``logger.backends`` with wandb."""
+
+    project: str
+    name: str | None  # null: W&B names the run
+    mode: str  # offline (no network), online, shared or disabled; checked only when wandb is a backend
+
+
+@dataclass
+class LoggerConfig:
+    """Where an entry's metrics go (``opd.metric_loggers``): ``metrics.jsonl`` always, and the other ``backends``
+    listed; a backend whose package is missing is refused here, before anything loads."""
+
+    backends: list[str]
+    wandb: WandbConfig
+
+    def __post_init__(self) -> None:
+        for backend in self.backends:
+            _check_choice("logger.backends", backend, tuple(LOGGER_BACKENDS))
+        if "wandb" in self.backends:  # its mode may come from $WANDB_MODE, set for other tools: checked when used
+            _check_choice("logger.wandb.mode", self.wandb.mode, WANDB_MODES)
+        for backend in self.backends:
+            package = LOGGER_BACKENDS[backend]
+            if package and importlib.util.find_spec(package) is None:
+                raise ConfigError(f"logger.backends: {backend} needs the {package} package, which is not installed: "
+                                  f"pip install -e '.[{backend}]'")
+
+
 def _model_with_tokenizer(spec: ModelSpec, tokenizer: str | None) -> ModelSpec:
     if spec.tokenizer is None:
         spec.tokenizer = tokenizer
@@ -297,6 +333,7 @@ class TrainingRunConfig(_Precision):
     keep_saved_weights: bool  # also keep each save's weights as {stem}_step{N}.pth
     gradient_checkpointing: bool  # recompute activations in the backward pass instead of keeping them
     optim: OptimConfig
+    logger: LoggerConfig
 
     def __post_init__(self) -> None:
         self.precision  # noqa: B018 (resolving checks device and dtype)
@@ -365,11 +402,14 @@ class EvalConfig(_Precision):
     batch_size: int
     isolate: bool  # each checkpoint in a fresh process (its own peak RSS on CPU)
     chart: bool
+    logger: LoggerConfig
+    log_step: int  # the x axis of the scores in the loggers (e.g. the training step of the checkpoints)
 
     def __post_init__(self) -> None:
         self.precision  # noqa: B018 (resolving checks device and dtype)
         _check_count("batch_size", self.batch_size)
         _check_count("samples_per_prompt", self.samples_per_prompt)
+        _check_count("log_step", self.log_step, minimum=0)
         _require(self.samples_per_prompt == 1 or self.sampling.temperature > 0, "samples_per_prompt",
                  "1 with greedy decoding (sampling.temperature=0: every sample would be the same episode; pick a "
                  "sampling preset such as sampling=opd_rollout)", self.samples_per_prompt)

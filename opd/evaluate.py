@@ -35,8 +35,6 @@ from pathlib import Path
 import hydra
 import torch
 from omegaconf import DictConfig
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, RecordError, load_agent_records
@@ -46,8 +44,9 @@ from common.user_errors import UserError, exit_on_user_error
 from opd.chat_format import ChatFormat
 from opd.checkpoints import vocabulary_fingerprint
 from opd.config import EvalConfig, parse_config
+from opd.metric_loggers import MetricLoggers
 from opd.out_dir import hold_out_dir
-from opd.reporting import print_table, require_matplotlib, write_chart
+from opd.reporting import print_table, progress_bar, require_matplotlib, run_dir_of, show, write_chart
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler, sample_seed
 from opd.scoring import aggregate, expected_outcomes, score_episode
@@ -79,11 +78,14 @@ def evaluate(cfg: EvalConfig) -> dict:
                            "samples_per_prompt": cfg.samples_per_prompt, "batch_size": cfg.batch_size, "device": str(cfg.precision.device), "isolate": cfg.isolate},
               "checkpoints": results, "json": str(out / "evaluation.json"),
               "chart": str(out / "evaluation.png") if cfg.chart else None}
+    with MetricLoggers(cfg.logger, run_dir_of(cfg.out_dir), config=asdict(cfg)) as loggers:
+        for result in results:
+            loggers.log({"step": cfg.log_step, **result}, step=cfg.log_step, prefix=f"eval/{result['name']}")
     print_table(results)
     atomic_write_json(out / "evaluation.json", report)
     if cfg.chart:
         write_chart(results, out / "evaluation.png")
-    Console().print(f"wrote {report['json']}" + (f" and {report['chart']}" if cfg.chart else ""))
+    show(f"wrote {report['json']}" + (f" and {report['chart']}" if cfg.chart else ""))
     return report
 
 
@@ -131,8 +133,7 @@ def evaluate_checkpoint(name: str, spec: ModelSpec, cfg: EvalConfig, *, isolated
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
     seed = cfg.sampling.seed_or(cfg.seed)
     done = {}  # (record index, sample) -> (score, episode)
-    progress = Progress(TextColumn(f"[bold]eval {name}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("accuracy {task.fields[accuracy]}"), TimeElapsedColumn())
+    progress = progress_bar(f"eval {name}", "accuracy {task.fields[accuracy]}")  # episodes done of total, ETA
     with progress:
         task = progress.add_task("episodes", total=len(records) * cfg.samples_per_prompt, accuracy="-")
         for sample in range(cfg.samples_per_prompt):  # a batch never holds one record twice (generators by source)

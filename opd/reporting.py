@@ -1,9 +1,12 @@
-"""What the entries show and write: per-step training logs and run summaries, the evaluation's comparison table
-and its PNG chart (charts need matplotlib, an optional extra)."""
+"""What the entries show and write: per-step training logs and run summaries, the training curves, the evaluation's
+comparison table and its PNG chart (charts need matplotlib, an optional extra). Lines and tables go through
+``logging`` (``show``): to the console and to Hydra's run log, ``<hydra.run.dir>/<entry>.log``."""
 
 from __future__ import annotations
 
-import json
+import io
+import logging
+import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -20,8 +23,12 @@ from rich.table import Table
 
 from common.atomic_write import atomic_write, atomic_write_json
 from opd.chat_format import ChatFormat
+from opd.config import LoggerConfig
 from opd.episodes import Episode
+from opd.metric_loggers import MetricLoggers
 from opd.scoring import score_episode
+
+RUN_LOG = logging.getLogger("opd")  # the entries' progress and summary lines (show)
 
 
 def run_dir_of(out_dir: str) -> Path:
@@ -60,56 +67,91 @@ def run_summary(*, step: int, start_step: int, losses: list[float], tokens: int,
             "resume_file": str(paths[1]) if paths[1] else None, "metrics": str(run_dir / "metrics.jsonl")}
 
 
-class TrainLog:
-    """Context manager around the step loop; ``metrics_path`` receives one JSON object per step."""
+class StdoutHandler(logging.StreamHandler):
+    """The console handler of the entries' run log (``configs/hydra/job_logging/run_log.yaml``): writes to
+    ``sys.stdout`` as it is at each line, so rich's live progress display (which redirects it) keeps its bar below
+    the lines instead of being written over."""
 
-    def __init__(self, metrics_path: Path, *, total_steps: int, start_step: int, console: Console | None = None,
-                 label: str = "opd", enabled: bool = True):
+    def __init__(self):
+        super().__init__(sys.stdout)
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler sets it; the stream is always the current sys.stdout
+        pass
+
+
+def show(renderable) -> None:
+    """A line or a rich renderable (a table) as plain text to the run log: the console and, under Hydra,
+    ``<hydra.run.dir>/<entry>.log`` (``configs/hydra/job_logging/run_log.yaml``)."""
+    if not isinstance(renderable, str):
+        console = Console(file=io.StringIO(), width=190, color_system=None)  # every column unabridged
+        console.print(renderable)
+        renderable = console.file.getvalue().rstrip("\n")
+    RUN_LOG.info(renderable)
+
+
+def progress_bar(label: str, fields: str, console: Console | None = None) -> Progress:
+    """A progress display of ``label``'s task: a bar, done of total, ``fields`` (a ``TextColumn`` template), the
+    time elapsed and the estimated time remaining."""
+    return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+
+
+class TrainLog:
+    """Context manager around the step loop: each step's metrics to the loggers (``opd.metric_loggers``:
+    ``metrics.jsonl`` in ``run_dir`` and the ``logger`` backends) and its line to the run log, under a progress bar;
+    ``summary`` then adds the training-curve PNG."""
+
+    def __init__(self, run_dir: Path, logger: LoggerConfig, *, total_steps: int, start_step: int, label: str = "opd",
+                 enabled: bool = True, config: dict | None = None):
         self.enabled = enabled  # False on every training process but rank 0: nothing shown, nothing written
-        self.metrics_path = Path(metrics_path)
-        self.console = console or Console()
+        self.run_dir = Path(run_dir)
+        self.loggers = MetricLoggers(logger, self.run_dir, config=config)
         self.label = label
-        self.progress = Progress(
-            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}  {task.fields[tokens_per_s]} tok/s  turns {task.fields[turns]}  "
-                       "trunc {task.fields[truncated]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console)
+        self.rows: list[dict] = []  # this run's steps, for the curves
+        self.progress = progress_bar(label, "loss {task.fields[loss]}  {task.fields[tokens_per_s]} tok/s  "
+                                     "turns {task.fields[turns]}  trunc {task.fields[truncated]}")
         self.task = self.progress.add_task("steps", total=total_steps, completed=start_step,
                                            loss="-", tokens_per_s="-", turns="-", truncated="-")
 
     def __enter__(self) -> TrainLog:
         if self.enabled:
-            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-            self._stream = self.metrics_path.open("a", encoding="utf-8")
+            self.loggers.__enter__()
             self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
         if self.enabled:
             self.progress.stop()
-            self._stream.close()
+            self.loggers.__exit__(*exc)
 
     def step(self, metrics: dict) -> None:
         """Record one optimizer step's metrics (a flat dict with at least the figures the bar shows)."""
         if not self.enabled:
             return
-        self._stream.write(json.dumps(metrics) + "\n")
-        self._stream.flush()
+        self.loggers.log(metrics, step=metrics["step"], prefix="train")
+        self.rows.append(metrics)
         self.progress.update(self.task, completed=metrics["step"], loss=f"{metrics['loss']:.4f}",
                              tokens_per_s=f"{metrics['tokens_per_s']:.1f}", turns=f"{metrics['mean_turns']:.2f}",
                              truncated=f"{metrics['truncated_fraction']:.2f}")
-        self.progress.console.print(
-            f"step {metrics['step']}  loss {metrics['loss']:.5f}  turns {metrics['mean_turns']:.2f}  "
-            f"calls {metrics['tool_calls']}  tokens {metrics['assistant_tokens']}  "
-            f"trunc {metrics['truncated_fraction']:.2f}  {metrics['tokens_per_s']:.1f} tok/s  lr {metrics['lr']:.3g}"
-            + ("" if metrics.get("answer_accuracy") is None else f"  correct {metrics['answer_accuracy']:.2f}"))
+        show(f"step {metrics['step']}  loss {metrics['loss']:.5f}  turns {metrics['mean_turns']:.2f}  "
+             f"calls {metrics['tool_calls']}  tokens {metrics['assistant_tokens']}  "
+             f"trunc {metrics['truncated_fraction']:.2f}  {metrics['tokens_per_s']:.1f} tok/s  lr {metrics['lr']:.3g}"
+             + ("" if metrics.get("answer_accuracy") is None else f"  correct {metrics['answer_accuracy']:.2f}"))
 
     def summary(self, summary: dict, paths: list[Path]) -> None:
-        """Print the end-of-run summary as a two-column table and write it as JSON to each of ``paths``."""
+        """Write this run's training curves (``curves``: the PNG, or None without matplotlib or steps), show the
+        end-of-run summary as a two-column table and write it as JSON to each of ``paths``."""
+        curves = write_training_curves(self.rows, self.run_dir / "training_curves.png", title=f"{self.label} training")
+        summary["curves"] = str(curves) if curves else None
         table = Table(title=f"{self.label} summary", show_header=False)
         for key, value in summary.items():
             table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
-        self.console.print(table)
+        show(table)
         for path in paths:
             atomic_write_json(path, summary)
 
@@ -131,18 +173,15 @@ def _cell(value, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def print_table(results: list[dict], console: Console | None = None, title: str = "evaluation") -> None:
-    """One row per checkpoint, one column per metric."""
+def print_table(results: list[dict], title: str = "evaluation") -> None:
+    """One row per checkpoint, one column per metric, to the run log (``show``)."""
     table = Table(title=title)
     table.add_column("checkpoint")
     for _, header, _ in COLUMNS:
         table.add_column(header, justify="right")
     for result in results:
         table.add_row(result["name"], *(_cell(result[key], fmt) for key, _, fmt in COLUMNS))
-    console = console or Console()
-    if not console.is_terminal:  # a log file gets every column unabridged
-        console.width = max(console.width, 190)
-    console.print(table)
+    show(table)
 
 
 def require_matplotlib() -> None:
@@ -195,5 +234,36 @@ def write_chart(results: list[dict], path: str | Path, title: str = "held-out ev
         axis.bar_label(bars, fmt="%.1f", fontsize=7)
         axis.set_title(label, fontsize=10)
         axis.tick_params(axis="x", labelrotation=30)
+    figure.suptitle(title)
+    return save_png(figure, path)
+
+
+# (metrics.jsonl key, panel title) of the training curves
+CURVES = (("loss", "loss"), ("lr", "learning rate"), ("answer_accuracy", "answer accuracy (graded episodes)"),
+          ("tokens_per_s", "assistant tokens / s"))
+
+
+def write_training_curves(rows: list[dict], path: str | Path, title: str = "training") -> Path | None:
+    """A PNG of a run's steps (``metrics.jsonl`` rows): one panel per curve of ``CURVES`` against the step, accuracy
+    only where steps measured it. None, with one warning line, when matplotlib is missing or there are no steps."""
+    try:
+        plt = pyplot()
+    except ImportError:
+        RUN_LOG.warning("warning: no training_curves.png: it needs matplotlib (pip install -e '.[chart]')")
+        return None
+    if not rows:
+        return None
+    from matplotlib.ticker import MaxNLocator
+
+    panels = [(key, label) for key, label in CURVES if any(row.get(key) is not None for row in rows)]
+    figure, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2), squeeze=False)
+    for axis, (key, label) in zip(axes[0], panels, strict=True):
+        measured = [(row["step"], row[key]) for row in rows if row.get(key) is not None]
+        axis.plot(*zip(*measured, strict=True), marker="o" if len(measured) < 30 else None, markersize=3)
+        axis.set_title(label, fontsize=10)
+        axis.set_xlabel("step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if key == "answer_accuracy":
+            axis.set_ylim(-0.03, 1.03)
     figure.suptitle(title)
     return save_png(figure, path)

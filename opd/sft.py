@@ -102,8 +102,8 @@ def train(cfg: SFTConfig) -> dict:
                                rank=ranks.rank)
     run_dir, start_step, paths, losses, tokens, seen = run_dir_of(cfg.out_dir), step, (None, None), [], 0, 0
     started = time.perf_counter()
-    with TrainLog(run_dir / "metrics.jsonl", total_steps=order.total_steps, start_step=step, label="sft",
-                  enabled=ranks.is_main) as log:
+    with TrainLog(run_dir, cfg.logger, total_steps=order.total_steps, start_step=step, label="sft",
+                  enabled=ranks.is_main, config=asdict(cfg)) as log:
         for window in order.windows(cursor, step):
             # --- this rank's share of the window's demonstrations; cross-entropy over every target of the window
             began = time.perf_counter()

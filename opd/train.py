@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import hydra
@@ -125,8 +125,8 @@ def train(cfg: OPDConfig) -> dict:
                                sampler=sampler if cfg.mode == "on_policy" else None, rank=ranks.rank)
     run_dir, start_step, paths, losses, tokens, rolled = run_dir_of(cfg.out_dir), step, (None, None), [], 0, 0
     started = time.perf_counter()
-    with TrainLog(run_dir / "metrics.jsonl", total_steps=order.total_steps, start_step=step, label="opd",
-                  enabled=ranks.is_main) as log:
+    with TrainLog(run_dir, cfg.logger, total_steps=order.total_steps, start_step=step, label="opd",
+                  enabled=ranks.is_main, config=asdict(cfg)) as log:
         for window in order.windows(cursor, step):
             began = time.perf_counter()
             micro_batches = collect_episodes(window, records, fixed, share, rollout, guide, ranks)
@@ -137,6 +137,8 @@ def train(cfg: OPDConfig) -> dict:
             # --- log and save
             metrics = step_metrics(window, update, micro_batches, chat_format, ranks, mode=cfg.mode,
                                    times=(entered, began, fetched))
+            if guide is not None and cfg.guidance.turn_share is not None:  # Guided-OPD's scheduled turn share
+                metrics["turn_share"] = turn_share_at(cfg.guidance, step, schedule_steps)
             log.step(metrics)
             losses.append(metrics["loss"])
             tokens += metrics["assistant_tokens"]

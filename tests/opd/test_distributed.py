@@ -153,7 +153,8 @@ def test_two_processes_make_the_single_process_update(workspace, mode):
     replacement is the teacher's argmax: identical episodes."""
     name = "-".join(mode).replace("=", "-").replace("{", "").replace("}", "")
     mode = [override.format(**workspace) for override in mode]
-    two, two_run = torchrun(workspace, f"{name}-two", *mode)
+    logged = ["logger.backends=[jsonl,tensorboard]"] if "mode=offline" in mode else []
+    two, two_run = torchrun(workspace, f"{name}-two", *mode, *logged)
     one = single(workspace, f"{name}-one", *mode)
     difference = max_difference(weights(two), weights(one))
     print(f"max |difference| of student parameters after 3 steps ({name}): {difference:.3g}")
@@ -170,6 +171,9 @@ def test_two_processes_make_the_single_process_update(workspace, mode):
     if "guidance" in name:  # over the run, each option let the teacher write some tokens but not all
         written = sum(m["teacher_token_share"] * m["assistant_tokens"] for m in steps_two)
         assert 0 < written < sum(m["assistant_tokens"] for m in steps_two)
+    if logged:  # only rank 0 logs: one event file, each step line once in Hydra's run log
+        assert len(list((two_run / "tensorboard").iterdir())) == 1
+        assert (two_run / "train.log").read_text().count("- step 1  loss ") == 1
     summary = json.loads((two_run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["episodes_per_rank"] == [5, 4]
     assert sorted(p.name for p in two.iterdir()) == [".lock", "agent_opd_64.pth", "agent_opd_64_resume.pth",

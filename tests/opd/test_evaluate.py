@@ -14,7 +14,7 @@ from common.chat_records import RecordError, load_agent_records
 from common.minimind.model import ModelSpec
 from common.minimind.tokenizer import load_tokenizer
 from experiments.recipe.synthetic_task import write_task
-from opd.config import ConfigError, EvalConfig, RolloutConfig, SamplingConfig
+from opd.config import ConfigError, EvalConfig, LoggerConfig, RolloutConfig, SamplingConfig, WandbConfig
 from opd.evaluate import check_heldout, evaluate, evaluate_checkpoint
 from opd.sampling import prompt_key
 from standins.tiny_checkpoints import tiny_arch
@@ -81,7 +81,8 @@ def settings(models: dict[str, ModelSpec], data, out_dir, *, temperature: float 
              batch_size: int = 2) -> EvalConfig:
     return EvalConfig(SamplingConfig(temperature=temperature), RolloutConfig(2, 12, 2048, open_thinking=False), models,
                       tokenizer=None, data=str(data), out_dir=str(out_dir), device="cpu", dtype="float32", seed=seed,
-                      samples_per_prompt=samples, batch_size=batch_size, isolate=False, chart=False)
+                      samples_per_prompt=samples, batch_size=batch_size, isolate=False, chart=False,
+                      logger=LoggerConfig(["jsonl"], WandbConfig("opd", None, "offline")), log_step=0)
 
 
 def block(checkpoint, tokenizer_path) -> ModelSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.charts import write_curve_chart
+from tests.helpers.charts import drawn_axes
 
 
 def report(seeds: list[int]) -> dict:
@@ -19,21 +20,7 @@ def report(seeds: list[int]) -> dict:
 
 @pytest.mark.parametrize("seeds", [[0], [0, 1, 2]])
 def test_curve_chart_is_a_png_with_one_panel_per_axis(tmp_path, seeds):
-    import matplotlib.pyplot as plt
-
-    opened = []
-    original = plt.subplots
-
-    def spy(*args, **kwargs):
-        figure, axes = original(*args, **kwargs)
-        opened.append(axes)
-        return figure, axes
-
-    plt.subplots = spy
-    try:
-        path = write_curve_chart(report(seeds), tmp_path / "charts" / "curves.png")
-    finally:
-        plt.subplots = original
+    path, opened = drawn_axes(lambda: write_curve_chart(report(seeds), tmp_path / "charts" / "curves.png"))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (steps, walls), = opened
     assert steps.get_xlabel().startswith("student updates") and walls.get_xlabel().startswith("seconds of training")

@@ -69,7 +69,9 @@ def test_sft_cli(workspace, tmp_path):
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sft summary" in result.stdout and (tmp_path / "out" / "teacher_sft_64.pth").is_file()
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["curves"] == str(tmp_path / "run" / "training_curves.png")
+    assert "[opd][INFO] - step 1  loss " in (tmp_path / "run" / "sft.log").read_text()  # Hydra's run log
 
 
 @pytest.mark.parametrize("prefix", ["../../x", "sub/x", "/tmp/x", ""])

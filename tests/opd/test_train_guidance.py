@@ -70,6 +70,8 @@ def test_the_teachers_share_of_the_tokens_is_logged_every_step(workspace):
     decaying = run(workspace, "decay", *OPTIONS["turn_share"], "rollout.max_gen_len=4")
     shares = [m["teacher_token_share"] for m in decaying]
     assert shares[0] > shares[-1] and all(0 <= share <= 1 for share in shares)
+    assert [m["turn_share"] for m in decaying] == pytest.approx([0.9, 0.9 - 0.8 / 3, 0.1 + 0.8 / 3, 0.1])  # scheduled
+    assert "turn_share" not in everything[0]
     mixed = run(workspace, "mixture", "mixture.teacher_share=0.5", "guidance.token_mix=0")
     for step in mixed:  # half of every micro-batch is the teacher's own cached episodes, the rest the student's
         assert 0 < step["teacher_token_share"] < 1

@@ -1,0 +1,64 @@
+"""Where an entry's metrics go, as TRL's ``report_to`` or torchtune's metric loggers: ``metrics.jsonl`` in the run
+folder always, and TensorBoard and W&B when ``logger.backends`` lists them (``opd.config.LoggerConfig``).
+
+One ``log`` call is one row at one step: the row as it is to ``metrics.jsonl``, its numbers as scalars named
+``{prefix}/{key}`` to the other backends, with the step as their x axis (``train/loss``, ``eval/student/accuracy``).
+TensorBoard's event files go to ``tensorboard/`` in the run folder, W&B's run to ``wandb/`` there. Only the process
+that logs makes one (rank 0 under torchrun). The packages are imported here, when a backend is used: the config
+check (``LoggerConfig``) already refused a backend whose package is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from opd.config import LoggerConfig
+
+
+class MetricLoggers:
+    """Context manager: ``metrics.jsonl`` in ``run_dir`` and the backends ``settings`` choose; ``config`` (the run's
+    settings) is the W&B run's config."""
+
+    def __init__(self, settings: LoggerConfig, run_dir: Path, *, config: dict | None = None):
+        self.settings = settings
+        self.run_dir = Path(run_dir)
+        self.config = config or {}
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+
+    def __enter__(self) -> MetricLoggers:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = self.metrics_path.open("a", encoding="utf-8")
+        self._tensorboard = self._wandb = None
+        if "tensorboard" in self.settings.backends:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        if "wandb" in self.settings.backends:
+            import wandb
+
+            wandb_settings = self.settings.wandb
+            self._wandb = wandb.init(project=wandb_settings.project, name=wandb_settings.name,
+                                     mode=wandb_settings.mode, dir=str(self.run_dir), config=self.config)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._jsonl.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+    def log(self, row: dict, *, step: int, prefix: str) -> None:
+        """One row at ``step``: written whole to ``metrics.jsonl``; its numbers (not ``step``, booleans or None) as
+        ``{prefix}/{key}`` scalars to TensorBoard and W&B."""
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+        scalars = {f"{prefix}/{key}": value for key, value in row.items()
+                   if key != "step" and isinstance(value, int | float) and not isinstance(value, bool)}
+        if self._tensorboard is not None:
+            for tag, value in scalars.items():
+                self._tensorboard.add_scalar(tag, value, global_step=step)
+            self._tensorboard.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
