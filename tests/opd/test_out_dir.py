@@ -18,9 +18,9 @@ from tests.helpers.opd_support import (
     entry_command,
     entry_env,
     run_entry,
-    small_tmpfs,
     write_agent_data,
 )
+from tests.helpers.paths import small_tmpfs
 
 
 @pytest.fixture(scope="module")
