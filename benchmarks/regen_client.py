@@ -11,10 +11,17 @@ its start-up cost, reported apart from the per-conversation CPU. First, both cli
     python -m benchmarks.regen_client --sizes 2000 --skip-speculators
     python -m benchmarks.regen_client --parity-only                 # just the resume-key check
     python -m benchmarks.regen_client --sizes 10000 --id-less-share 0.25   # a quarter of the rows without an id
+    python -m benchmarks.regen_client --sizes 10000,20000,40000,160000 --speculators-sizes 20000 \
+        --id-less-share 0.25 --concurrency 128                       # memory vs file size, CPU ratio at 20k
 
 With ``--id-less-share`` that share of the rows has no ``id`` (evenly spread), so both clients key them by
 speculators' content hash of the row ``datasets`` yields; the primary ids both clients wrote for every size
-must then be the same set too.
+must then be the same set too. ``--speculators-sizes`` runs speculators at those sizes only (it is the slower
+client), ``--max-tokens`` is sent by both (speculators ends a conversation whose prompt + completion exceed it,
+so it may write fewer rows: the table counts each client's rows), and ``--source hf`` has regen read the file
+as a local dataset folder streamed through ``datasets`` (the hub presets' path; speculators is not run on it).
+The peak-RSS slope (KB per conversation, from one size to the next and from the smallest to the largest) is
+printed beside the CPU ratio.
 
 speculators is installed (once) into ``--speculators-venv`` with ``pip install --no-deps
 speculators==0.9.0 hs-connectors==0.9.0`` plus the dependencies its CLI imports.
@@ -23,6 +30,7 @@ speculators==0.9.0 hs-connectors==0.9.0`` plus the dependencies its CLI imports.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -142,18 +150,33 @@ def start_server(tokenizer: Path, latency_ms: float, answer_words: int) -> tuple
     return server, line.split()[1]
 
 
+def as_dataset_folder(data: Path) -> Path:
+    """``data`` as the ``train`` split of a local dataset folder (what ``datasets`` streams for a hub preset)."""
+    folder = data.with_name(f"{data.stem}_hf")
+    folder.mkdir(exist_ok=True)
+    split = folder / "train.jsonl"
+    if not split.exists():
+        split.hardlink_to(data)
+    return folder
+
+
 def client_commands(url: str, data: Path, out_dir: Path, tokenizer: Path, concurrency: int,
-                    speculators: Path | None) -> dict[str, tuple[list[str], Path]]:
-    ours_output = out_dir / f"ours_{data.stem}.jsonl"
+                    speculators: Path | None, max_tokens: int | None = None,
+                    source: str = "local") -> dict[str, tuple[list[str], Path]]:
+    ours_output = out_dir / f"ours_{data.stem}{'_hf' if source == 'hf' else ''}.jsonl"
+    dataset = (["dataset=local", f"dataset.path={data}"] if source == "local" else
+               ["dataset=ultrachat", f"dataset.path={as_dataset_folder(data)}", "dataset.split=train"])
     commands = {"regen (this repo)": ([
-        sys.executable, "regen/main.py", "dataset=local", f"dataset.path={data}", "server=external",
+        sys.executable, "regen/main.py", *dataset, "server=external",
         f"server.endpoints=[{url}]", f"tokenizer={tokenizer}", f"output={ours_output}", f"concurrency={concurrency}",
+        *([f"max_tokens={max_tokens}"] if max_tokens else []),
         "progress_log_s=3600", f"hydra.run.dir={out_dir / 'hydra'}"], ours_output)}
-    if speculators is not None:
+    if speculators is not None and source == "local":
         theirs_output = out_dir / f"speculators_{data.stem}.jsonl"
         commands["speculators 0.9.0"] = ([
             str(speculators), "regenerate-responses", "--endpoint", f"{url}/v1/chat/completions",
-            "--dataset", str(data), "--concurrency", str(concurrency), "--outfile", str(theirs_output)], theirs_output)
+            "--dataset", str(data), "--concurrency", str(concurrency), "--outfile", str(theirs_output),
+            *(["--max-tokens", str(max_tokens)] if max_tokens else [])], theirs_output)
     return commands
 
 
@@ -173,13 +196,13 @@ def check_parity(url: str, work_dir: Path, tokenizer: Path, speculators: Path) -
 
 
 def print_table(results: list[Measurement], startup: dict[str, Measurement]) -> None:
-    header = f"{'client':<20} {'convs':>8} {'wall s':>8} {'conv/s':>8} {'CPU s':>8} {'CPU s/1k':>9} " \
+    header = f"{'client':<20} {'convs':>8} {'rows':>8} {'wall s':>8} {'conv/s':>8} {'CPU s':>8} {'CPU s/1k':>9} " \
              f"{'CPU s/1k*':>10} {'peak RSS MB':>12}"
     print(header)
     print("-" * len(header))
     for m in results:
         net = (m.cpu_s - startup[m.client].cpu_s) / m.conversations * 1000 if m.client in startup else float("nan")
-        print(f"{m.client:<20} {m.conversations:>8} {m.wall_s:>8.1f} {m.conversations_per_s:>8.1f} {m.cpu_s:>8.1f} "
+        print(f"{m.client:<20} {m.conversations:>8} {m.rows:>8} {m.wall_s:>8.1f} {m.conversations_per_s:>8.1f} {m.cpu_s:>8.1f} "
               f"{m.cpu_s / m.conversations * 1000:>9.2f} {net:>10.2f} {m.peak_rss_mb:>12.1f}")
     print("CPU s/1k* = CPU seconds per 1,000 conversations without the client's start-up "
           "(measured by a one-conversation run).")
@@ -187,16 +210,23 @@ def print_table(results: list[Measurement], startup: dict[str, Measurement]) -> 
 
 def compare(results: list[Measurement], startup: dict[str, Measurement]) -> dict:
     """Ratios the targets are stated in: our CPU vs speculators', RSS growth from the smallest to largest size."""
-    ours = [m for m in results if m.client.startswith("regen")]
+    ours = sorted((m for m in results if m.client.startswith("regen")), key=lambda m: m.conversations)
     theirs = {m.conversations: m for m in results if m.client.startswith("speculators")}
     figures: dict = {}
     if len(ours) > 1:
         figures["rss_growth"] = ours[-1].peak_rss_mb / ours[0].peak_rss_mb
+        figures[f"rss_mb_{ours[-1].conversations}_minus_{ours[0].conversations}"] = \
+            ours[-1].peak_rss_mb - ours[0].peak_rss_mb
+        for low, high in [*itertools.pairwise(ours), *([(ours[0], ours[-1])] if len(ours) > 2 else [])]:
+            figures[f"rss_kb_per_conversation_{low.conversations}_to_{high.conversations}"] = \
+                (high.peak_rss_mb - low.peak_rss_mb) * 1024 / (high.conversations - low.conversations)
     for m in ours:
         if m.conversations in theirs:
-            figures[f"cpu_ratio_at_{m.conversations}"] = m.cpu_s / theirs[m.conversations].cpu_s
-            net_ours = m.cpu_s - startup[m.client].cpu_s
             other = theirs[m.conversations]
+            figures[f"cpu_ratio_at_{m.conversations}"] = m.cpu_s / other.cpu_s
+            if m.rows != other.rows:  # speculators stopped conversations at max_tokens: compare per row written
+                figures[f"cpu_ratio_per_row_at_{m.conversations}"] = (m.cpu_s / m.rows) / (other.cpu_s / other.rows)
+            net_ours = m.cpu_s - startup[m.client].cpu_s
             figures[f"cpu_ratio_without_startup_at_{m.conversations}"] = net_ours / (other.cpu_s - startup[other.client].cpu_s)
     return figures
 
@@ -215,9 +245,17 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: MiniMind-3's, else a stand-in)")
     parser.add_argument("--id-less-share", type=float, default=0.0,
                         help="share of the rows without an id (keyed by speculators' content hash), e.g. 0.25")
+    parser.add_argument("--speculators-sizes", help="run speculators at these sizes only (default: every size)")
+    parser.add_argument("--max-tokens", type=int, help="max_tokens both clients send (default: each its own, 8192)")
+    parser.add_argument("--source", choices=("local", "hf"), default="local",
+                        help="hf: regen reads the file as a local dataset folder streamed through datasets")
     args = parser.parse_args()
 
     sizes = [int(size) for size in args.sizes.split(",")]
+    speculators_sizes = set(sizes if args.speculators_sizes is None else
+                            (int(size) for size in args.speculators_sizes.split(",")))
+    if args.source == "hf":
+        args.skip_speculators = True
     args.work_dir = args.work_dir.resolve()
     args.work_dir.mkdir(parents=True, exist_ok=True)  # the parity check writes there before any dataset
     tokenizer = (args.tokenizer or default_tokenizer()).resolve()
@@ -235,17 +273,20 @@ def main() -> None:
         suffix = f"_idless{args.id_less_share:g}" if args.id_less_share else ""
         for size in [] if args.parity_only else [1, *sizes]:
             data = write_dataset(args.work_dir / f"bench_{size}{suffix}.jsonl", size, args.turns, args.id_less_share)
-            commands = client_commands(url, data, args.work_dir, tokenizer, args.concurrency, speculators)
+            with_speculators = speculators if size == 1 or size in speculators_sizes else None
+            commands = client_commands(url, data, args.work_dir, tokenizer, args.concurrency, with_speculators,
+                                       args.max_tokens, args.source)
             for client, (command, output) in commands.items():
                 print(f"running {client} on {size} conversations ...", flush=True)
                 measured = measure(client, command, size, output, args.work_dir / f"{Path(output).stem}.log")
-                if measured.rows != size * args.turns:
+                # speculators ends a conversation whose prompt + completion exceed max_tokens (fewer rows)
+                if measured.rows != size * args.turns and not (args.max_tokens and client.startswith("speculators")):
                     raise RuntimeError(f"{client} wrote {measured.rows} rows, expected {size * args.turns}")
                 if size == 1:
                     startup[client] = measured
                 else:
                     results.append(measured)
-            if args.id_less_share and speculators is not None:
+            if args.id_less_share and with_speculators is not None:
                 ours, theirs = (written_keys(output) for _, output in commands.values())
                 key_parity[size] = ours == theirs
                 print(f"  primary ids of the {size} conversations: "
@@ -259,7 +300,8 @@ def main() -> None:
     figures = compare(results, startup)
     if results:
         print(f"\nstand-in latency {args.latency_ms:g} ms, concurrency {args.concurrency}, {args.turns} turn(s) per "
-              f"conversation, {args.id_less_share:.0%} of rows without an id, tokenizer {tokenizer}\n")
+              f"conversation, {args.id_less_share:.0%} of rows without an id, max_tokens {args.max_tokens or 'default'}, "
+              f"source {args.source}, tokenizer {tokenizer}\n")
         print_table(results, startup)
         for name, value in figures.items():
             print(f"{name}: {value:.3f}")

@@ -93,10 +93,18 @@ class IdIndex:
             return
         self._recent[digest] = value
         if len(self._recent) >= max(self._buffer, len(self._digests) // 8):
-            merged = list(heapq.merge(zip(self._digests, self._values, strict=True), sorted(self._recent.items())))
-            self._digests = array("Q", (digest for digest, _ in merged))
-            self._values = array("q", (value for _, value in merged))
-            self._recent.clear()
+            self._merge()
+
+    def _merge(self) -> None:
+        """Move the recent entries into the sorted arrays, streamed: no Python object per settled entry is made at
+        once (a list of every (digest, value) pair was ~100 bytes per id at each merge, the run's peak)."""
+        digests, values = array("Q"), array("q")
+        put_digest, put_value = digests.append, values.append
+        for digest, value in heapq.merge(zip(self._digests, self._values, strict=True), sorted(self._recent.items())):
+            put_digest(digest)
+            put_value(value)
+        self._digests, self._values = digests, values
+        self._recent.clear()
 
     def get(self, key: str) -> int | None:
         """The value stored with ``key``, ``None`` when it is not in the index."""

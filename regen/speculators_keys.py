@@ -13,7 +13,8 @@ it row by row: :class:`ArrowView` is a port of the JSON builder of ``datasets`` 
 speculators 0.9.0 accepts; ``packaged_modules/json/json.py``), which reads the file with ``pyarrow``'s JSON
 reader in the same 10 MiB chunks, with the same block sizes, the same detection of mixed-shape objects and
 the same casts, so it hands ``pyarrow`` the same bytes and gets the same table. A row is converted to Python
-only when an id-less row asks for it. Where ``datasets`` takes a path this port does not mirror (a later
+only when an id-less row asks for it. One chunk's table is held at a time, and a chunk is a view of the file mapped
+in memory, handed back once read: the memory it takes is one chunk's, however large the file. Where ``datasets`` takes a path this port does not mirror (a later
 chunk whose columns differ from the first one's, which datasets casts or fails on; a file only pandas'
 reader gets through; agent-trace files), :class:`ArrowView` raises :class:`NotMirrored` and the rows from
 there on come from ``datasets`` itself, as before: exact, only slower. ``pandas`` (its ujson: what
@@ -29,6 +30,7 @@ from __future__ import annotations
 import codecs
 import itertools
 import json
+import mmap
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -169,10 +171,10 @@ def _path_from_error(message: str) -> list:
     return [0 if segment == "[]" else segment for segment in column.split("/")]
 
 
-def _encode_lines(batch: bytes, paths: list[list], loads, dumps) -> bytes:
+def _encode_lines(batch: bytes | memoryview, paths: list[list], loads, dumps) -> bytes:
     """Port of ``json_encode_fields_in_json_lines`` (a line ujson cannot load fails as it fails datasets)."""
     try:
-        examples = [loads(line) for line in batch.splitlines()]
+        examples = [loads(line) for line in bytes(batch).splitlines()]
     except ValueError as error:
         raise DatasetsCannotRead(f"ValueError: {error}") from None
     for path in paths:
@@ -181,6 +183,64 @@ def _encode_lines(batch: bytes, paths: list[list], loads, dumps) -> bytes:
         except (TypeError, AttributeError) as error:
             raise DatasetsCannotRead(f"{type(error).__name__}: {error}") from None
     return "\n".join(dumps(example) for example in examples).encode()
+
+
+class _MappedChunks:
+    """A file's chunks as datasets cuts them: ``chunk_bytes`` and the rest of the last line (what ``read(chunk_bytes)``
+    and ``readline()`` give), a UTF-8 BOM at the start left out. Each is a ``memoryview`` of the file mapped
+    read-only, so no chunk is copied into the heap; when the next one is asked for, the previous chunk's pages are
+    handed back (``MADV_DONTNEED``: read again from the file if still used), so the mapping keeps about one chunk
+    resident however large the file is."""
+
+    def __init__(self, path: Path, chunk_bytes: int):
+        self.path, self.chunk_bytes = path, chunk_bytes
+        self._map: mmap.mmap | None = None
+        self._start = 0  # where the next chunk starts
+        self._held: tuple[int, int] | None = None  # the byte range of the chunk handed out last
+
+    def __enter__(self) -> _MappedChunks:
+        with self.path.open("rb") as handle:
+            size = handle.seek(0, 2)
+            if size:
+                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view of it is still referenced: the mapping goes with the last one
+                pass
+            self._map = None
+
+    def next(self, skip_bom: bool = False):
+        """The next chunk (``b""`` at the end of the file)."""
+        self._hand_back()
+        mapped = self._map
+        if mapped is None or self._start >= len(mapped):
+            return b""
+        first = self._start + (len(codecs.BOM_UTF8) if skip_bom and mapped[:3] == codecs.BOM_UTF8 else 0)
+        end = self._start + self.chunk_bytes
+        if end < len(mapped):
+            newline = mapped.find(b"\n", end)
+            end = len(mapped) if newline < 0 else newline + 1
+        else:
+            end = len(mapped)
+        self._held, self._start = (self._start, end), end
+        return memoryview(mapped)[first:end]
+
+    def rest_of_file(self) -> bytes:
+        """Every byte from the last chunk's start to the end of the file (a copy)."""
+        start = self._held[0] if self._held else 0
+        data = self._map[start:] if self._map is not None else b""
+        return data[len(codecs.BOM_UTF8):] if start == 0 and data.startswith(codecs.BOM_UTF8) else data
+
+    def _hand_back(self) -> None:
+        if self._held is None or self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start, end = self._held
+        aligned = start - start % mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, aligned, end - aligned)
 
 
 class ArrowView:
@@ -224,9 +284,13 @@ class ArrowView:
     def _generate_tables(self) -> Iterator:
         """Pass 1 (``_split_generators``) reads the first chunk to fix the features; pass 2 reads every chunk with
         the mixed-shape paths found in pass 1 already encoded, from the initial block size (an array has no pass
-        1: its features stay unset). Pass 2's first table is pass 1's when pass 1 needed no retry: same input."""
-        with self.path.open("rb") as handle:
-            batch, array = self._next_batch(handle, 0)
+        1: its features stay unset). Pass 2's first table is pass 1's when pass 1 needed no retry: same input.
+
+        One chunk is held at a time: the generator lets go of a table (and its input) before the next chunk is
+        read, and a chunk of JSON Lines is a view of the file mapped in memory (:class:`_MappedChunks`), not a
+        copy, so reading a large file costs one chunk's table, whatever the file's size."""
+        with _MappedChunks(self.path, self.chunk_bytes) as chunks:
+            batch, array = self._next_batch(chunks, 0)
             if not batch:
                 return
             if array:  # the whole file, read once
@@ -242,16 +306,20 @@ class ArrowView:
                                                               detect=False)
                 if table.schema != features:
                     raise NotMirrored("pass 2 typed the first chunk differently")
+            batch = None
             yield table
+            table = None  # the reader has let go of it too: it is freed before the next chunk is read
             batch_idx = 1
             while True:
-                batch, array = self._next_batch(handle, batch_idx)
+                batch, array = self._next_batch(chunks, batch_idx)
                 if not batch:
                     return
                 if array:
                     raise NotMirrored("a later chunk starts with '['")
                 table, json_paths, block_size, _ = self._read(batch, json_paths, block_size, detect=False)
+                batch = None
                 yield self._cast_like_first(table, features)
+                table = None
                 batch_idx += 1
 
     chunk_bytes = CHUNK_BYTES  # smaller in tests, to have several chunks in a small file
@@ -264,39 +332,41 @@ class ArrowView:
         if needed and self._loads is None:
             self._loads, self._dumps = _ujson()
 
-    def _next_batch(self, handle, batch_idx: int) -> tuple[bytes, bool]:
-        """The next chunk as datasets cuts it: 10 MiB and the rest of its last line; an array (when the chunk starts
-        with '[') is the whole file, converted to JSON Lines. Empty at the end of the file."""
-        batch = handle.read(self.chunk_bytes)
+    def _next_batch(self, chunks: _MappedChunks, batch_idx: int):
+        """The next chunk as datasets cuts it: 10 MiB and the rest of its last line (a zero-copy ``memoryview`` of
+        the mapped file); an array (when the chunk starts with '[') is the whole file, converted to JSON Lines
+        (``bytes``). Empty at the end of the file."""
+        batch = chunks.next(skip_bom=batch_idx == 0)
         if not batch:
             return b"", False
-        if batch_idx == 0 and batch.startswith(codecs.BOM_UTF8):
-            batch = batch[len(codecs.BOM_UTF8):]
-        array = batch.startswith(b"[")
+        array = batch[:1] == b"["
         if array:
             if batch_idx:
                 raise NotMirrored("a later chunk starts with '['")
+            head = bytes(batch[:100])
+            batch = None
             self._ujson_needed()
             loads, dumps = self._loads, self._dumps
-            full_data = batch + handle.read()
             try:
-                elements = loads(full_data)
+                elements = loads(chunks.rest_of_file())
             except ValueError as error:
                 raise DatasetsCannotRead(f"ValueError: {error}") from None
             if not isinstance(elements, list):
                 raise NotMirrored("a top-level value that is not an array")
-            if b"{" in batch[:100].split(b'"', 1)[0]:  # a list of objects
+            if b"{" in head.split(b'"', 1)[0]:  # a list of objects
                 batch = "\n".join(dumps(x) for x in elements).encode()
             else:  # a list of strings
                 batch = "\n".join(dumps({"text": x}) for x in elements).encode()
-        return batch + handle.readline(), array
+        return batch, array
 
-    def _read(self, batch: bytes, json_paths: list[list], block_size: int, *, detect: bool):
+    def _read(self, batch: bytes | memoryview, json_paths: list[list], block_size: int, *, detect: bool):
         """One chunk through pyarrow's reader as datasets reads it: ``(table, json_paths, block_size, retried)``."""
         import pyarrow as pa
         import pyarrow.json as paj
 
         json_paths = [list(path) for path in json_paths]
+        if isinstance(batch, memoryview) and (detect or json_paths):  # lines are split in Python: a copy
+            batch = bytes(batch)
         if detect:
             json_paths += self._detect(batch, self._loads)
         original_batch = batch
@@ -307,13 +377,16 @@ class ArrowView:
         retried = False
         while True:
             try:
-                table = paj.read_json(pa.BufferReader(batch), read_options=paj.ReadOptions(block_size=block_size),
+                # one thread: the same table (blocks are typed and merged alike), without a heap per reader thread
+                # that keeps what a chunk freed (RSS grew with the file's chunks)
+                table = paj.read_json(pa.BufferReader(pa.py_buffer(batch)),
+                                      read_options=paj.ReadOptions(block_size=block_size, use_threads=False),
                                       memory_pool=pa.system_memory_pool())
                 return table, json_paths, block_size, retried
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
                 message = str(error)
                 retried = True
-                if batch.startswith(b"[") or not isinstance(error, pa.ArrowInvalid):
+                if batch[:1] == b"[" or not isinstance(error, pa.ArrowInvalid):
                     pass  # datasets re-raises
                 elif "JSON parse error: Column(" in message and ") changed from" in message:
                     if not _insert_path(json_paths, _path_from_error(message)):

@@ -128,6 +128,26 @@ def test_id_index_keeps_every_id_and_its_first_value_across_merges():
     assert ids.get(keys[1]) is None
 
 
+def test_id_index_stays_compact_while_it_grows():
+    """About 16 bytes per id held (two sorted arrays, plus at most an eighth of the ids in a dict), and no more than
+    three times that at a merge's peak: a merge streams the entries, it does not list them as Python objects."""
+    import tracemalloc
+
+    count = 40_000
+    keys = [f"conversation-{i}" for i in range(count)]
+    ids = IdIndex(buffer=1024)
+    tracemalloc.start()
+    try:
+        for position, key in enumerate(keys):
+            ids.add(key, position)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(ids) == count and ids.get(keys[-1]) == count - 1
+    assert held < 32 * count
+    assert peak < 64 * count  # listing every (digest, value) pair at a merge peaked at ~150 bytes per id
+
+
 def test_duplicate_blocks_are_removed_keeping_the_first(tmp_path):
     path = tmp_path / "out.jsonl"
     first_a, first_b = rows("a", 2, 2), rows("b", 1, 1)

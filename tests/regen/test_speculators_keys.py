@@ -218,6 +218,72 @@ def test_a_later_chunk_missing_a_column_gets_it_as_null(tmp_path):
     assert view_keys(path)[200] == content_hash({"prompt": "p200 " + "x" * 40, "score": None})
 
 
+def datasets_chunks(path, chunk_bytes: int) -> list[bytes]:
+    """The chunks datasets 5.1.0's JSON builder cuts a file into: ``read(chunk_bytes)`` + ``readline()``, a BOM
+    stripped from the first."""
+    chunks = []
+    with path.open("rb") as handle:
+        while batch := handle.read(chunk_bytes):
+            if not chunks and batch.startswith(codecs.BOM_UTF8):
+                batch = batch[len(codecs.BOM_UTF8):]
+            chunks.append(batch + handle.readline())
+    return chunks
+
+
+@pytest.mark.parametrize("layout", ["plain", "aligned", "bom", "crlf", "no_final_newline", "blank_lines", "long_line",
+                                    "empty"])
+def test_mapped_chunks_are_cut_where_datasets_cuts_them(tmp_path, layout):
+    """Chunks are views of the mapped file, not copies, cut byte for byte as datasets cuts them: a chunk that
+    ends on a newline takes the whole next line, a line longer than a chunk stays whole."""
+    lines = [json.dumps({"prompt": f"row {i} " + "y" * (i * 7 % 50)}) for i in range(200)]
+    if layout == "long_line":
+        lines[20] = json.dumps({"prompt": "z" * 3000})
+    if layout == "aligned":  # 64-byte lines: every chunk ends on a newline, and datasets' readline() adds a line
+        lines = [json.dumps({"prompt": f"{i:05d}".ljust(49, "a")}) for i in range(200)]
+    if layout == "blank_lines":
+        lines[10:10] = ["", "  "]
+    newline = "\r\n" if layout == "crlf" else "\n"
+    data = (newline.join(lines) + ("" if layout == "no_final_newline" else newline)).encode()
+    data = codecs.BOM_UTF8 + data if layout == "bom" else b"" if layout == "empty" else data
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(data)
+    expected = datasets_chunks(path, 512)
+    assert len(expected) > 3 or layout == "empty"
+    assert layout != "aligned" or {len(chunk) for chunk in expected[:-1]} == {512 + 64}
+    with speculators_keys._MappedChunks(path, 512) as chunks:
+        cut = []
+        while chunk := chunks.next(skip_bom=not cut):
+            assert isinstance(chunk, memoryview)
+            cut.append(bytes(chunk))
+    assert cut == expected
+
+
+def test_one_chunk_table_is_held_at_a_time(tmp_path, monkeypatch):
+    """Reading on to the next chunk lets the previous chunk's table go before the next one is read, and the
+    keys are those of the file read in one chunk."""
+    import weakref
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i} " + "x" * 60}],
+                                        **({"n": i} if i % 3 else {"n": i + 0.5})}) + "\n" for i in range(400)))
+    tables = []
+    read = ArrowView._read
+
+    def recorded(self, *args, **kwargs):
+        alive = [table for table in tables if table() is not None]
+        assert len(alive) <= int(bool(self._table)), "a chunk's table outlived it"
+        result = read(self, *args, **kwargs)
+        tables.append(weakref.ref(result[0]))
+        return result
+
+    monkeypatch.setattr(ArrowView, "_read", recorded)
+    monkeypatch.setattr(ArrowView, "chunk_bytes", 2048)
+    chunked = view_keys(path)
+    assert len(tables) > 5 and len(chunked) == 400
+    monkeypatch.setattr(ArrowView, "chunk_bytes", speculators_keys.CHUNK_BYTES)
+    assert chunked == view_keys(path)
+
+
 def test_where_the_view_does_not_mirror_datasets_the_rest_comes_from_datasets_itself(tmp_path, monkeypatch):
     """A later chunk with a column the first lacks: datasets casts it to the first chunk's features (and fails
     there, as here); regen asks datasets itself from that row on instead of guessing."""
