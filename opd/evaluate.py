@@ -198,4 +198,7 @@ def evaluate_isolated(name: str, spec: ModelSpec, cfg: EvalConfig) -> dict:
 
 
 if __name__ == "__main__":
+    from common.entry_help import exit_with_help_if_asked
+
+    exit_with_help_if_asked("evaluate", "opd/evaluate.py")
     main()

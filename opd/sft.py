@@ -183,4 +183,7 @@ def sft_loss_step(model_forward: torch.nn.Module, episodes: list[Episode], batch
 
 
 if __name__ == "__main__":
+    from common.entry_help import exit_with_help_if_asked
+
+    exit_with_help_if_asked("sft", "opd/sft.py")
     main()

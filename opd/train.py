@@ -355,4 +355,7 @@ def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module
 
 
 if __name__ == "__main__":
+    from common.entry_help import exit_with_help_if_asked
+
+    exit_with_help_if_asked("opd", "opd/train.py", {"teacher": "model", "student": "model"})
     main()

@@ -7,6 +7,7 @@ The job is ``regen.job.run``. A mistake a person can fix ends in one or two ``er
 the first line of this file on (Hydra importing and composing the config included).
 """
 
+from common.entry_help import exit_with_help_if_asked
 from common.user_errors import exit_on_user_error
 from regen.stop_signals import stop_at_start_up
 
@@ -20,7 +21,9 @@ def job(cfg) -> None:
 
 
 def main() -> None:
-    """``@hydra.main`` over :func:`job`, with Ctrl-C / SIGTERM handled before Hydra is even imported."""
+    """``@hydra.main`` over :func:`job`, with Ctrl-C / SIGTERM handled before Hydra is even imported; ``--help``
+    lists the groups and keys from the YAML (no dataset needs to be chosen first)."""
+    exit_with_help_if_asked("regen", "regen/main.py")
     stop_at_start_up()
     with exit_on_user_error():
         import hydra

@@ -1,0 +1,101 @@
+"""``--help`` for the Hydra entries, written from the entry's YAML files: each key with its default and the comment
+beside it, each config group with its options. Nothing is composed, so a group that must be chosen (regen's
+``dataset: ???``) needs no choice first, and the meanings are written once, in the YAML."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # the entries' config tree
+HELP_FLAGS = ("--help", "-h")
+_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
+_COMMENT = re.compile(r"^ *#(?: |$)")
+
+
+def _split_comment(rest: str) -> tuple[str, str]:
+    """``value  # meaning`` -> (value, meaning); a ``#`` inside quotes or without a space before it is kept."""
+    quote = None
+    for index, char in enumerate(rest):
+        if char in "'\"" and quote in (None, char):
+            quote = None if quote else char
+        elif char == "#" and quote is None and (index == 0 or rest[index - 1] == " "):
+            return rest[:index].strip(), rest[index + 1:].strip()
+    return rest.strip(), ""
+
+
+def read_keys(path: Path, prefix: str = "") -> tuple[list[str], list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """A YAML config's (opening comment lines, [(dotted key, default, meaning)], [(group, default option,
+    meaning)] of its defaults list); ``hydra:`` is left out (Hydra's own settings)."""
+    intro, keys, groups = [], [], []
+    stack: list[tuple[int, str]] = []  # (indent, key) of the mappings the current line is inside
+    section, last = None, None  # the top-level block being read; the entry a continued comment belongs to
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        if _COMMENT.match(line):
+            text = line.strip()[1:].strip()
+            if last is not None and line.startswith(" "):
+                last[2] += (" " if last[2] else "") + text
+            elif not keys and not groups and not text.startswith("@package"):
+                intro.append(text)
+            continue
+        match = _KEY.match(line)
+        if match is None:  # a defaults-list item
+            item = line.strip()
+            if section == "defaults" and item.startswith("- "):
+                group, _, rest = item[2:].partition(":")  # "- job_dirs": a config file, not a group
+                option, meaning = _split_comment(rest)
+                if not group.startswith("override "):
+                    groups.append(last := [group.strip(), option or None, meaning])
+                    continue
+            last = None
+            continue
+        indent, key = len(match["indent"]), match["key"]
+        value, meaning = _split_comment(match["rest"])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if indent == 0:
+            section = key
+        if section in ("hydra", "defaults"):
+            last = None
+            continue
+        if value:
+            keys.append(last := [prefix + ".".join([*(k for _, k in stack), key]), value, meaning])
+        else:
+            stack.append((indent, key))
+            last = None
+    return intro, [tuple(k) for k in keys], [tuple(g) for g in groups]
+
+
+def help_text(config_dir: Path, name: str, program: str, group_folders: dict[str, str] | None = None) -> str:
+    """The help page of the entry whose config is ``config_dir/name.yaml``; ``group_folders`` maps a group to the
+    folder its options are in where the two names differ (opd's ``teacher`` and ``student`` are ``model/``)."""
+    intro, keys, groups = read_keys(config_dir / f"{name}.yaml")
+    lines = [*intro, "", f"usage: {program} [KEY=VALUE ...]    (-m KEY=A,B ... for a sweep)", "", "groups (GROUP=OPTION):"]
+    for group, default, meaning in groups:
+        folder = config_dir / (group_folders or {}).get(group, group)
+        if default is None:  # "- logger": a file whose keys every run has
+            if (config_dir / f"{group}.yaml").is_file():
+                keys += read_keys(config_dir / f"{group}.yaml")[1]
+            continue
+        options = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        chosen = "required" if default == "???" else f"default {default}"
+        lines.append(f"  {group} ({chosen}): {options}" + (f"  # {meaning}" if meaning else ""))
+        if (folder / f"{default}.yaml").is_file():
+            keys += read_keys(folder / f"{default}.yaml", prefix=f"{group}.")[1]
+    width = min(max(len(f"{key}={value}") for key, value, _ in keys), 44)
+    lines += ["", "keys (KEY=DEFAULT, ??? = required; a group's keys shown for its default option):"]
+    lines += [f"  {f'{key}={value}':<{width}}  {meaning}".rstrip() for key, value, meaning in keys]
+    lines += ["", "--cfg job prints the composed config without running; --hydra-help lists Hydra's own flags."]
+    return "\n".join(lines)
+
+
+def exit_with_help_if_asked(name: str, program: str, group_folders: dict[str, str] | None = None,
+                            argv: list[str] | None = None) -> None:
+    """Print :func:`help_text` for ``configs/{name}.yaml`` and exit 0 when the command line (``sys.argv`` unless
+    ``argv``) asks for ``--help`` / ``-h``."""
+    if any(flag in (sys.argv[1:] if argv is None else argv) for flag in HELP_FLAGS):
+        print(help_text(CONFIG_DIR, name, program, group_folders))
+        sys.exit(0)
