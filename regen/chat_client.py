@@ -136,8 +136,8 @@ class ChatClient:
     """One shared aiohttp session sending chat requests to the pool's endpoints; retries are counted in ``stats``."""
 
     def __init__(self, session: aiohttp.ClientSession, pool: EndpointPool, policy: RetryPolicy,
-                 request_timeout_s: float, all_down_wait_s: float, stats: RunStats, rng: random.Random | None = None,
-                 max_reply_bytes: int = 64 << 20):
+                 request_timeout_s: float, all_down_wait_s: float, stats: RunStats, *, max_reply_bytes: int,
+                 rng: random.Random | None = None):
         self.session = session
         self.max_reply_bytes = max_reply_bytes
         self.pool = pool
