@@ -4,6 +4,7 @@ beside it, each config group with its options. Nothing is composed, so a group t
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -93,9 +94,14 @@ def help_text(config_dir: Path, name: str, program: str, group_folders: dict[str
 
 
 def exit_with_help_if_asked(name: str, program: str, group_folders: dict[str, str] | None = None,
-                            argv: list[str] | None = None) -> None:
-    """Print :func:`help_text` for ``configs/{name}.yaml`` and exit 0 when the command line (``sys.argv`` unless
+                            argv: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> None:
+    """Print :func:`help_text` for ``config_dir/{name}.yaml`` and exit 0 when the command line (``sys.argv`` unless
     ``argv``) asks for ``--help`` / ``-h``."""
+    if not (config_dir / f"{name}.yaml").is_file():  # not installed beside its configs: Hydra says so itself
+        return
     if any(flag in (sys.argv[1:] if argv is None else argv) for flag in HELP_FLAGS):
-        print(help_text(CONFIG_DIR, name, program, group_folders))
+        try:
+            print(help_text(config_dir, name, program, group_folders), flush=True)
+        except BrokenPipeError:  # `--help | head` closed the pipe: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         sys.exit(0)

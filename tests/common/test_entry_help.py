@@ -36,6 +36,13 @@ def test_regen_help_from_another_folder_needs_no_dataset_and_lists_keys_with_the
     assert list(tmp_path.iterdir()) == []  # nothing written: no outputs/ folder
 
 
+def test_help_into_a_pipe_closed_early_is_no_traceback():
+    command = f"{sys.executable} {REPO_ROOT / 'regen' / 'main.py'} --help | head -1"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith("Response regeneration:")
+
+
 def test_opd_help_lists_the_model_presets_for_teacher_and_student_and_the_logger_keys(capsys):
     with pytest.raises(SystemExit) as ended:
         exit_with_help_if_asked("opd", "opd/train.py", {"teacher": "model", "student": "model"}, argv=["x=1", "-h"])
@@ -49,8 +56,9 @@ def test_opd_help_lists_the_model_presets_for_teacher_and_student_and_the_logger
     assert "teacher.hidden_size=768" in shown
 
 
-def test_no_help_flag_goes_on_to_the_run():
+def test_no_help_flag_goes_on_to_the_run(tmp_path):
     exit_with_help_if_asked("regen", "regen/main.py", argv=["dataset=sample", "--hydra-help"])
+    exit_with_help_if_asked("regen", "regen/main.py", argv=["--help"], config_dir=tmp_path)  # no configs: Hydra's turn
 
 
 def test_comments_keys_and_nesting_are_read_as_written(tmp_path):
