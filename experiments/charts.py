@@ -36,44 +36,64 @@ def write_curve_chart(report: dict, path: str | Path) -> Path:
     return save_png(figure, path)
 
 
+def _arm_styles(report: dict) -> dict[str, dict]:
+    """One colour, marker and line style per arm, fixed for every panel (dashed: off-policy arms; the baseline
+    thicker)."""
+    markers, colours = "osD^vP*X", [f"C{i}" for i in range(10)]
+    return {arm: {"color": colours[i % 10], "marker": markers[i % len(markers)],
+                  "linestyle": "-" if report["arms"][arm]["on_policy"] else "--",
+                  "linewidth": 2.2 if arm == report["baseline_arm"] else 1.3}
+            for i, arm in enumerate(report["arms"])}
+
+
 def write_study_charts(report: dict, out: str | Path) -> list[Path]:
-    """The study's two charts in ``out``: ``accuracy_vs_horizon.png`` (every arm's accuracy after the last step at
-    each horizon, ± 1 SE over seeds, with both teachers and the warm student) and ``accuracy_vs_steps.png`` (one
-    panel per horizon: every arm's accuracy against optimizer steps, ± 1 SE bands)."""
+    """The study's two charts in ``out``, one row of panels per decoding, the legend beside the panels:
+    ``accuracy_vs_horizon.png`` (every arm's accuracy after the last step at each horizon, ± 1 SE over seeds, arms
+    shifted apart along x so that their bars do not overlap; the teacher every arm distils and the warm student) and
+    ``accuracy_vs_steps.png`` (one panel per horizon: every arm's accuracy against optimizer steps, ± 1 SE bars,
+    shifted apart in the same way)."""
     plt, out = pyplot(), Path(out)
-    horizons, seeds = report["horizons"], len(report["seeds"])
-    figure, axis = plt.subplots(figsize=(7.5, 4.8))
-    for arm, by_group in report["curves"].items():
-        finals = [by_group[h][-1] for h in horizons]
-        axis.errorbar(horizons, [p["accuracy"] for p in finals], yerr=[p["se"] or 0.0 for p in finals], marker="o",
-                      capsize=3, linestyle="-" if report["arms"][arm]["on_policy"] else "--", label=arm)
-    for kind, style in (("gold", ":"), ("robust", "-.")):
-        axis.plot(horizons, [report["teachers"][kind][h]["accuracy"] for h in horizons], color="black",
-                  linestyle=style, linewidth=1, label=f"teacher ({kind})")
-    axis.plot(horizons, [report["student"][h][0]["accuracy"] for h in horizons], color="grey", linewidth=1,
-              label="warm student (step 0)")
-    axis.set_xticks(horizons)
-    axis.set_xlabel("horizon H (dependent tool calls)")
-    axis.set_ylabel("held-out accuracy (greedy)")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=7, loc="best")
+    horizons, seeds, decodings = report["horizons"], len(report["seeds"]), list(report["decodings"])
+    styles, arms = _arm_styles(report), list(report["arms"])
+    shift = {arm: (i - (len(arms) - 1) / 2) * 0.08 for i, arm in enumerate(arms)}
+    figure, axes = plt.subplots(len(decodings), 1, figsize=(8.5, 3.6 * len(decodings)), sharex=True, squeeze=False)
+    for axis, decoding in zip(axes[:, 0], decodings, strict=True):
+        figures = report["decodings"][decoding]
+        for arm, by_group in figures["curves"].items():
+            finals = [by_group[h][-1] for h in horizons]
+            axis.errorbar([x + shift[arm] for x in range(len(horizons))], [p["accuracy"] for p in finals],
+                          yerr=[p["se"] or 0.0 for p in finals], capsize=3, markersize=5, label=arm, **styles[arm])
+        for kind, teacher in figures["teachers"].items():
+            axis.plot(range(len(horizons)), [teacher[h]["accuracy"] for h in horizons], color="black", linestyle=":",
+                      linewidth=1, label=f"teacher ({kind})")
+        axis.plot(range(len(horizons)), [figures["student"][h][0]["accuracy"] for h in horizons], color="grey",
+                  linewidth=1, label="warm student (step 0)")
+        samples = report["samples_per_prompt"][decoding]
+        axis.set_title(f"{decoding} ({samples} sample{'s' if samples > 1 else ''} per problem)", fontsize=10)
+        axis.set_ylabel("held-out accuracy")
+        axis.set_ylim(-0.03, 1.03)
+        axis.grid(alpha=0.3)
+    axes[-1, 0].set_xticks(range(len(horizons)), [str(h) for h in horizons])
+    axes[-1, 0].set_xlabel("horizon H (dependent tool calls)")
+    axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.suptitle(f"accuracy after {report['steps'][-1]} steps ({seeds} seeds, ± 1 SE; dashed: off-policy arms)")
     paths = [save_png(figure, out / "accuracy_vs_horizon.png")]
-    figure, axes = plt.subplots(1, len(horizons), figsize=(4.6 * len(horizons), 4.2), sharey=True, squeeze=False)
-    for axis, horizon in zip(axes[0], horizons, strict=True):
-        for arm, by_group in report["curves"].items():
-            points = by_group[horizon]
-            xs, ys = [p["step"] for p in points], [p["accuracy"] for p in points]
-            ses = [p["se"] or 0.0 for p in points]
-            line, = axis.plot(xs, ys, marker="o", markersize=3, label=arm,
-                              linestyle="-" if report["arms"][arm]["on_policy"] else "--")
-            axis.fill_between(xs, [y - s for y, s in zip(ys, ses, strict=True)],
-                              [y + s for y, s in zip(ys, ses, strict=True)], color=line.get_color(), alpha=0.15)
-        axis.set_title(f"H = {horizon}")
-        axis.set_xlabel("student updates (optimizer steps)")
-        axis.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out accuracy (greedy)")
-    axes[0][-1].legend(fontsize=7, loc="best")
-    figure.suptitle(f"learning curves ({seeds} seeds, bands ± 1 SE over seeds)")
+    figure, axes = plt.subplots(len(decodings), len(horizons), figsize=(3.6 * len(horizons) + 1.8, 3.4 * len(decodings)),
+                                sharey=True, sharex=True, squeeze=False)
+    spread = (report["steps"][-1] or 1) * 0.012
+    for row, decoding in zip(axes, decodings, strict=True):
+        for axis, horizon in zip(row, horizons, strict=True):
+            for arm, by_group in report["decodings"][decoding]["curves"].items():
+                points = by_group[horizon]
+                axis.errorbar([p["step"] + shift[arm] / 0.08 * spread for p in points], [p["accuracy"] for p in points],
+                              yerr=[p["se"] or 0.0 for p in points], capsize=2, markersize=3, label=arm, **styles[arm])
+            axis.set_title(f"{decoding}, H = {horizon}", fontsize=10)
+            axis.set_ylim(-0.03, 1.03)
+            axis.grid(alpha=0.3)
+        row[0].set_ylabel("held-out accuracy")
+    for axis in axes[-1]:
+        axis.set_xlabel("optimizer steps")
+    axes[0, -1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    figure.suptitle(f"learning curves ({seeds} seeds, ± 1 SE over seeds; arms shifted apart along x)")
     paths.append(save_png(figure, out / "accuracy_vs_steps.png"))
     return paths

@@ -207,7 +207,7 @@ def save_png(figure, path: str | Path) -> Path:
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda stream: figure.savefig(stream, format="png", dpi=120))
+    atomic_write(path, lambda stream: figure.savefig(stream, format="png", dpi=120, bbox_inches="tight"))
     pyplot().close(figure)
     return path
 

@@ -1,6 +1,8 @@
 """Chains of dependent calculator calls in MiniMind's tool world: a horizon of H calls, each needing the last one's result.
 
     python -m experiments.study.chain_task --out out/study/data --train 1500 --distill 300 --seed 0
+    python -m experiments.study.chain_task --out out/study/data --train 1500 --distill 300 --seed 0 --part noisy \
+        --value-noise 0.2 --syntax-noise 0.05
 
 A problem is a *triple* (start, op, k) and a horizon H: start in 0..19; op is add or subtract k (k in 1..9) or multiply
 by k (k in 3, 7, 9). The user asks: "Start with 13. Subtract six, four times, keeping the remainder after dividing by
@@ -20,11 +22,18 @@ The start is the only number of the question, k a number word, 0..19 are single 
 ``gt`` is the phrase of the answer (``"result is 9."``), not the bare number: MiniMind's check finds a gt item as a
 substring of the answer, and the bare "1" would be found in "The result is 11.".
 
-Noise-injected demonstrations (for the robust teacher and the off-policy control arm): each call is, with probability
-``noise``, first written corrupted (its expression cut before the modulus, ``"(v op k) %"``, or missing its closing
-parenthesis, ``"(v op k % 20"``: both are invalid expressions, so MiniMind's tool world answers ``{"error": "unknown
-tool or invalid arguments"}``), followed by that error observation and the correct retry. The corrupted turn has
-``"weight": 0``: it is context, never a target (``opd.demonstrations``), and the retry is learned.
+Noise-injected demonstrations (DART: the robust teacher and the ``kd_dart`` arm) hold the errors a student makes,
+each followed by the recovery. Before each call, with probability ``value_noise``, a *confused* call is written first:
+one number replaced, either the input value (another of 0..19: a misread observation) or k (another k of the
+operation: a misread question), drawn half and half, always with a result other than the correct one; it runs, and its
+real observation follows. Then, with probability ``syntax_noise`` instead, a *corrupted* call: its expression cut
+before the modulus, ``"(v op k) %"``, or missing its closing parenthesis, ``"(v op k % 20"``: both invalid, so
+MiniMind's tool world answers ``{"error": "unknown tool or invalid arguments"}``. Either way the correct call follows:
+the step again from the last correct value, so a wrong value is visible (the call's expression sits in the context
+beside the question and the previous observation) and fixable (a retry from the last correct value is the right
+move), and every episode still has H correct calls. The noise turn has ``"weight": 0``: it is context, never a
+target (``opd.demonstrations``), and the retry is learned. Broken JSON is not injected: MiniMind's tool world gives it
+no observation and the episode ends there, so there is nothing to recover in a demonstration.
 
 Splits are disjoint by triple: a fixed hash of the triple (seed independent) puts it in ``heldout`` (below
 ``heldout_share``), ``distill`` (below ``heldout_share + distill_share``) or ``train``, with all its horizons. The
@@ -48,12 +57,13 @@ from tools.tool_environment import OK, execute_call
 SYSTEM_PROMPT = "You are a helpful assistant. Use the tools to find the answer, then state it."
 TOOLS = ("calculate_math",)
 MODULUS = 20
-HORIZONS = (1, 2, 4)
+HORIZONS = (1, 2, 4, 6)
 TIMES = {1: "once", 2: "twice", 3: "three times", 4: "four times", 5: "five times", 6: "six times"}
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
 OPERATIONS = {"+": ("Add", tuple(range(1, 10))), "-": ("Subtract", tuple(range(1, 10))), "*": ("Multiply by", (3, 7, 9))}
 SPLITS = ("train", "distill", "heldout")
 CORRUPTIONS = ("truncated", "unbalanced")
+CONFUSIONS = ("input", "operand")  # which number of a confused call is wrong
 
 
 def all_triples() -> list[tuple[int, str, int]]:
@@ -85,6 +95,21 @@ def corrupted(value: int, op: str, k: int, kind: str) -> str:
     return f"({value} {op} {k}) %" if kind == "truncated" else f"({value} {op} {k} % {MODULUS}"
 
 
+def confused(value: int, op: str, k: int, rng: random.Random) -> str:
+    """A valid expression for the same step with one number wrong (see the module doc); its result is never the
+    correct one."""
+    ks = OPERATIONS[op][1]
+    while True:
+        if rng.choice(CONFUSIONS) == "input":
+            wrong_value, wrong_k = rng.choice([v for v in range(MODULUS) if v != value]), k
+        elif len(ks) > 1:
+            wrong_value, wrong_k = value, rng.choice([other for other in ks if other != k])
+        else:
+            continue
+        if _step(wrong_value, op, wrong_k) != _step(value, op, k):
+            return expression(wrong_value, op, wrong_k)
+
+
 def _call_turn(text: str, *, weight: int | None = None) -> dict:
     turn = {"role": "assistant", "content": "",
             "tool_calls": [{"type": "function", "function": {"name": "calculate_math", "arguments": {"expression": text}}}]}
@@ -98,45 +123,50 @@ def _observe(text: str) -> tuple[str, dict | None]:
     return outcome.observation, outcome.result if outcome.status == OK else None
 
 
-def solve(triple: tuple[int, str, int], horizon: int, *, noise: float = 0.0,
-          rng: random.Random | None = None) -> tuple[list[dict], str, int]:
-    """The demonstration's turns after the prompt, the final answer's ``gt`` and the number of corrupted calls.
+def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.0, syntax_noise: float = 0.0,
+          rng: random.Random | None = None) -> tuple[list[dict], str, dict[str, int]]:
+    """The demonstration's turns after the prompt, the final answer's ``gt`` and the noise calls injected by kind
+    (``confused``, ``corrupted``).
 
-    Observations are exactly what the rollout's tool world returns; a corrupted call (probability ``noise`` per call,
-    drawn from ``rng``) comes first, with weight 0, then its error observation, then the correct call.
+    Observations are exactly what the rollout's tool world returns; a noise call (probability ``value_noise`` a
+    confused one, ``syntax_noise`` a corrupted one, per call, drawn from ``rng``) comes first, with weight 0, then its
+    observation, then the correct call from the last correct value.
     """
-    value, (_, op, k), turns, mistakes = triple[0], triple, [], 0
+    value, (_, op, k), turns = triple[0], triple, []
+    noise = {"confused": 0, "corrupted": 0}
     for _ in range(horizon):
-        if noise and rng.random() < noise:
-            wrong = corrupted(value, op, k, rng.choice(CORRUPTIONS))
+        draw = rng.random() if value_noise or syntax_noise else 1.0
+        if draw < value_noise + syntax_noise:
+            kind = "confused" if draw < value_noise else "corrupted"
+            wrong = confused(value, op, k, rng) if kind == "confused" else corrupted(value, op, k, rng.choice(CORRUPTIONS))
             observation, result = _observe(wrong)
-            if result is not None:
-                raise RuntimeError(f"a corrupted expression was accepted by the tool world: {wrong!r}")
+            if (result is None) != (kind == "corrupted"):
+                raise RuntimeError(f"the tool world answered the {kind} call {wrong!r} with {observation}")
             turns += [_call_turn(wrong, weight=0), {"role": "tool", "content": observation}]
-            mistakes += 1
+            noise[kind] += 1
         observation, result = _observe(expression(value, op, k))
         if result is None or int(result["result"]) != _step(value, op, k):
             raise RuntimeError(f"the tool world did not compute {expression(value, op, k)!r}: {observation}")
         turns += [_call_turn(expression(value, op, k)), {"role": "tool", "content": observation}]
         value = _step(value, op, k)
     turns.append({"role": "assistant", "content": f"The result is {value}."})
-    return turns, str(value), mistakes
+    return turns, str(value), noise
 
 
 def _step(value: int, op: str, k: int) -> int:
     return (value + k if op == "+" else value - k if op == "-" else value * k) % MODULUS
 
 
-def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bool, noise: float = 0.0,
-                rng: random.Random | None = None) -> dict:
+def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bool, value_noise: float = 0.0,
+                syntax_noise: float = 0.0, rng: random.Random | None = None) -> dict:
     """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, then the turns (a
     demonstration) or the gold calls as ``expected_calls`` (a prompt: the evaluation classifies every call against
     them, ``opd.scoring``)."""
-    turns, gt, mistakes = solve(triple, horizon, noise=noise, rng=rng)
+    turns, gt, noise = solve(triple, horizon, value_noise=value_noise, syntax_noise=syntax_noise, rng=rng)
     conversation = [{"role": "system", "content": SYSTEM_PROMPT, "tools": json.dumps(tool_schemas(list(TOOLS)))},
                     {"role": "user", "content": question(triple, horizon)}]
     row = {"conversations": conversation + (turns if demonstration else []), "gt": [f"result is {gt}."],
-           "task": {"triple": list(triple), "horizon": horizon, **({"corrupted_calls": mistakes} if demonstration else {})}}
+           "task": {"triple": list(triple), "horizon": horizon, **({"noise_calls": noise} if demonstration else {})}}
     if not demonstration:  # the calls that are learned (weight-0 corrupted calls are not)
         row["expected_calls"] = [call["function"] for turn in turns if turn.get("weight", 1)
                                  for call in turn.get("tool_calls", [])]
@@ -157,23 +187,32 @@ def _jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
 
-def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, horizons: tuple[int, ...] = HORIZONS,
-               warm_horizons: tuple[int, ...] = (1,), noise: float = 0.3, heldout_share: float = 0.4,
-               distill_share: float = 0.2) -> dict:
-    """Write every file of the task into ``out_dir`` (listed in the summary it returns and writes).
+PARTS = ("task", "noisy")  # what write_task writes: the task's files, or the noise-injected demonstrations
 
-    ``train`` SFT demonstrations and ``distill`` distillation prompts per horizon, each horizon equally often;
-    the held-out file holds every held-out triple once per horizon. Each ``*_noisy_demonstrations`` file is the
-    same problems as its gold file, with corrupted calls injected; ``warm_demonstrations`` holds the gold training
-    demonstrations of the ``warm_horizons`` (the study's warm start).
+
+def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, horizons: tuple[int, ...] = HORIZONS,
+               warm_horizons: tuple[int, ...] = (1,), part: str = "task", value_noise: float = 0.2,
+               syntax_noise: float = 0.05, heldout_share: float = 0.4, distill_share: float = 0.2) -> dict:
+    """Write one ``part`` of the task into ``out_dir`` (listed in the summary it returns and writes,
+    ``{part}_summary.json``).
+
+    ``task``: ``train`` SFT demonstrations and ``distill`` distillation prompts per horizon, each horizon equally
+    often, as gold demonstrations and as prompts; ``warm_demonstrations``, the gold training demonstrations of the
+    ``warm_horizons`` (the study's warm start); the held-out file, every held-out triple once per horizon.
+    ``noisy``: the ``*_noisy_demonstrations`` files, the same problems in the same order as the gold ones (the draws
+    depend on ``seed`` alone), with noise calls injected from a generator of their own: the noise rates change these
+    two files and nothing else.
     """
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
     if not horizons or any(h not in TIMES for h in horizons):
         raise ValueError(f"horizons must be among {sorted(TIMES)}, got {list(horizons)}")
-    if not 0 <= noise < 1:
-        raise ValueError(f"noise must be in [0, 1), got {noise}")
+    if not (0 <= value_noise and 0 <= syntax_noise and value_noise + syntax_noise < 1):
+        raise ValueError(f"value_noise >= 0, syntax_noise >= 0 and their sum < 1 are required, got {value_noise} and "
+                         f"{syntax_noise}")
     if not warm_horizons or not set(warm_horizons) <= set(horizons):
         raise ValueError(f"warm horizons must be among the horizons {list(horizons)}, got {list(warm_horizons)}")
-    out, rng = Path(out_dir), random.Random(seed)
+    out, rng, noise_rng = Path(out_dir), random.Random(seed), random.Random(f"noise-{seed}")
     out.mkdir(parents=True, exist_ok=True)
     triples = split_triples(heldout_share, distill_share)
     files = {}
@@ -189,23 +228,27 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
 
     for split, count in (("train", train), ("distill", distill)):
         drawn = draw(split, count)
+        if part == "noisy":
+            write(f"{split}_noisy_demonstrations", [
+                make_record(t, h, demonstration=True, value_noise=value_noise, syntax_noise=syntax_noise,
+                            rng=noise_rng) for t, h in drawn])
+            continue
         gold = [make_record(t, h, demonstration=True) for t, h in drawn]
         write(f"{split}_demonstrations", gold)
         if split == "train":
             write("warm_demonstrations", [row for row in gold if row["task"]["horizon"] in warm_horizons])
-        write(f"{split}_noisy_demonstrations",
-              [make_record(t, h, demonstration=True, noise=noise, rng=rng) for t, h in drawn])
         write(f"{split}_prompts", [make_record(t, h, demonstration=False) for t, h in drawn])
     heldout = [(triple, horizon) for horizon in horizons for triple in triples["heldout"]]
     rng.shuffle(heldout)
-    write("heldout_prompts", [make_record(t, h, demonstration=False) for t, h in heldout])
-    summary = {"seed": seed, "horizons": list(horizons), "warm_horizons": list(warm_horizons), "noise": noise,
-               "heldout_share": heldout_share,
-               "distill_share": distill_share, "modulus": MODULUS, "tools": list(TOOLS),
-               "triples": {split: len(found) for split, found in triples.items()},
+    if part == "task":
+        write("heldout_prompts", [make_record(t, h, demonstration=False) for t, h in heldout])
+    summary = {"part": part, "seed": seed, "horizons": list(horizons), "warm_horizons": list(warm_horizons),
+               **({"value_noise": value_noise, "syntax_noise": syntax_noise} if part == "noisy" else {}),
+               "heldout_share": heldout_share, "distill_share": distill_share, "modulus": MODULUS,
+               "tools": list(TOOLS), "triples": {split: len(found) for split, found in triples.items()},
                "records": {"train": train * len(horizons), "distill": distill * len(horizons),
-                           "heldout": len(heldout)}, "files": files}
-    atomic_write_json(out / "task_summary.json", summary)
+                           **({"heldout": len(heldout)} if part == "task" else {})}, "files": files}
+    atomic_write_json(out / f"{part}_summary.json", summary)
     return summary
 
 
@@ -214,13 +257,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="folder for the JSONL files")
     parser.add_argument("--train", type=int, default=1500, help="SFT demonstrations per horizon")
     parser.add_argument("--distill", type=int, default=300, help="distillation prompts per horizon")
-    parser.add_argument("--horizons", default="1,2,4", help="comma list of horizons")
+    parser.add_argument("--horizons", default="1,2,4,6", help="comma list of horizons")
     parser.add_argument("--warm-horizons", default="1", help="comma list: the horizons of warm_demonstrations")
-    parser.add_argument("--noise", type=float, default=0.3, help="probability of a corrupted call before each call")
+    parser.add_argument("--part", choices=PARTS, default="task",
+                        help="task: gold demonstrations, prompts, held-out; noisy: the noise-injected demonstrations")
+    parser.add_argument("--value-noise", type=float, default=0.2,
+                        help="noisy files: probability of a confused call (one number wrong) before each call")
+    parser.add_argument("--syntax-noise", type=float, default=0.05,
+                        help="noisy files: probability of a corrupted call (an invalid expression) before each call")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        summary = write_task(args.out, train=args.train, distill=args.distill, seed=args.seed, noise=args.noise,
+        summary = write_task(args.out, train=args.train, distill=args.distill, seed=args.seed, part=args.part,
+                             value_noise=args.value_noise, syntax_noise=args.syntax_noise,
                              horizons=tuple(int(h) for h in args.horizons.split(",")),
                              warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 
 from experiments.recipe.config import (
     DistillSettings,
-    EvaluationSettings,
     RecipeModel,
     RecipeTeacher,
     check_staged_run,
     require_setting,
 )
 from experiments.study.chain_task import TIMES
-from opd.config import SCHEDULERS
+from opd.config import SCHEDULERS, ConfigError
 
 ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
 TEACHERS = ("gold", "robust", "none")  # gold-only SFT, SFT on noise-injected demonstrations; none: an SFT arm
@@ -30,17 +29,21 @@ TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "warm_demons
 
 @dataclass
 class ChainData:
-    """``data``: the chain task's seed, records per horizon and split, and the noise of the noisy files."""
+    """``data``: the chain task's seed, records per horizon and split, and the noise rates of the noisy files."""
 
     seed: int
     train: int
     distill: int
-    noise: float
+    value_noise: float
+    syntax_noise: float
 
     def __post_init__(self) -> None:
         for key in ("train", "distill"):
             require_setting(getattr(self, key) >= 1, f"data.{key}", "an integer >= 1", getattr(self, key))
-        require_setting(0 < self.noise < 1, "data.noise", "in (0, 1)", self.noise)
+        for key in ("value_noise", "syntax_noise"):
+            require_setting(0 <= getattr(self, key) < 1, f"data.{key}", "in [0, 1)", getattr(self, key))
+        require_setting(self.value_noise + self.syntax_noise < 1, "data.syntax_noise",
+                        f"below 1 - data.value_noise = {1 - self.value_noise:g}", self.syntax_noise)
 
 
 @dataclass
@@ -106,6 +109,48 @@ class DivergenceSettings:
 
 
 @dataclass
+class Decoding:
+    """One decoding of the evaluation: a sampling preset of ``configs/sampling/`` and samples per held-out problem."""
+
+    sampling: str
+    samples_per_prompt: int
+
+
+@dataclass
+class StudyEvaluation:
+    """``evaluation``: identical for every checkpoint: every decoding, one seed, one set of limits."""
+
+    seed: int
+    batch_size: int
+    max_turns: int
+    max_gen_len: int
+    max_total_len: int
+    decodings: dict[str, Decoding]
+
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "max_turns", "max_gen_len", "max_total_len"):
+            require_setting(getattr(self, key) >= 1, f"evaluation.{key}", "an integer >= 1", getattr(self, key))
+        require_setting(bool(self.decodings), "evaluation.decodings", "at least one decoding", self.decodings)
+        for name, decoding in self.decodings.items():
+            require_setting(name.isidentifier(), f"evaluation.decodings.{name}", "a name of letters, digits and _", name)
+            require_setting(decoding.samples_per_prompt >= 1, f"evaluation.decodings.{name}.samples_per_prompt",
+                            "an integer >= 1", decoding.samples_per_prompt)
+
+
+@dataclass
+class Endpoint:
+    """``endpoint``: the pre-registered comparison (the arm minus the baseline at one horizon and decoding, last step)."""
+
+    arm: str
+    horizon: int
+    decoding: str
+
+
+GATES = ("G0_teacher_t1_accuracy", "G1_student_intermediate_errors", "G2_recoverable_errors", "G3_kd_horizon_drop",
+         "G4_teacher_continuation", "G5_kd_recovery")  # experiments.study.gates: each gate's value and direction
+
+
+@dataclass
 class StudyConfig:
     """``python -m experiments.study.study``: the study (``experiments/study/study.py``)."""
 
@@ -125,8 +170,10 @@ class StudyConfig:
     distill: DistillSettings
     arm_settings: dict[str, StudyArm]
     baseline_arm: str
+    endpoint: Endpoint
     divergence: DivergenceSettings
-    evaluation: EvaluationSettings
+    evaluation: StudyEvaluation
+    gates: dict[str, float]
 
     def __post_init__(self) -> None:
         check_staged_run(self)
@@ -152,9 +199,19 @@ class StudyConfig:
         steps = self.distill.steps
         for block in ("distill", "evaluation"):
             turns = getattr(self, block).max_turns
-            require_setting(turns >= 2 * max(self.horizons) + 1, f"{block}.max_turns",
-                            f"at least 2 * max(horizons) + 1 = {2 * max(self.horizons) + 1} (every call retried once, then "
-                            "the answer)", turns)
+            require_setting(turns >= 2 * max(self.horizons) + 2, f"{block}.max_turns",
+                            f"at least 2 * max(horizons) + 2 = {2 * max(self.horizons) + 2} (every call retried once, the "
+                            "answer and a turn to spare)", turns)
+        require_setting(self.endpoint.arm in self.arm_settings and self.endpoint.arm != self.baseline_arm,
+                        "endpoint.arm", f"an arm other than the baseline ({self.baseline_arm})", self.endpoint.arm)
+        require_setting(self.endpoint.horizon in self.horizons, "endpoint.horizon", f"one of {self.horizons}",
+                        self.endpoint.horizon)
+        require_setting(self.endpoint.decoding in self.evaluation.decodings, "endpoint.decoding",
+                        f"one of {', '.join(self.evaluation.decodings)}", self.endpoint.decoding)
+        if sorted(self.gates) != sorted(GATES):
+            raise ConfigError(f"gates: expected exactly the keys {', '.join(GATES)}, got {', '.join(self.gates)}")
+        require_setting("t1" in self.evaluation.decodings, "evaluation.decodings",
+                        "a decoding named t1 (the gates read the temperature-1 evaluations)", list(self.evaluation.decodings))
         require_setting(self.distill.eval_every <= steps, "distill.eval_every", f"at most distill.steps ({steps})",
                         self.distill.eval_every)
 
@@ -163,3 +220,8 @@ class StudyConfig:
         """The arms this invocation runs, the baseline first."""
         chosen = list(self.arm_settings) if self.arms is None else list(self.arms)
         return [self.baseline_arm, *(name for name in chosen if name != self.baseline_arm)]
+
+    @property
+    def teachers(self) -> list[str]:
+        """The teachers the running arms distil, and always the robust one (the gates read it)."""
+        return sorted({"robust", *(self.arm_settings[arm].teacher for arm in self.running_arms)} - {"none"})

@@ -1,10 +1,16 @@
-"""The study's report: per arm, horizon and step, from every evaluation and training log the stages wrote.
+"""The study's report: per arm, horizon, decoding and step, from every evaluation and training log the stages wrote.
 
-- **accuracy**: the share of held-out problems of that horizon whose episode is correct (``opd.scoring``), as the
-  mean over seeds ± its standard error over seeds (the teachers: one run, ± the binomial SE over problems).
+- **decodings**: every held-out evaluation runs under each decoding of ``evaluation.decodings`` (``t1``: temperature
+  1, as the rollouts decode, k samples per problem; ``greedy``: the negative control); every figure below is per
+  decoding.
+- **accuracy**: the share of held-out problems of that horizon whose episodes are correct (``opd.scoring``; with k
+  samples a problem counts the share of its samples), as the mean over seeds ± its standard error over seeds;
+  ``per_seed`` holds every seed's level. The teachers: one run, ± the SE over problems.
 - **minus baseline**: the arm's accuracy minus the baseline arm's on the same problems. ``se`` is the standard error
   over seeds of the per-seed mean differences (what the conclusions rest on: it carries the training's own
   randomness); ``se_problems`` the SE over problems of the per-problem differences averaged over seeds.
+- **endpoint**: the pre-registered comparison (``endpoint``: arm, horizon, decoding) after the last step.
+- **gates**: ``experiments.study.gates``.
 - **recovery**, **error episodes**, **tool errors** and the call error types: ``opd.scoring``'s (the evaluation's own
   classifier, run on the episodes' rows): recovery is, of the episodes with a call error (and how many there were),
   the share that still ended correct; tool errors the share of calls that returned no result.
@@ -16,7 +22,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.estimates import paired_difference
+from experiments.study.gates import gate_values
 from opd.scoring import aggregate, mean_and_se, score_from_row
 
 ALL = "all"
@@ -102,52 +108,80 @@ def _divergence(paths, seeds: list[int]) -> dict:
                       for group in sorted(reports[0][teacher], key=str)} for teacher in reports[0]}
 
 
-def study_report(cfg, paths, steps: list[int]) -> dict:
-    """Curves, paired differences, teachers, students and divergences (see the module doc)."""
-    seeds, arms = list(cfg.seeds), cfg.running_arms
-    horizons = horizons_by_line(paths.file("heldout_prompts"))
+def _decoding_report(cfg, paths, steps: list[int], decoding: str, horizons: dict[int, int],
+                     walls: dict[str, list[float]]) -> tuple[dict, list[dict]]:
+    """One decoding's teachers, curves and paired differences, and its per-seed levels."""
+    seeds, arms, baseline = list(cfg.seeds), cfg.running_arms, cfg.baseline_arm
     groups = [*cfg.horizons, ALL]
-    teachers = {kind: _evaluated(paths.evaluation(None, f"teacher_{kind}"), horizons)[kind] for kind in ("gold", "robust")}
-    students = {seed: _evaluated(paths.evaluation(seed, "student"), horizons)["student"] for seed in seeds}
-    runs = {arm: {seed: _evaluated(paths.evaluation(seed, arm), horizons) for seed in seeds} for arm in arms}
-    walls = {arm: [sum(column) / len(seeds) for column in zip(
-        *(training_seconds(paths.arm(seed, arm) / "run" / "metrics.jsonl", steps) for seed in seeds), strict=True)]
-        for arm in arms}
+    teachers = {kind: _evaluated(paths.evaluation(None, f"teacher_{kind}", decoding), horizons)[kind]
+                for kind in cfg.teachers}
+    students = {seed: _evaluated(paths.evaluation(seed, "student", decoding), horizons)["student"] for seed in seeds}
+    runs = {arm: {seed: _evaluated(paths.evaluation(seed, arm, decoding), horizons) for seed in seeds} for arm in arms}
     curves = {arm: {group: [_point(0, 0.0, [students[seed][group] for seed in seeds]),
                             *(_point(step, wall, [runs[arm][seed][f"step{step}"][group] for seed in seeds])
                               for step, wall in zip(steps, walls[arm], strict=True))]
                     for group in groups} for arm in arms}
-    baseline = cfg.baseline_arm
     paired = {arm: {group: [{"step": step, **paired_difference(
         [runs[arm][seed][f"step{step}"][group]["correct"] for seed in seeds],
         [runs[baseline][seed][f"step{step}"][group]["correct"] for seed in seeds])} for step in steps]
         for group in groups} for arm in arms if arm != baseline}
-    teacher_points = {kind: {group: {**_point(0, None, [scores[group]]), "se_problems": math.sqrt(
-        _accuracy(scores[group]["correct"]) * (1 - _accuracy(scores[group]["correct"])) / len(scores[group]["correct"]))}
-        for group in groups} for kind, scores in teachers.items()}
-    return {"seeds": seeds, "horizons": list(cfg.horizons), "steps": steps, "baseline_arm": baseline,
-            "arms": {arm: {"on_policy": cfg.arm_settings[arm].on_policy, "teacher": cfg.arm_settings[arm].teacher,
-                           "entry": cfg.arm_settings[arm].entry, "overrides": cfg.arm_settings[arm].overrides}
-                     for arm in arms},
-            "heldout_problems": {str(h): sum(1 for value in horizons.values() if value == h) for h in cfg.horizons},
-            "teachers": teacher_points, "student": curves[baseline], "curves": curves, "paired_vs_baseline": paired,
-            "divergence": _divergence(paths, seeds)}
+    teacher_points = {kind: {group: {**_point(0, None, [scores[group]]),
+                                     "se_problems": mean_and_se(list(scores[group]["correct"].values()))[1]}
+                             for group in groups} for kind, scores in teachers.items()}
+    per_seed = [{"seed": seed, "arm": "warm_student", "horizon": group, "decoding": decoding, "step": 0,
+                 "accuracy": _accuracy(students[seed][group]["correct"])} for seed in seeds for group in groups]
+    per_seed += [{"seed": seed, "arm": arm, "horizon": group, "decoding": decoding, "step": step,
+                  "accuracy": _accuracy(runs[arm][seed][f"step{step}"][group]["correct"])}
+                 for arm in arms for seed in seeds for step in steps for group in groups]
+    return {"teachers": teacher_points, "student": curves[baseline], "curves": curves,
+            "paired_vs_baseline": paired}, per_seed
+
+
+def study_report(cfg, paths, steps: list[int]) -> dict:
+    """Per decoding: curves, paired differences, teachers and students; the per-seed levels, the endpoint, the gates
+    and the divergences (see the module doc)."""
+    seeds, arms = list(cfg.seeds), cfg.running_arms
+    horizons = horizons_by_line(paths.file("heldout_prompts"))
+    walls = {arm: [sum(column) / len(seeds) for column in zip(
+        *(training_seconds(paths.arm(seed, arm) / "run" / "metrics.jsonl", steps) for seed in seeds), strict=True)]
+        for arm in arms}
+    decodings, per_seed = {}, []
+    for decoding in cfg.evaluation.decodings:
+        decodings[decoding], levels = _decoding_report(cfg, paths, steps, decoding, horizons, walls)
+        per_seed += levels
+    e = cfg.endpoint
+    final = decodings[e.decoding]["paired_vs_baseline"][e.arm][e.horizon][-1] if e.arm in arms else None
+    report = {"seeds": seeds, "horizons": list(cfg.horizons), "steps": steps, "baseline_arm": cfg.baseline_arm,
+              "arms": {arm: {"on_policy": cfg.arm_settings[arm].on_policy, "teacher": cfg.arm_settings[arm].teacher,
+                             "entry": cfg.arm_settings[arm].entry, "overrides": cfg.arm_settings[arm].overrides}
+                       for arm in arms},
+              "heldout_problems": {str(h): sum(1 for value in horizons.values() if value == h) for h in cfg.horizons},
+              "samples_per_prompt": {name: d.samples_per_prompt for name, d in cfg.evaluation.decodings.items()},
+              "decodings": decodings, "per_seed": per_seed,
+              "endpoint": final and {"arm": e.arm, "horizon": e.horizon, "decoding": e.decoding, "step": steps[-1],
+                                     "minus_kd": final["mean"], "minus_kd_se": final["se_seeds"],
+                                     "minus_kd_per_seed": final["per_seed"], "seeds": len(seeds)},
+              "divergence": _divergence(paths, seeds)}
+    report["gates"] = gate_values(cfg, paths, report, ALL)
+    return report
 
 
 def summary_results(report: dict) -> list[dict]:
-    """``study_summary.json``'s ``results``: every arm at every horizon after the last step."""
+    """``study_summary.json``'s ``results``: every arm at every horizon and decoding after the last step."""
     baseline, rows = report["baseline_arm"], []
-    for arm, by_group in report["curves"].items():
-        for horizon in report["horizons"]:
-            final = by_group[horizon][-1]
-            paired = report["paired_vs_baseline"][arm][horizon][-1] if arm != baseline else None
-            rows.append({"horizon": horizon, "arm": arm, "on_policy": report["arms"][arm]["on_policy"],
-                         "accuracy": final["accuracy"], "se": final["se"],
-                         "minus_kd": paired["mean"] if paired else 0.0, "minus_kd_se": paired["se_seeds"] if paired else 0.0,
-                         "minus_kd_se_problems": paired["se_problems"] if paired else 0.0,
-                         "minus_kd_per_seed": paired["per_seed"] if paired else None,
-                         "recovery_rate": final["recovery_rate"], "tool_error_rate": final["tool_error_rate"],
-                         "wall_s": final["wall_s"]})
+    for decoding, figures in report["decodings"].items():
+        for arm, by_group in figures["curves"].items():
+            for horizon in report["horizons"]:
+                final = by_group[horizon][-1]
+                paired = figures["paired_vs_baseline"][arm][horizon][-1] if arm != baseline else None
+                rows.append({"horizon": horizon, "decoding": decoding, "arm": arm,
+                             "on_policy": report["arms"][arm]["on_policy"], "accuracy": final["accuracy"],
+                             "se": final["se"], "minus_kd": paired["mean"] if paired else 0.0,
+                             "minus_kd_se": paired["se_seeds"] if paired else 0.0,
+                             "minus_kd_se_problems": paired["se_problems"] if paired else 0.0,
+                             "minus_kd_per_seed": paired["per_seed"] if paired else None,
+                             "recovery_rate": final["recovery_rate"], "tool_error_rate": final["tool_error_rate"],
+                             "wall_s": final["wall_s"]})
     return rows
 
 
@@ -158,35 +192,62 @@ def _pm(mean: float | None, se: float | None) -> str:
 
 
 def print_report(report: dict, console: Console) -> None:
-    """Per horizon: every arm's final accuracy, its paired difference to the baseline, recovery, tool errors; then
-    the divergences and the curves."""
+    """The gates and the endpoint; per decoding and horizon every arm's final accuracy, its paired difference to the
+    baseline, recovery, tool errors; the per-seed levels; the divergences and the curves."""
     if not console.is_terminal:
         console.width = max(console.width, 170)
     seeds, baseline = len(report["seeds"]), report["baseline_arm"]
-    for horizon in [*report["horizons"], ALL]:
-        table = Table(title=f"horizon {horizon}: held-out accuracy after {report['steps'][-1]} steps ({seeds} seeds, "
-                            f"± SE over seeds; teachers ± SE over problems)")
-        for header in ("model", "on-policy", "accuracy", f"minus {baseline} (paired, SE seeds)", "SE problems",
-                       "recovery", "error episodes", "tool errors", "seconds"):
-            table.add_column(header, justify="left" if header == "model" else "right")
-        for kind, point in report["teachers"].items():
-            table.add_row(f"teacher ({kind})", "-", _pm(point[horizon]["accuracy"], point[horizon]["se_problems"]), "-",
-                          "-", _pm(point[horizon]["recovery_rate"], None),
-                          f"{point[horizon]['error_episodes']:.1f}", _pm(point[horizon]["tool_error_rate"], None),
-                          "-")
-        start = report["student"][horizon][0]
-        table.add_row("warm student (step 0)", "-", _pm(start["accuracy"], start["se"]), "-", "-",
-                      _pm(start["recovery_rate"], None), f"{start['error_episodes']:.1f}",
-                      _pm(start["tool_error_rate"], None), "-")
-        for arm, by_group in report["curves"].items():
-            final = by_group[horizon][-1]
-            paired = report["paired_vs_baseline"].get(arm, {}).get(horizon, [None])[-1]
-            table.add_row(arm, "yes" if report["arms"][arm]["on_policy"] else "no", _pm(final["accuracy"], final["se"]),
-                          "-" if paired is None else _pm(paired["mean"], paired["se_seeds"]),
-                          "-" if paired is None else _pm(paired["se_problems"], None), _pm(final["recovery_rate"], None),
-                          f"{final['error_episodes']:.1f}", _pm(final["tool_error_rate"], None),
-                          f"{final['wall_s']:.0f}")
-        console.print(table)
+    gates = Table(title="pilot gates (experiments/study/gates.py)")
+    for header in ("gate", "value", "threshold", "passed", "from"):
+        gates.add_column(header, justify="left" if header in ("gate", "from") else "right")
+    for name, gate in report["gates"].items():
+        gates.add_row(name, _pm(gate["value"], None), f"{gate['direction']} {gate['threshold']}",
+                      {True: "yes", False: "NO", None: "-"}[gate["passed"]], gate["detail"])
+    console.print(gates)
+    e = report["endpoint"]
+    if e is None:
+        console.print("endpoint: its arm did not run in this slice")
+    else:
+            console.print(f"endpoint (pre-registered): {e['arm']} minus {baseline} at H={e['horizon']}, {e['decoding']}, step "
+                      f"{e['step']}: {_pm(e['minus_kd'], e['minus_kd_se'])} (SE over {e['seeds']} seeds; per seed "
+                      f"{', '.join(f'{d:+.3f}' for d in e['minus_kd_per_seed'])})")
+    for decoding, figures in report["decodings"].items():
+        for horizon in [*report["horizons"], ALL]:
+            table = Table(title=f"{decoding}, horizon {horizon}: held-out accuracy after {report['steps'][-1]} steps "
+                                f"({seeds} seeds, ± SE over seeds; teachers ± SE over problems)")
+            for header in ("model", "on-policy", "accuracy", f"minus {baseline} (paired, SE seeds)", "SE problems",
+                           "recovery", "error episodes", "tool errors", "seconds"):
+                table.add_column(header, justify="left" if header == "model" else "right")
+            for kind, point in figures["teachers"].items():
+                table.add_row(f"teacher ({kind})", "-", _pm(point[horizon]["accuracy"], point[horizon]["se_problems"]),
+                              "-", "-", _pm(point[horizon]["recovery_rate"], None),
+                              f"{point[horizon]['error_episodes']:.1f}", _pm(point[horizon]["tool_error_rate"], None),
+                              "-")
+            start = figures["student"][horizon][0]
+            table.add_row("warm student (step 0)", "-", _pm(start["accuracy"], start["se"]), "-", "-",
+                          _pm(start["recovery_rate"], None), f"{start['error_episodes']:.1f}",
+                          _pm(start["tool_error_rate"], None), "-")
+            for arm, by_group in figures["curves"].items():
+                final = by_group[horizon][-1]
+                paired = figures["paired_vs_baseline"].get(arm, {}).get(horizon, [None])[-1]
+                table.add_row(arm, "yes" if report["arms"][arm]["on_policy"] else "no",
+                              _pm(final["accuracy"], final["se"]),
+                              "-" if paired is None else _pm(paired["mean"], paired["se_seeds"]),
+                              "-" if paired is None else _pm(paired["se_problems"], None),
+                              _pm(final["recovery_rate"], None), f"{final['error_episodes']:.1f}",
+                              _pm(final["tool_error_rate"], None), f"{final['wall_s']:.0f}")
+            console.print(table)
+    last = report["steps"][-1]
+    levels = Table(title=f"per-seed accuracy after {last} steps, all horizons (warm student: step 0)")
+    levels.add_column("arm")
+    columns = [(decoding, seed) for decoding in report["decodings"] for seed in report["seeds"]]
+    for decoding, seed in columns:
+        levels.add_column(f"{decoding} seed {seed}", justify="right")
+    by_key = {(row["arm"], row["decoding"], row["seed"]): row["accuracy"] for row in report["per_seed"]
+              if row["horizon"] == ALL and row["step"] in (0, last) and (row["step"] == 0) == (row["arm"] == "warm_student")}
+    for arm in ["warm_student", *report["arms"]]:
+        levels.add_row(arm, *(f"{by_key[arm, decoding, seed]:.3f}" for decoding, seed in columns))
+    console.print(levels)
     divergence = Table(title="the warm student against each teacher on its own T=1 episodes (mean over seeds)")
     for header in ("teacher", "horizon", "forward KL", "reverse KL", "top-1 agreement", "top-k overlap"):
         divergence.add_column(header, justify="right")
@@ -195,10 +256,11 @@ def print_report(report: dict, console: Console) -> None:
             divergence.add_row(teacher, group, *(f"{figures[key]:.3f}" for key in
                                                  ("forward_kl", "reverse_kl", "top1_agreement", "topk_overlap")))
     console.print(divergence)
-    curves = Table(title="accuracy per optimizer step, all horizons (mean over seeds)")
-    curves.add_column("arm")
-    for point in next(iter(report["curves"].values()))[ALL]:
-        curves.add_column(str(point["step"]), justify="right")
-    for arm, by_group in report["curves"].items():
-        curves.add_row(arm, *(f"{point['accuracy']:.3f}" for point in by_group[ALL]))
-    console.print(curves)
+    for decoding, figures in report["decodings"].items():
+        curves = Table(title=f"{decoding}: accuracy per optimizer step, all horizons (mean over seeds)")
+        curves.add_column("arm")
+        for point in next(iter(figures["curves"].values()))[ALL]:
+            curves.add_column(str(point["step"]), justify="right")
+        for arm, by_group in figures["curves"].items():
+            curves.add_row(arm, *(f"{point['accuracy']:.3f}" for point in by_group[ALL]))
+        console.print(curves)

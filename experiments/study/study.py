@@ -1,28 +1,31 @@
 """The study end to end: each stage one real command of this repo, run as a subprocess, timed, skipped when done.
 
     python -m experiments.study.study tokenizer=PATH                                  (make study)
-    python -m experiments.study.study tokenizer=PATH 'seeds=[0]' 'arms=[opd]'         (a slice; the baseline runs too)
+    python -m experiments.study.study tokenizer=PATH 'seeds=[0]' 'arms=[kd]'          (a slice: the pilot gates)
 
 1. ``data``: the chain task (``python -m experiments.study.chain_task``): horizons of dependent calculator calls,
-   gold and noise-injected demonstrations, distillation prompts, every held-out problem at every horizon; three
-   splits disjoint by problem.
+   gold demonstrations, distillation prompts, every held-out problem at every horizon; three splits disjoint by
+   problem. ``noisy-data``: the same problems as noise-injected (DART) demonstrations at ``data.value_noise`` and
+   ``data.syntax_noise`` (a stage of its own, so that setting the rates from the pilot reruns nothing else).
 2. ``teacher-gold``: SFT (``opd/sft.py``) of a seeded random init of the teacher's architecture on the gold
-   demonstrations; ``teacher-robust``: that teacher continued by SFT on the noise-injected demonstrations
-   (corrupted calls are context, never targets: it learns the retry after a failed call). Trained from scratch on
-   noisy demonstrations, the same init had not reached the task's cliff after 1000 steps (0.04 held-out); both
-   are evaluated on the held-out problems.
+   demonstrations; ``teacher-robust``: that teacher continued by SFT on the noise-injected demonstrations (noise
+   calls are context, never targets: it learns the retry after a wrong or failed call). The teachers the arms
+   distil are evaluated on the held-out problems under every decoding.
 3. Per seed: ``student``: SFT of the much smaller student architecture from the seed's init on the gold
    demonstrations of ``warm.horizons``, keeping its weights every ``warm.check_every`` steps; ``warm``: the first of
    them whose greedy accuracy on validation prompts reaches ``warm.min_accuracy`` is the warm student every arm of
-   the seed starts from (``python -m experiments.study.warm_start``; the task is learnt at a cliff whose step varies
-   with the seed); it is evaluated (every arm's step 0); ``divergence``: the warm student's KL and top-k overlap
-   against each teacher on its own temperature-1 episodes (``python -m experiments.study.divergence``).
+   the seed starts from (``python -m experiments.study.warm_start``); it is evaluated under every decoding (every
+   arm's step 0); ``divergence``: its KL and top-k overlap against each teacher on its own temperature-1 episodes;
+   ``continuation``: the robust teacher continuing its temperature-1 held-out episodes after their first call error
+   (``python -m experiments.study.continuation``, gate G4).
 4. Per seed and arm (``arm_settings``, or the slice ``arms``): one run from that student with the same optimizer
-   steps, batch and schedule, keeping its weights every ``distill.eval_every`` steps; every kept checkpoint is
-   evaluated on every held-out problem (greedy, one seed, one set of limits), so each arm is a learning curve.
-5. ``report`` (this process, ``experiments.study.report``): per arm, horizon and step, accuracy as mean ± SE over
-   seeds, the paired difference against ``baseline_arm`` on the same problems, recovery after a call error, tool
-   errors, seconds of training; the charts; ``study_summary.json``.
+   steps, batch, schedule and data order, keeping its weights every ``distill.eval_every`` steps; every kept
+   checkpoint is evaluated on every held-out problem under every decoding of ``evaluation.decodings``, so each arm is
+   a learning curve per decoding.
+5. ``report`` (this process, ``experiments.study.report``): the pilot gates (``experiments.study.gates``), per arm,
+   horizon, decoding and step accuracy as mean ± SE over seeds and per seed, the paired difference against
+   ``baseline_arm`` on the same problems, the pre-registered ``endpoint``, recovery and call errors, seconds of
+   training; the charts; ``study_summary.json``.
 
 Stages run ``jobs`` at a time with ``threads`` torch threads each (``experiments.stages``); a stage whose command,
 outputs and inputs are unchanged is skipped, so a rerun continues where the last one stopped.
@@ -52,8 +55,9 @@ from opd.reporting import require_matplotlib
 
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 NO_INTERMEDIATE_SAVES = 1_000_000  # save_interval: only each run's final checkpoint
-DATA_FILES = ("train_demonstrations", "train_noisy_demonstrations", "train_prompts", "warm_demonstrations",
-              "distill_demonstrations", "distill_noisy_demonstrations", "distill_prompts", "heldout_prompts")
+DATA_FILES = ("train_demonstrations", "train_prompts", "warm_demonstrations", "distill_demonstrations",
+              "distill_prompts", "heldout_prompts")
+NOISY_FILES = ("train_noisy_demonstrations", "distill_noisy_demonstrations")
 
 
 def _architecture(block: RecipeModel, prefix: str) -> list[str]:
@@ -101,8 +105,11 @@ class StudyPaths:
         stem = f"{'agent_opd' if entry == 'opd' else 'continued_sft'}_{self.cfg.student.hidden_size}"
         return step_weights_path(self.arm(seed, arm), stem, step)
 
-    def evaluation(self, seed: int | None, name: str) -> Path:
-        return (self.out if seed is None else self.seed(seed)) / "eval" / name
+    def evaluation(self, seed: int | None, name: str, decoding: str) -> Path:
+        return (self.out if seed is None else self.seed(seed)) / "eval" / name / decoding
+
+    def continuation(self, seed: int) -> Path:
+        return self.seed(seed) / "continuation.json"
 
     def divergence(self, seed: int) -> Path:
         return self.seed(seed) / "divergence.json"
@@ -162,29 +169,35 @@ def _arm_command(cfg: StudyConfig, paths: StudyPaths, seed: int, arm: str) -> li
             f"offline.cache_dir={paths.seed(seed) / 'teacher_rollouts'}", *spec.overrides]
 
 
-def _eval_stage(cfg: StudyConfig, paths: StudyPaths, name: str, out: Path,
-                models: dict[str, tuple[Path, RecipeModel]], needs: tuple[str, ...]) -> Stage:
-    """Held-out evaluation of ``models``; every evaluation of the study decodes with these same settings."""
-    e = cfg.evaluation
-    command = [sys.executable, "opd/evaluate.py", f"data={paths.file('heldout_prompts')}", f"tokenizer={cfg.tokenizer}",
-               "device=cpu", f"seed={e.seed}", "sampling=greedy",
-               "models={" + ", ".join(f"{key}: {_model_block(*spec)}" for key, spec in models.items()) + "}",
-               f"batch_size={e.batch_size}", f"rollout.max_turns={e.max_turns}", f"rollout.max_gen_len={e.max_gen_len}",
-               f"rollout.max_total_len={e.max_total_len}", "isolate=false", "chart=false", f"out_dir={out}",
-               f"hydra.run.dir={out / 'run'}"]
-    return Stage(name, command, [out / "evaluation.json"], needs)
+def _eval_stages(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int | None,
+                 models: dict[str, tuple[Path, RecipeModel]], needs: tuple[str, ...]) -> list[Stage]:
+    """Held-out evaluation of ``models`` under every decoding of ``evaluation.decodings``: every evaluation of the
+    study decodes with these same settings (stage ``{name}-eval-{decoding}``)."""
+    e, stages = cfg.evaluation, []
+    for decoding, spec in e.decodings.items():
+        out = paths.evaluation(seed, name, decoding)
+        command = [sys.executable, "opd/evaluate.py", f"data={paths.file('heldout_prompts')}",
+                   f"tokenizer={cfg.tokenizer}", "device=cpu", f"seed={e.seed}", f"sampling={spec.sampling}",
+                   f"samples_per_prompt={spec.samples_per_prompt}",
+                   "models={" + ", ".join(f"{key}: {_model_block(*model)}" for key, model in models.items()) + "}",
+                   f"batch_size={e.batch_size}", f"rollout.max_turns={e.max_turns}",
+                   f"rollout.max_gen_len={e.max_gen_len}", f"rollout.max_total_len={e.max_total_len}", "isolate=false",
+                   "chart=false", f"out_dir={out}", f"hydra.run.dir={out / 'run'}"]
+        prefix = name if seed is None else f"seed{seed}-{name}"
+        stages.append(Stage(f"{prefix}-eval-{decoding}", command, [out / "evaluation.json"], needs))
+    return stages
 
 
 def study_stages(cfg: StudyConfig) -> list[Stage]:
     """The study's commands, each after the stages it reads (see the module doc). Training comes before
     evaluation: of the stages ready to start, the runner starts the first listed."""
-    paths, python = StudyPaths(cfg), sys.executable
-    data = cfg.data
-    stages = [Stage("data", [python, "-m", "experiments.study.chain_task", "--out", str(paths.data),
-                             "--train", str(data.train), "--distill", str(data.distill), "--noise", str(data.noise),
-                             "--seed", str(data.seed), "--horizons", ",".join(map(str, cfg.horizons)),
-                             "--warm-horizons", ",".join(map(str, cfg.warm.horizons))],
-                    [paths.file(name) for name in DATA_FILES])]
+    paths, python, data = StudyPaths(cfg), sys.executable, cfg.data
+    task = [python, "-m", "experiments.study.chain_task", "--out", str(paths.data), "--train", str(data.train),
+            "--distill", str(data.distill), "--seed", str(data.seed), "--horizons", ",".join(map(str, cfg.horizons)),
+            "--warm-horizons", ",".join(map(str, cfg.warm.horizons))]
+    stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES]),
+              Stage("noisy-data", [*task, "--part", "noisy", "--value-noise", str(data.value_noise),
+                                   "--syntax-noise", str(data.syntax_noise)], [paths.file(name) for name in NOISY_FILES])]
     evaluations = []
     stages.append(Stage("teacher-gold", _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed,
                                                      paths.file("train_demonstrations"), paths.teacher("gold").parent,
@@ -192,17 +205,18 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     stages.append(Stage("teacher-robust", _sft_command(
         cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_noisy_demonstrations"),
         paths.teacher("robust").parent, "teacher_robust", start=paths.teacher("gold")),
-        [paths.teacher("robust")], ("teacher-gold",)))
-    for kind in ("gold", "robust"):
-        evaluations.append(_eval_stage(cfg, paths, f"teacher-{kind}-eval", paths.evaluation(None, f"teacher_{kind}"),
-                                       {kind: (paths.teacher(kind), cfg.teacher)}, (f"teacher-{kind}",)))
+        [paths.teacher("robust")], ("teacher-gold", "noisy-data")))
+    teachers = cfg.teachers
+    for kind in teachers:
+        evaluations += _eval_stages(cfg, paths, f"teacher_{kind}", None, {kind: (paths.teacher(kind), cfg.teacher)},
+                                    (f"teacher-{kind}",))
     steps = curve_steps(cfg)
+    w, d, e = cfg.warm, cfg.distill, cfg.evaluation
     for seed in cfg.seeds:
         prefix = f"seed{seed}"
         stages.append(Stage(f"{prefix}-student-sft", _sft_command(
             cfg, cfg.student, "student", seed, paths.file("warm_demonstrations"), paths.student_sft(seed).parent,
-            "student_sft", keep_every=cfg.warm.check_every), [paths.student_sft(seed)], ("data",)))
-        w, d = cfg.warm, cfg.distill
+            "student_sft", keep_every=w.check_every), [paths.student_sft(seed)], ("data",)))
         stages.append(Stage(f"{prefix}-student", [
             python, "-m", "experiments.study.warm_start", "--run-dir", str(paths.student_sft(seed).parent),
             "--stem", paths.student_sft(seed).stem, "--arch", _arch_flag(cfg.student),
@@ -210,25 +224,35 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--prompts", str(w.prompts), "--min-accuracy", str(w.min_accuracy), "--max-turns", str(d.max_turns),
             "--max-gen-len", str(d.max_gen_len), "--max-total-len", str(d.max_total_len),
             "--out", str(paths.student(seed))], [paths.student(seed)], (f"{prefix}-student-sft",)))
-        evaluations.append(_eval_stage(cfg, paths, f"{prefix}-student-eval", paths.evaluation(seed, "student"),
-                                       {"student": (paths.student(seed), cfg.student)}, (f"{prefix}-student",)))
+        evaluations += _eval_stages(cfg, paths, "student", seed, {"student": (paths.student(seed), cfg.student)},
+                                    (f"{prefix}-student",))
         evaluations.append(Stage(f"{prefix}-divergence", [
             python, "-m", "experiments.study.divergence", "--data", str(paths.file("distill_prompts")),
             "--tokenizer", str(cfg.tokenizer), "--student", str(paths.student(seed)),
-            "--student-arch", _arch_flag(cfg.student), "--teacher", f"gold={paths.teacher('gold')}",
-            "--teacher", f"robust={paths.teacher('robust')}", "--teacher-arch", _arch_flag(cfg.teacher),
+            "--student-arch", _arch_flag(cfg.student),
+            *(flag for kind in teachers for flag in ("--teacher", f"{kind}={paths.teacher(kind)}")),
+            "--teacher-arch", _arch_flag(cfg.teacher),
             "--prompts", str(cfg.divergence.prompts), "--top-k", str(cfg.divergence.top_k), "--seed", str(seed),
-            "--max-turns", str(cfg.distill.max_turns), "--max-gen-len", str(cfg.distill.max_gen_len),
-            "--max-total-len", str(cfg.distill.max_total_len), "--out", str(paths.divergence(seed))],
-            [paths.divergence(seed)], (f"{prefix}-student", "teacher-gold", "teacher-robust")))
+            "--max-turns", str(d.max_turns), "--max-gen-len", str(d.max_gen_len),
+            "--max-total-len", str(d.max_total_len), "--out", str(paths.divergence(seed))],
+            [paths.divergence(seed)], (f"{prefix}-student", *(f"teacher-{kind}" for kind in teachers))))
+        student_t1 = paths.evaluation(seed, "student", "t1")
+        evaluations.append(Stage(f"{prefix}-continuation", [
+            python, "-m", "experiments.study.continuation", "--episodes", str(student_t1 / "episodes_student.jsonl"),
+            "--data", str(paths.file("heldout_prompts")), "--tokenizer", str(cfg.tokenizer),
+            "--teacher", str(paths.teacher("robust")), "--teacher-arch", _arch_flag(cfg.teacher),
+            "--sampling", e.decodings["t1"].sampling, "--seed", str(seed), "--batch-size", str(e.batch_size),
+            "--max-turns", str(e.max_turns), "--max-gen-len", str(e.max_gen_len),
+            "--max-total-len", str(e.max_total_len), "--out", str(paths.continuation(seed))],
+            [paths.continuation(seed)], (f"{prefix}-student-eval-t1", "teacher-robust")))
         for arm in cfg.running_arms:
             spec = cfg.arm_settings[arm]
             checkpoints = {f"step{step}": (paths.arm_checkpoint(seed, arm, step), cfg.student) for step in steps}
-            needs = (f"{prefix}-student", *([f"teacher-{spec.teacher}"] if spec.entry == "opd" else []))
+            needs = (f"{prefix}-student", *([f"teacher-{spec.teacher}"] if spec.entry == "opd" else []),
+                     *(["noisy-data"] if spec.data in NOISY_FILES else []))
             stages.append(Stage(f"{prefix}-{arm}", _arm_command(cfg, paths, seed, arm),
                                 [path for path, _ in checkpoints.values()], needs))
-            evaluations.append(_eval_stage(cfg, paths, f"{prefix}-{arm}-eval", paths.evaluation(seed, arm), checkpoints,
-                                           (f"{prefix}-{arm}",)))
+            evaluations += _eval_stages(cfg, paths, arm, seed, checkpoints, (f"{prefix}-{arm}",))
     return stages + evaluations
 
 
@@ -250,7 +274,8 @@ def run(cfg: StudyConfig) -> dict:
     charts = write_study_charts(report, out)
     print_report(report, console)
     stage_wall = {name: result["wall_s"] for name, result in results.items()}
-    summary = {"seeds": list(cfg.seeds), "horizons": list(cfg.horizons), "results": summary_results(report),
+    summary = {"seeds": list(cfg.seeds), "horizons": list(cfg.horizons), "gates": report["gates"],
+               "endpoint": report["endpoint"], "results": summary_results(report), "per_seed": report["per_seed"],
                "wall_s": wall, "stage_wall_s": stage_wall, "stage_wall_s_total": sum(stage_wall.values()),
                "reused_stages": [name for name, r in results.items() if r["reused"]],
                "commands": {stage.name: stage.command for stage in stages}, "report": report,

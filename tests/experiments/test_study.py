@@ -10,7 +10,9 @@ from dataclasses import asdict
 
 import pytest
 
+from experiments.charts import write_study_charts
 from experiments.study.config import StudyConfig
+from experiments.study.gates import intermediate_calls
 from experiments.study.report import checkpoint_scores, study_report, summary_results
 from experiments.study.study import StudyPaths, curve_steps, study_stages
 from opd.config import ConfigError, parse_config
@@ -48,15 +50,21 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
             assert start == str(paths.student(seed))
             if spec.entry == "opd":
                 assert argument(run.command, "teacher.checkpoint") == str(paths.teacher(spec.teacher))
-                assert run.needs == (f"seed{seed}-student", f"teacher-{spec.teacher}")
+                noisy = ("noisy-data",) if spec.data == "distill_noisy_demonstrations" else ()
+                assert run.needs == (f"seed{seed}-student", f"teacher-{spec.teacher}", *noisy)
                 assert all(override in run.command for override in spec.overrides)
             assert argument(run.command, "data") == str(paths.file(spec.data))
-    assert cfg.arm_settings["kd"].teacher == "robust" and cfg.arm_settings["opd_gold_teacher"].teacher == "gold"
+    assert {spec.teacher for spec in cfg.arm_settings.values()} == {"robust"}
+    assert set(cfg.arm_settings) == {"kd", "kd_dart", "opd", "opd_rkl", "opd_greedy"}
     robust = stages["teacher-robust"]
     assert argument(robust.command, "data") == str(paths.file("train_noisy_demonstrations"))
     assert argument(stages["teacher-gold"].command, "data") == str(paths.file("train_demonstrations"))
     # the robust teacher continues the gold one: the same architecture and schedule, its own steps and data
-    assert robust.needs == ("teacher-gold",) and argument(robust.command, "model.checkpoint") == str(paths.teacher("gold"))
+    assert robust.needs == ("teacher-gold", "noisy-data")
+    assert argument(robust.command, "model.checkpoint") == str(paths.teacher("gold"))
+    # the noise rates reach the noisy files' stage only: setting them from the pilot reruns nothing else
+    noisy = stages["noisy-data"].command
+    assert noisy[noisy.index("--value-noise") + 1] == str(cfg.data.value_noise) and "--value-noise" not in stages["data"].command
     assert "from_scratch=true" in stages["teacher-gold"].command and "from_scratch=true" not in robust.command
     assert argument(robust.command, "max_steps") == str(cfg.sft.robust_teacher_steps)
     varying = ("data=", "save_prefix=", "out_dir=", "hydra.run.dir=", "from_scratch=", "model.checkpoint=",
@@ -65,38 +73,53 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
         p for p in stages["teacher-gold"].command if not p.startswith(varying)]
 
 
-def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_settings(tmp_path):
+def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_settings_per_decoding(tmp_path):
+    """Each checkpoint is evaluated under both decodings: T=1 with 4 samples per problem (the rollouts' decoding)
+    and greedy (the negative control); within a decoding every evaluation has the same command but its models."""
     cfg = study_config(tmp_path, "seeds=[0,1]")
-    evaluations = [stage for stage in study_stages(cfg) if stage.name.endswith("eval")]
-    assert len(evaluations) == 2 + 2 * (1 + len(cfg.arm_settings))
+    stages = study_stages(cfg)
+    for decoding, sampling, samples in (("t1", "opd_rollout", "4"), ("greedy", "greedy", "1")):
+        evaluations = [stage for stage in stages if stage.name.endswith(f"eval-{decoding}")]
+        assert len(evaluations) == 1 + 2 * (1 + len(cfg.arm_settings))  # the teacher; per seed the student and arms
 
-    def decoding(stage):
-        return [part for part in stage.command if not part.startswith(("models=", "out_dir=", "hydra.run.dir="))]
+        def settings(stage):
+            return [part for part in stage.command if not part.startswith(("models=", "out_dir=", "hydra.run.dir="))]
 
-    assert all(decoding(stage) == decoding(evaluations[0]) for stage in evaluations)
-    assert "sampling=greedy" in evaluations[0].command
-    assert argument(evaluations[0].command, "data") == str(StudyPaths(cfg).file("heldout_prompts"))
+        assert all(settings(stage) == settings(evaluations[0]) for stage in evaluations)
+        assert argument(evaluations[0].command, "sampling") == sampling
+        assert argument(evaluations[0].command, "samples_per_prompt") == samples
+        assert argument(evaluations[0].command, "data") == str(StudyPaths(cfg).file("heldout_prompts"))
+        assert all(argument(stage.command, "rollout.max_turns") == "14" for stage in evaluations)
+    continuation = next(stage for stage in stages if stage.name == "seed1-continuation")
+    assert continuation.needs == ("seed1-student-eval-t1", "teacher-robust")
 
 
 def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_path):
-    cfg = study_config(tmp_path, "seeds=[2]", "arms=[opd]", "horizons=[4]", "warm.horizons=[4]")
+    cfg = study_config(tmp_path, "seeds=[2]", "arms=[opd]", "horizons=[4]", "warm.horizons=[4]", "endpoint.horizon=4")
     names = {stage.name for stage in study_stages(cfg)}
-    assert {"seed2-kd", "seed2-opd", "seed2-kd-eval", "seed2-opd-eval"} <= names
+    assert {"seed2-kd", "seed2-opd", "seed2-kd-eval-t1", "seed2-opd-eval-greedy"} <= names
     assert not any(name.startswith("seed0") for name in names)
-    assert {name for name in names if name.startswith("seed2-") and not name.endswith("-eval")} == {
-        "seed2-kd", "seed2-opd", "seed2-student-sft", "seed2-student", "seed2-divergence"}
+    assert {name for name in names if name.startswith("seed2-") and "-eval-" not in name} == {
+        "seed2-kd", "seed2-opd", "seed2-student-sft", "seed2-student", "seed2-divergence", "seed2-continuation"}
     data = next(stage for stage in study_stages(cfg) if stage.name == "data")
     assert data.command[data.command.index("--horizons") + 1] == "4"
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["arms=[nope]"], "arms must be a list of arm names among kd, kd_noisy"),
+    (["arms=[nope]"], "arms must be a list of arm names among kd, kd_dart"),
     (["horizons=[1,9]"], "horizons must be a non-empty list of distinct horizons among [1, 2, 3, 4, 5, 6]"),
-    (["distill.max_turns=6"], "distill.max_turns must be at least 2 * max(horizons) + 1 = 9"),
-    (["evaluation.max_turns=4", "horizons=[1,2]", "warm.horizons=[1,2]"], "evaluation.max_turns must be at least 2 * max(horizons) + 1 = 5"),
+    (["distill.max_turns=13"], "distill.max_turns must be at least 2 * max(horizons) + 2 = 14"),
+    (["evaluation.max_turns=5", "horizons=[1,2]", "warm.horizons=[1,2]", "endpoint.horizon=2"],
+     "evaluation.max_turns must be at least 2 * max(horizons) + 2 = 6"),
     (["baseline_arm=best"], "baseline_arm must be one of the arms"),
     (["arm_settings.kd.teacher=none"], "arm_settings.kd.teacher must be none for an sft arm and gold or robust"),
-    (["data.noise=1.0"], "data.noise must be in (0, 1), got 1.0"),
+    (["data.value_noise=1.0"], "data.value_noise must be in [0, 1), got 1.0"),
+    (["data.value_noise=0.6", "data.syntax_noise=0.5"], "data.syntax_noise must be below 1 - data.value_noise = 0.4"),
+    (["endpoint.arm=kd"], "endpoint.arm must be an arm other than the baseline (kd)"),
+    (["endpoint.horizon=3"], "endpoint.horizon must be one of [1, 2, 4, 6]"),
+    (["endpoint.decoding=beam"], "endpoint.decoding must be one of t1, greedy"),
+    (["~gates.G5_kd_recovery"], "gates: expected exactly the keys"),
+    (["evaluation.decodings.t1.samples_per_prompt=0"], "evaluation.decodings.t1.samples_per_prompt must be an integer >= 1"),
     (["warm.horizons=[3]"], "warm.horizons must be a non-empty subset of horizons, got [3]"),
     (["distill.steps=150", "distill.eval_every=500"], "distill.eval_every must be at most distill.steps (150)"),
 ])
@@ -143,52 +166,91 @@ def test_checkpoint_scores_average_a_problems_samples(tmp_path):
     assert scores[1]["correct"] == {1: 1.0, 2: 0.5} and scores["all"]["correct"] == {1: 1.0, 2: 0.5, 3: 0.0}
 
 
-def test_the_report_pairs_every_arm_with_the_baseline_per_horizon(tmp_path):
-    """Two seeds, two arms, four held-out problems (two per horizon): accuracies and paired differences by hand."""
+def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(tmp_path):
+    """Two seeds, two arms, four held-out problems (two per horizon), two decodings: accuracies, per-seed levels,
+    paired differences and the endpoint by hand."""
     cfg = study_config(tmp_path, "seeds=[0,1]", "arms=[opd]", "horizons=[1,2]", "warm.horizons=[1]", "distill.steps=10",
-                       "distill.eval_every=10")
+                       "distill.eval_every=10", "endpoint.horizon=2", "distill.max_turns=6", "evaluation.max_turns=6")
     paths = StudyPaths(cfg)
     write_heldout(paths.file("heldout_prompts"), [1, 1, 2, 2])
     data = paths.file("heldout_prompts")
-    for kind in ("gold", "robust"):
-        directory = paths.evaluation(None, f"teacher_{kind}")
-        write_episodes(directory, kind, {line: (True, ["ok"]) for line in range(1, 5)}, data)
-        (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": kind}]}))
-    # correctness per seed, line 1..4 (lines 1-2: horizon 1, lines 3-4: horizon 2)
+    # correctness per seed, line 1..4 (lines 1-2: horizon 1, lines 3-4: horizon 2); greedy: every episode correct
     table = {("student", 0): [1, 0, 0, 0], ("student", 1): [1, 1, 0, 0],
              ("kd", 0): [1, 1, 0, 0], ("kd", 1): [1, 0, 1, 0],
              ("opd", 0): [1, 1, 1, 0], ("opd", 1): [1, 1, 1, 1]}
-    for (name, seed), correct in table.items():
-        directory = paths.evaluation(seed, name)
-        checkpoint = "student" if name == "student" else "step10"
-        write_episodes(directory, checkpoint, {line: (bool(c), ["ok"] if c else ["ok", "malformed"])
-                                               for line, c in enumerate(correct, 1)}, data)
-        (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": checkpoint}]}))
-        if name != "student":
+    for decoding in ("t1", "greedy"):
+        directory = paths.evaluation(None, "teacher_robust", decoding)
+        write_episodes(directory, "robust", {line: (line != 4 or decoding == "greedy", ["ok"]) for line in range(1, 5)},
+                       data)
+        (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": "robust"}]}))
+        for (name, seed), correct in table.items():
+            directory = paths.evaluation(seed, name, decoding)
+            checkpoint = "student" if name == "student" else "step10"
+            write_episodes(directory, checkpoint, {line: (bool(c) or decoding == "greedy",
+                                                          ["ok"] if c else ["ok", "malformed"])
+                                                   for line, c in enumerate(correct, 1)}, data)
+            (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": checkpoint}]}))
+    for seed in (0, 1):
+        for name in ("kd", "opd"):
             (paths.arm(seed, name) / "run").mkdir(parents=True)
             (paths.arm(seed, name) / "run" / "metrics.jsonl").write_text(json.dumps({"step": 10, "elapsed_s": 7.0 + seed}))
-    for seed in (0, 1):
-        paths.divergence(seed).parent.mkdir(parents=True, exist_ok=True)
         paths.divergence(seed).write_text(json.dumps({"teachers": {"robust": {"all": {"forward_kl": 0.1 * (seed + 1)}}}}))
+        paths.continuation(seed).write_text(json.dumps({"continued": 4, "correct": 3 - seed}))
     report = study_report(cfg, paths, curve_steps(cfg))
-    final = {arm: {h: report["curves"][arm][h][-1] for h in (1, 2)} for arm in ("kd", "opd")}
+    t1, greedy = report["decodings"]["t1"], report["decodings"]["greedy"]
+    final = {arm: {h: t1["curves"][arm][h][-1] for h in (1, 2)} for arm in ("kd", "opd")}
     assert final["kd"][1]["accuracy"] == pytest.approx(0.75) and final["kd"][2]["accuracy"] == pytest.approx(0.25)
     assert final["opd"][1]["accuracy"] == pytest.approx(1.0) and final["opd"][2]["accuracy"] == pytest.approx(0.75)
     assert final["opd"][2]["se"] == pytest.approx(0.25)  # seeds 0.5 and 1.0: sd 0.354 / sqrt(2)
-    assert report["student"][1][0]["accuracy"] == pytest.approx(0.75)  # every arm's step 0
-    paired = report["paired_vs_baseline"]["opd"][2][-1]
+    assert t1["student"][1][0]["accuracy"] == pytest.approx(0.75)  # every arm's step 0
+    assert greedy["curves"]["opd"][2][-1]["accuracy"] == 1.0 and greedy["paired_vs_baseline"]["opd"][2][-1]["mean"] == 0
+    paired = t1["paired_vs_baseline"]["opd"][2][-1]
     assert paired["per_seed"] == pytest.approx([0.5, 0.5]) and paired["mean"] == pytest.approx(0.5)
     assert paired["se_seeds"] == pytest.approx(0.0)
+    endpoint = report["endpoint"]
+    assert endpoint["minus_kd_per_seed"] == pytest.approx([0.5, 0.5])
+    assert {key: value for key, value in endpoint.items() if key != "minus_kd_per_seed"} == pytest.approx(
+        {"arm": "opd", "horizon": 2, "decoding": "t1", "step": 10, "minus_kd": 0.5, "minus_kd_se": 0.0, "seeds": 2})
+    levels = {(r["arm"], r["seed"], r["horizon"], r["decoding"], r["step"]): r["accuracy"] for r in report["per_seed"]}
+    assert levels["opd", 0, 2, "t1", 10] == 0.5 and levels["opd", 1, 2, "t1", 10] == 1.0
+    assert levels["warm_student", 1, "all", "t1", 0] == 0.5 and levels["kd", 0, "all", "greedy", 10] == 1.0
+    assert len(report["per_seed"]) == 2 * 2 * 3 * (1 + 2)  # decodings x seeds x groups x (student + arms)
+    teacher = t1["teachers"]["robust"]["all"]
+    assert teacher["accuracy"] == 0.75 and teacher["se_problems"] == pytest.approx(0.25)  # sd 0.5 / sqrt(4)
     assert report["divergence"]["robust"]["all"]["forward_kl"] == pytest.approx(0.15)
     assert final["opd"][2]["wall_s"] == pytest.approx(7.5)
     assert final["kd"][2]["recovery_rate"] == pytest.approx(0.0)  # every episode with a failed call was wrong
+    gates = report["gates"]
+    assert gates["G0_teacher_t1_accuracy"] == {**gates["G0_teacher_t1_accuracy"], "value": 0.75, "passed": False}
+    assert gates["G3_kd_horizon_drop"]["value"] == pytest.approx(0.5) and gates["G3_kd_horizon_drop"]["passed"]
+    assert gates["G4_teacher_continuation"]["value"] == pytest.approx(5 / 8) and not gates["G4_teacher_continuation"]["passed"]
+    assert gates["G5_kd_recovery"]["value"] == 0.0 and gates["G5_kd_recovery"]["direction"] == "at most"
+    assert gates["G5_kd_recovery"]["passed"] is True
+    assert gates["G1_student_intermediate_errors"]["value"] is None  # these rows carry no expected calls
     rows = summary_results(report)
-    assert {(row["arm"], row["horizon"]) for row in rows} == {(a, h) for a in ("kd", "opd") for h in (1, 2)}
-    opd_h2 = next(row for row in rows if row["arm"] == "opd" and row["horizon"] == 2)
+    assert {(row["arm"], row["horizon"], row["decoding"]) for row in rows} == {
+        (a, h, d) for a in ("kd", "opd") for h in (1, 2) for d in ("t1", "greedy")}
+    opd_h2 = next(row for row in rows if row["arm"] == "opd" and row["horizon"] == 2 and row["decoding"] == "t1")
     assert {key: opd_h2[key] for key in ("on_policy", "accuracy", "se", "minus_kd", "minus_kd_se")} == pytest.approx(
         {"on_policy": True, "accuracy": 0.75, "se": 0.25, "minus_kd": 0.5, "minus_kd_se": 0.0})
     kd_h1 = next(row for row in rows if row["arm"] == "kd" and row["horizon"] == 1)
     assert kd_h1["on_policy"] is False and kd_h1["minus_kd"] == 0.0
+    charts = write_study_charts(report, tmp_path / "charts")
+    assert [chart.name for chart in charts] == ["accuracy_vs_horizon.png", "accuracy_vs_steps.png"]
+    assert all(chart.read_bytes().startswith(b"\x89PNG") for chart in charts)
+
+
+def test_intermediate_calls_are_those_past_the_first_expected_call_and_within_the_horizon():
+    """An H=3 episode: a correct first call (not intermediate), a wrong value at position 1, its retry, broken JSON
+    at position 2, a correct call, an extra call (past the horizon): the intermediate calls and which errors can be
+    recovered from (answered by the tool world, with a turn left)."""
+    call = '<tool_call>{"name": "calculate_math", "arguments": {"expression": "1"}}</tool_call>'
+    row = {"expected_calls": 3, "turn_texts": [call, call, call, "<tool_call>{broken</tool_call>", call, call, "ok"],
+           "call_types": ["correct", "wrong_value", "correct", "broken_json", "correct", "extra_call"]}
+    assert intermediate_calls(row, max_turns=10) == [("wrong_value", True), ("correct", True), ("broken_json", False),
+                                                     ("correct", True)]
+    assert intermediate_calls(row, max_turns=2)[0] == ("wrong_value", False)  # its turn (the 2nd) was the last one
+    assert intermediate_calls({**row, "expected_calls": None}, max_turns=10) == []
 
 
 @pytest.mark.slow
@@ -196,10 +258,11 @@ def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_pa
     """Every stage of a minute-sized study (one seed, two arms, one horizon) runs as its real command, then a
     second invocation skips them all."""
     tiny = [f"out_dir={tmp_path}", f"tokenizer={tokenizer_path}", "seeds=[0]", "arms=[opd]", "horizons=[1]", "warm.horizons=[1]", "warm.check_every=1", "warm.prompts=2", "warm.min_accuracy=0",
+            "endpoint.horizon=1",
             "data.train=6", "data.distill=4", "teacher.sft_steps=2", "student.sft_steps=2", "teacher.hidden_size=32",
             "teacher.num_hidden_layers=1", "student.hidden_size=32", "student.num_hidden_layers=1", "distill.steps=2",
             "distill.eval_every=1", "distill.batch_size=2", "distill.max_gen_len=8", "evaluation.max_gen_len=8",
-            "divergence.prompts=2", "distill.max_turns=3", "evaluation.max_turns=3"]
+            "divergence.prompts=2", "distill.max_turns=4", "evaluation.max_turns=4"]
     command = [sys.executable, "-m", "experiments.study.study", *tiny]
     first = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -257,3 +320,70 @@ def test_the_warm_start_is_the_first_kept_checkpoint_reaching_the_threshold(tmp_
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.startswith(f"error: no SFT checkpoint in {run} reached validation accuracy 1.0")
     assert [row["step"] for row in json.loads((tmp_path / "warm.json").read_text())["measured"]] == [50, 100]
+
+
+def continuation_rows(data) -> list[dict]:
+    """Scripted T=1 episodes of the held-out prompt on line 1, (13 - 6) % 20 at every step: a wrong value at the
+    second call, broken JSON at the first call, a wrong value in the last allowed turn, and a clean episode."""
+    def call(expression):
+        return f'<tool_call>{{"name": "calculate_math", "arguments": {{"expression": "{expression}"}}}}</tool_call><|im_end|>'
+
+    base = {"source": f"{data}:1", "stop_reason": "answer", "final_answer": "", "correct": False, "turns": 3,
+            "assistant_tokens": 9, "teacher_tokens": 0, "call_statuses": [], "expected_calls": 4, "gt": []}
+    return [
+        {**base, "sample": 0, "turn_texts": [call("(13 - 6) % 20"), call("(7 - 5) % 20"), "The result is 1.<|im_end|>"],
+         "call_types": ["correct", "wrong_value"]},
+        {**base, "sample": 1, "turn_texts": ["<tool_call>{oops</tool_call><|im_end|>"], "call_types": ["broken_json"]},
+        {**base, "sample": 2, "turn_texts": [call("(13 - 6) % 20")] * 3 + [call("(1 - 7) % 20")],
+         "call_types": ["correct"] * 3 + ["wrong_value"]},
+        {**base, "sample": 3, "turn_texts": [call("(13 - 6) % 20"), "The result is 7.<|im_end|>"], "call_types": ["correct"]},
+    ]
+
+
+def test_the_teacher_continues_each_recoverable_post_error_prefix_with_the_turns_left(tmp_path):
+    """The prefix ends with the first error's turn and the tool world's observations of every call turn before it;
+    broken JSON (no observation: the episode ended) and an error in the last allowed turn are not continued."""
+    from common.chat_records import load_agent_records
+    from experiments.study.chain_task import make_record
+    from experiments.study.continuation import continuation_records, first_error
+
+    data = tmp_path / "heldout.jsonl"
+    data.write_text(json.dumps(make_record((13, "-", 6), 4, demonstration=False)) + "\n")
+    record = load_agent_records(data)[0][0]
+    rows = continuation_rows(data)
+    assert [first_error(row) for row in rows] == [(1, 1, "wrong_value"), (0, 0, "broken_json"), (3, 3, "wrong_value"),
+                                                  None]
+    by_budget, skipped = continuation_records(rows, {record.source: record}, 4, "<|im_end|>")
+    assert skipped == {"broken_json": 1, "no_turn_left": 1}
+    [(prefix, kind)] = by_budget[2]  # 4 turns allowed, 2 used
+    assert kind == "wrong_value" and list(by_budget) == [2]
+    assert prefix.source == f"{data}:1#sample0" and prefix.gt == record.gt and prefix.tools == record.tools
+    added = prefix.messages[len(record.messages):]
+    assert [(m["role"], m["content"]) for m in added] == [
+        ("assistant", rows[0]["turn_texts"][0].removesuffix("<|im_end|>")), ("tool", '{"result": "7"}'),
+        ("assistant", rows[0]["turn_texts"][1].removesuffix("<|im_end|>")), ("tool", '{"result": "2"}')]
+
+
+def test_the_continuation_command_writes_its_counts(tmp_path, tokenizer_path):
+    """A random tiny teacher continues the one recoverable prefix: the report counts it (whatever the answer)."""
+    import torch
+
+    from common.minimind.model import MiniMindArch, build_model, save_native
+    from experiments.study.chain_task import make_record
+    from experiments.study.continuation import main
+
+    data = tmp_path / "heldout.jsonl"
+    data.write_text(json.dumps(make_record((13, "-", 6), 4, demonstration=False)) + "\n")
+    episodes = tmp_path / "episodes_student.jsonl"
+    episodes.write_text("".join(json.dumps(row) + "\n" for row in continuation_rows(data)))
+    torch.manual_seed(0)
+    save_native(build_model(MiniMindArch(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1)), tmp_path / "teacher.pth")
+    result = run_main(main, "--episodes", str(episodes), "--data", str(data), "--tokenizer", str(tokenizer_path),
+                      "--teacher", str(tmp_path / "teacher.pth"), "--teacher-arch", "32,1,2,1", "--max-turns", "4",
+                      "--max-gen-len", "4", "--out", str(tmp_path / "continuation.json"), hydra=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "continuation.json").read_text())
+    assert {key: report[key] for key in ("episodes", "error_episodes", "continued", "not_continued")} == {
+        "episodes": 4, "error_episodes": 3, "continued": 1, "not_continued": {"broken_json": 1, "no_turn_left": 1}}
+    assert report["by_first_error"]["wrong_value"]["continued"] == 1 and report["rate"] in (0.0, 1.0)

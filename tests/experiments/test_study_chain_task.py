@@ -30,7 +30,8 @@ from tools.tool_environment import execute_call
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
     out = tmp_path_factory.mktemp("chain")
-    return out, write_task(out, train=40, distill=20, seed=5, noise=0.5)
+    write_task(out, train=40, distill=20, seed=5, part="noisy", value_noise=0.3, syntax_noise=0.2)
+    return out, write_task(out, train=40, distill=20, seed=5)
 
 
 def rows(path) -> list[dict]:
@@ -65,7 +66,20 @@ def test_gold_and_noisy_files_hold_the_same_problems_in_the_same_order(task):
                                 for kind in ("demonstrations", "noisy_demonstrations", "prompts"))
         assert [(triple_of(r), r["task"]["horizon"]) for r in gold] == [
             (triple_of(r), r["task"]["horizon"]) for r in noisy] == [(triple_of(r), r["task"]["horizon"]) for r in prompts]
-        assert [len([r for r in gold if r["task"]["horizon"] == h]) for h in HORIZONS] == [len(gold) // 3] * 3
+        assert [len([r for r in gold if r["task"]["horizon"] == h]) for h in HORIZONS] == [len(gold) // 4] * 4
+
+
+def test_the_noise_rates_change_the_noisy_files_and_nothing_else(tmp_path):
+    """The noisy part has its own generator: the task's files are the same bytes whatever the rates, so the study
+    can set them from the pilot and rerun only the stages that read the noisy files."""
+    for name, value in (("a", 0.1), ("b", 0.4)):
+        write_task(tmp_path / name, train=10, distill=5, seed=3)
+        write_task(tmp_path / name, train=10, distill=5, seed=3, part="noisy", value_noise=value, syntax_noise=0.1)
+    for file in ("train_demonstrations", "train_prompts", "distill_prompts", "heldout_prompts", "warm_demonstrations"):
+        assert (tmp_path / "a" / f"{file}.jsonl").read_bytes() == (tmp_path / "b" / f"{file}.jsonl").read_bytes()
+    a, b = (rows(tmp_path / name / "train_noisy_demonstrations.jsonl") for name in "ab")
+    assert [(triple_of(r), r["task"]["horizon"]) for r in a] == [(triple_of(r), r["task"]["horizon"]) for r in b]
+    assert a != b
 
 
 def replay(turns: list[dict]) -> list[tuple[str, str]]:
@@ -82,9 +96,9 @@ def replay(turns: list[dict]) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("horizon", HORIZONS)
 def test_each_call_needs_the_previous_observation_and_the_answer_the_last(horizon):
     for triple in random.Random(horizon).sample(all_triples(), 30):
-        turns, gt, mistakes = solve(triple, horizon)
+        turns, gt, noise = solve(triple, horizon)
         calls = replay(turns)
-        assert mistakes == 0 and len(calls) == horizon
+        assert noise == {"confused": 0, "corrupted": 0} and len(calls) == horizon
         value = triple[0]
         for expression, observation in calls:
             assert expression.startswith(f"({value} ")  # the argument is the previous observation's result
@@ -110,27 +124,47 @@ def test_a_prompt_carries_its_gold_calls_for_the_evaluations_classifier(tmp_path
     assert "expected_calls" not in make_record((13, "-", 6), 4, demonstration=True)
 
 
-def test_noisy_calls_are_invalid_get_the_tool_worlds_error_and_are_retried_correctly():
-    rng, corrupted = random.Random(0), 0
-    for triple in all_triples()[:60]:
-        turns, gt, mistakes = solve(triple, 4, noise=0.5, rng=rng)
-        gold, _, _ = solve(triple, 4)
-        calls, weights = replay(turns), [turn.get("weight", 1) for turn in turns[:-1:2]]
-        assert [call for call, weight in zip(calls, weights, strict=True) if weight == 1] == replay(gold)
-        for (_, observation), weight in zip(calls, weights, strict=True):
-            assert ("error" in json.loads(observation)) == (weight == 0)
-        assert weights.count(0) == mistakes and gt == solve(triple, 4)[1]
-        corrupted += mistakes
-    assert 0.4 < corrupted / (60 * 4) < 0.6
+def test_a_noise_call_is_a_confused_or_corrupted_step_then_the_retry_from_the_last_correct_value():
+    """A confused call runs (one number wrong: the input value or k) and returns a wrong result; a corrupted call gets
+    the tool world's error; either is followed by the correct call from the last correct value, so the weight-1
+    calls are exactly the gold episode's; the rates are those asked for."""
+    rng, counts, calls_made = random.Random(0), {"confused": 0, "corrupted": 0}, 0
+    for triple in all_triples():
+        for horizon in (2, 6):
+            turns, gt, noise = solve(triple, horizon, value_noise=0.3, syntax_noise=0.1, rng=rng)
+            gold, gold_gt, _ = solve(triple, horizon)
+            calls, weights = replay(turns), [turn.get("weight", 1) for turn in turns[:-1:2]]
+            assert [call for call, weight in zip(calls, weights, strict=True) if weight == 1] == replay(gold)
+            assert gt == gold_gt and weights.count(0) == sum(noise.values())
+            for index, ((expression, observation), weight) in enumerate(zip(calls, weights, strict=True)):
+                if weight == 1:
+                    continue
+                retry, _ = calls[index + 1]
+                assert weights[index + 1] == 1  # the retry follows at once
+                if "error" in json.loads(observation):  # corrupted: an invalid expression of the same step
+                    assert expression in (retry[:-3], retry.replace(") %", " %"))  # truncated, unbalanced
+                else:  # confused: a valid expression, one number other than the retry's, another result
+                    wrong, right = expression.replace("(", " ").replace(")", " ").split(), retry.replace(
+                        "(", " ").replace(")", " ").split()
+                    assert len(wrong) == len(right) and sum(a != b for a, b in zip(wrong, right, strict=True)) == 1
+                    assert json.loads(observation)["result"] != json.loads(calls[index + 1][1])["result"]
+            for kind in counts:
+                counts[kind] += noise[kind]
+            calls_made += horizon
+    assert 0.27 < counts["confused"] / calls_made < 0.33 and 0.08 < counts["corrupted"] / calls_made < 0.12
 
 
-def test_a_corrupted_call_is_context_and_its_retry_a_target(task, tokenizer):
+def test_a_noise_call_is_context_and_its_retry_a_target(task, tokenizer):
     out, _ = task
     chat_format = ChatFormat(tokenizer)
     demonstrations, _ = load_demonstrations(out / "train_noisy_demonstrations.jsonl")
-    noisy = next(d for d in demonstrations if any(m.get("weight") == 0 for m in d.messages))
-    episode = demonstration_episode(noisy, chat_format, 4096)
-    targets = [tokenizer.decode(episode.ids[turn.start:turn.end]) for turn in episode.turns if turn.trained]
-    skipped = [tokenizer.decode(episode.ids[turn.start:turn.end]) for turn in episode.turns if not turn.trained]
-    assert skipped and all(') % 20"' not in text for text in skipped)
-    assert all(') % 20"' in text or text.startswith("The result is") for text in targets)
+    noisy = [d for d in demonstrations if any(m.get("weight") == 0 for m in d.messages)]
+    assert noisy
+    for demonstration in noisy[:20]:
+        episode = demonstration_episode(demonstration, chat_format, 4096)
+        wrong = [m["tool_calls"][0]["function"]["arguments"]["expression"] for m in demonstration.messages
+                 if m.get("weight") == 0]
+        skipped = [tokenizer.decode(episode.ids[turn.start:turn.end]) for turn in episode.turns if not turn.trained]
+        targets = [tokenizer.decode(episode.ids[turn.start:turn.end]) for turn in episode.turns if turn.trained]
+        assert len(skipped) == len(wrong) and all(expression in text for expression, text in zip(wrong, skipped, strict=True))
+        assert all(') % 20"' in text or text.startswith("The result is") for text in targets)

@@ -1,0 +1,139 @@
+"""Gate G4: can the teacher recover from the student's own errors? It continues the student's episodes after their
+first call error and we count how often it still ends correct.
+
+    python -m experiments.study.continuation --episodes seed0/eval/student/t1/episodes_student.jsonl \\
+        --data heldout_prompts.jsonl --tokenizer PATH --teacher robust.pth --teacher-arch 128,2,2,1 \\
+        --sampling opd_rollout --seed 0 --out seed0/continuation.json
+
+``--episodes`` is an evaluation's ``episodes_{name}.jsonl`` (``opd/evaluate.py``: each row holds its turns' text and
+``opd.scoring``'s call types). The *post-error prefix* of an episode is its turns up to and including the turn of its
+first call error, each call turn followed by the tool world's observations, exactly as the rollout fed them. Only
+errors the student can recover from are continued (``recoverable``): the tool world answered the call (every error type
+but ``broken_json``, which MiniMind does not read as a call) and the turn was not the last one allowed. The teacher
+continues each prefix with the turns left (``--max-turns`` minus the prefix's), at ``--sampling`` (a preset of
+``configs/sampling/``) with the evaluation's per-record seeds (``opd.sampling.sample_seed``), and its episode is scored
+by ``opd.scoring``. Writes the counts by first error type and the share that ended correct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from common.atomic_write import atomic_write_json
+from common.chat_records import AgentRecord, load_agent_records
+from common.minimind.model import load_model
+from experiments.study.divergence import model_spec
+from opd.chat_format import ChatFormat
+from opd.config import RolloutConfig, SamplingConfig
+from opd.rollout import AgentRollout
+from opd.sampling import TokenSampler, sample_seed
+from opd.scoring import BROKEN_JSON, CALL_ERRORS, score_episode
+from tools.tool_calls import split_tool_calls
+from tools.tool_environment import execute_call
+
+SAMPLING_DIR = Path(__file__).resolve().parents[2] / "configs" / "sampling"
+
+
+def first_error(row: dict) -> tuple[int, int, str] | None:
+    """(turn index, call index, error type) of an episode row's first call error, or None."""
+    index = next((i for i, kind in enumerate(row["call_types"]) if kind in CALL_ERRORS), None)
+    if index is None:
+        return None
+    seen = 0
+    for turn, text in enumerate(row["turn_texts"]):
+        seen += len(split_tool_calls(text)[1])
+        if index < seen:
+            return turn, index, row["call_types"][index]
+    raise ValueError(f"{row['source']}: call {index} is in none of its {len(row['turn_texts'])} turns")
+
+
+def prefix_messages(record: AgentRecord, texts: list[str], eos: str) -> list[dict]:
+    """The record's messages, then each turn of ``texts`` as an assistant message followed by the observations the
+    rollout fed after it."""
+    messages = list(record.messages)
+    for text in texts:
+        messages.append({"role": "assistant", "content": text.removesuffix(eos)})
+        outcomes = [execute_call(block, record.declared_tools) for block in split_tool_calls(text)[1]]
+        messages += [{"role": "tool", "content": outcome.observation} for outcome in outcomes if outcome.answered]
+    return messages
+
+
+def continuation_records(rows: list[dict], records: dict[str, AgentRecord], max_turns: int,
+                         eos: str) -> tuple[dict[int, list[tuple[AgentRecord, str]]], Counter]:
+    """The recoverable post-error prefixes as records with their first error type, grouped by the turns left; and why
+    the other error episodes were not continued."""
+    by_budget, skipped = defaultdict(list), Counter()
+    for row in rows:
+        found = first_error(row)
+        if found is None:
+            continue
+        turn, _, kind = found
+        if kind == BROKEN_JSON:
+            skipped[BROKEN_JSON] += 1
+            continue
+        if turn + 1 >= max_turns:
+            skipped["no_turn_left"] += 1
+            continue
+        record = records[row["source"]]
+        prefix = AgentRecord(prefix_messages(record, row["turn_texts"][:turn + 1], eos), record.tools,
+                             f"{row['source']}#sample{row['sample']}", record.gt)
+        by_budget[max_turns - turn - 1].append((prefix, kind))
+    return by_budget, skipped
+
+
+def sampling_preset(name: str) -> SamplingConfig:
+    path = SAMPLING_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise SystemExit(f"error: no sampling preset {name!r} in {SAMPLING_DIR}")
+    return SamplingConfig(**OmegaConf.to_container(OmegaConf.load(path)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--episodes", required=True, type=Path, help="an evaluation's episodes_{name}.jsonl")
+    parser.add_argument("--data", required=True, help="the evaluated prompts (the rows' sources)")
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--teacher", required=True, help="the teacher's .pth")
+    parser.add_argument("--teacher-arch", required=True, help="hidden_size,layers,heads,kv_heads")
+    parser.add_argument("--sampling", default="opd_rollout", help="a preset of configs/sampling/")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-turns", type=int, default=14)
+    parser.add_argument("--max-gen-len", type=int, default=64)
+    parser.add_argument("--max-total-len", type=int, default=1024)
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(model_spec(args.teacher, args.teacher_arch, args.tokenizer, "teacher"), role="teacher")
+    chat_format, sampling = ChatFormat(tokenizer), sampling_preset(args.sampling)
+    records = {record.source: record for record in load_agent_records(args.data)[0]}
+    rows = [json.loads(line) for line in args.episodes.read_text().splitlines() if line.strip()]
+    by_budget, skipped = continuation_records(rows, records, args.max_turns, tokenizer.eos_token)
+    continued, correct = Counter(), Counter()  # by first error type
+    for budget, prefixes in sorted(by_budget.items()):
+        limits = RolloutConfig(budget, args.max_gen_len, args.max_total_len, False)
+        for start in range(0, len(prefixes), args.batch_size):
+            chunk = prefixes[start:start + args.batch_size]
+            sampler = TokenSampler.per_record(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, _ in chunk})
+            episodes = AgentRollout(model.eval(), chat_format, sampler, limits).run([record for record, _ in chunk])
+            for episode, (_, kind) in zip(episodes, chunk, strict=True):
+                continued[kind] += 1
+                correct[kind] += score_episode(episode, chat_format).correct
+    total = sum(continued.values())
+    report = {"episodes": len(rows), "error_episodes": total + sum(skipped.values()), "continued": total,
+              "not_continued": dict(skipped), "correct": sum(correct.values()),
+              "rate": sum(correct.values()) / total if total else None,
+              "by_first_error": {kind: {"continued": continued[kind], "correct": correct[kind]} for kind in continued},
+              "sampling": args.sampling, "teacher": args.teacher}
+    atomic_write_json(args.out, report)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

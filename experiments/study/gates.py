@@ -1,0 +1,76 @@
+"""The pilot gates: whether the study is in the regime where on-policy distillation should beat KD, each a measured
+value against a threshold stated before the full study (``configs/study.yaml`` ``gates``).
+
+- ``G0_teacher_t1_accuracy`` (at least): the robust teacher's held-out accuracy at temperature 1, all horizons.
+- ``G1_student_intermediate_errors`` (at least): of the warm students' *intermediate* calls at temperature 1 (a call
+  whose expected position is past the first and within the horizon: ``intermediate_calls``), the share with a call
+  error (``opd.scoring``'s types: wrong value, wrong operation, failed call, broken JSON), pooled over seeds.
+- ``G2_recoverable_errors`` (at least): of those errors, the share the student can recover from: the tool world
+  answered the call (not broken JSON, which ends a MiniMind episode) and a turn was left for a retry.
+- ``G3_kd_horizon_drop`` (at least): KD's temperature-1 accuracy at H=1 minus at the longest horizon, after the last
+  step, mean over seeds: errors compound over the horizon.
+- ``G4_teacher_continuation`` (at least): the robust teacher continuing the warm students' temperature-1 episodes
+  after their first recoverable call error ends correct (``experiments.study.continuation``), pooled over seeds.
+- ``G5_kd_recovery`` (at most): KD's temperature-1 recovery rate after the last step (of its episodes with a call
+  error, the share still correct), mean over seeds: the off-policy student has not learnt to recover.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from opd.scoring import BROKEN_JSON, CALL_ERRORS, CORRECT
+from tools.tool_calls import split_tool_calls
+
+AT_MOST = ("G5_kd_recovery",)
+
+
+def intermediate_calls(row: dict, max_turns: int) -> list[tuple[str, bool]]:
+    """(call type, recoverable) of every intermediate call of an evaluation's episode row: the calls made while the
+    expected position (correct calls so far) is between 1 and ``expected_calls - 1``; an error is recoverable when
+    the tool world answered it and its turn was not the last one allowed; none without ``expected_calls``."""
+    if row["expected_calls"] is None:
+        return []
+    turn_of = [turn for turn, text in enumerate(row["turn_texts"]) for _ in split_tool_calls(text)[1]]
+    found, made = [], 0
+    for kind, turn in zip(row["call_types"], turn_of, strict=True):
+        if 1 <= made < row["expected_calls"]:
+            found.append((kind, kind != BROKEN_JSON and turn + 1 < max_turns))
+        made += kind == CORRECT
+    return found
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _gate(name: str, value: float | None, threshold: float, detail: str) -> dict:
+    passed = None if value is None else (value <= threshold if name in AT_MOST else value >= threshold)
+    return {"value": value, "threshold": threshold, "direction": "at most" if name in AT_MOST else "at least",
+            "passed": passed, "detail": detail}
+
+
+def gate_values(cfg, paths, report: dict, all_group) -> dict:
+    """Every gate of ``cfg.gates`` with its measured value (None when its inputs were not run)."""
+    t1, baseline, longest = report["decodings"]["t1"], report["baseline_arm"], max(cfg.horizons)
+    calls = [call for seed in cfg.seeds for row in _rows(paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl")
+             for call in intermediate_calls(row, cfg.evaluation.max_turns)]
+    errors = [recoverable for kind, recoverable in calls if kind in CALL_ERRORS]
+    continuations = [json.loads(paths.continuation(seed).read_text()) for seed in cfg.seeds]
+    continued = sum(c["continued"] for c in continuations)
+    kd = t1["curves"][baseline]
+    recovery = kd[all_group][-1]["recovery_rate"]
+    values = {
+        "G0_teacher_t1_accuracy": (t1["teachers"]["robust"][all_group]["accuracy"], "robust teacher, all horizons"),
+        "G1_student_intermediate_errors": (len(errors) / len(calls) if calls else None,
+                                           f"{len(errors)} of {len(calls)} intermediate calls"),
+        "G2_recoverable_errors": (sum(errors) / len(errors) if errors else None,
+                                  f"{sum(errors)} of {len(errors)} intermediate call errors"),
+        "G3_kd_horizon_drop": (kd[min(cfg.horizons)][-1]["accuracy"] - kd[longest][-1]["accuracy"],
+                               f"{baseline} at H={min(cfg.horizons)} minus H={longest}, step {report['steps'][-1]}"),
+        "G4_teacher_continuation": (sum(c["correct"] for c in continuations) / continued if continued else None,
+                                    f"{sum(c['correct'] for c in continuations)} of {continued} continued prefixes"),
+        "G5_kd_recovery": (recovery, f"{baseline}, all horizons, step {report['steps'][-1]}"),
+    }
+    return {name: _gate(name, values[name][0], threshold, values[name][1]) for name, threshold in cfg.gates.items()}
