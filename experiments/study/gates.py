@@ -18,9 +18,10 @@ value against a threshold stated before the full study (``configs/study.yaml`` `
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
-from opd.scoring import BROKEN_JSON, CALL_ERRORS, CORRECT
+from opd.scoring import BROKEN_JSON, CALL_ERRORS, CORRECT, FAILED_CALL, WRONG_OPERATION, WRONG_VALUE
 from tools.tool_calls import split_tool_calls
 
 AT_MOST = ("G5_kd_recovery",)
@@ -49,6 +50,25 @@ def _gate(name: str, value: float | None, threshold: float, detail: str) -> dict
     passed = None if value is None else (value <= threshold if name in AT_MOST else value >= threshold)
     return {"value": value, "threshold": threshold, "direction": "at most" if name in AT_MOST else "at least",
             "passed": passed, "detail": detail}
+
+
+def student_error_rates(cfg, paths) -> dict:
+    """What the noise-injected demonstrations are matched to: the warm students' temperature-1 call errors per call
+    (every call of every held-out episode, pooled over seeds) beside the configured rates. ``value_noise`` matches
+    wrong values and operations (a confused call), ``syntax_noise`` failed calls (a corrupted one); broken JSON is
+    reported, not injected (MiniMind gives it no observation)."""
+    types = Counter(kind for seed in cfg.seeds
+                    for row in _rows(paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl")
+                    for kind in row["call_types"])
+    calls = sum(types.values())
+
+    def rate(*kinds: str) -> float | None:
+        return sum(types[kind] for kind in kinds) / calls if calls else None
+
+    return {"calls": calls, "confused": rate(WRONG_VALUE, WRONG_OPERATION), "wrong_value": rate(WRONG_VALUE),
+            "wrong_operation": rate(WRONG_OPERATION), "failed_call": rate(FAILED_CALL),
+            "broken_json": rate(BROKEN_JSON), "value_noise": cfg.data.value_noise,
+            "syntax_noise": cfg.data.syntax_noise}
 
 
 def gate_values(cfg, paths, report: dict, all_group) -> dict:

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.estimates import paired_difference
-from experiments.study.gates import gate_values
+from experiments.study.gates import gate_values, student_error_rates
 from opd.scoring import aggregate, mean_and_se, score_from_row
 
 ALL = "all"
@@ -163,6 +163,7 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
                                      "minus_kd_per_seed": final["per_seed"], "seeds": len(seeds)},
               "divergence": _divergence(paths, seeds)}
     report["gates"] = gate_values(cfg, paths, report, ALL)
+    report["noise_match"] = student_error_rates(cfg, paths)
     return report
 
 
@@ -204,6 +205,11 @@ def print_report(report: dict, console: Console) -> None:
         gates.add_row(name, _pm(gate["value"], None), f"{gate['direction']} {gate['threshold']}",
                       {True: "yes", False: "NO", None: "-"}[gate["passed"]], gate["detail"])
     console.print(gates)
+    m = report["noise_match"]
+    console.print(f"the warm students' T=1 call errors per call ({m['calls']} calls): confused {_pm(m['confused'], None)} "
+                  f"(wrong value {_pm(m['wrong_value'], None)}, wrong operation {_pm(m['wrong_operation'], None)}), "
+                  f"failed {_pm(m['failed_call'], None)}, broken JSON {_pm(m['broken_json'], None)}; the noisy "
+                  f"demonstrations inject value_noise {m['value_noise']} and syntax_noise {m['syntax_noise']}")
     e = report["endpoint"]
     if e is None:
         console.print("endpoint: its arm did not run in this slice")

@@ -227,6 +227,11 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert gates["G5_kd_recovery"]["value"] == 0.0 and gates["G5_kd_recovery"]["direction"] == "at most"
     assert gates["G5_kd_recovery"]["passed"] is True
     assert gates["G1_student_intermediate_errors"]["value"] is None  # these rows carry no expected calls
+    # the students' T=1 calls: seed 0 one right episode (1 call) and three wrong (2 calls, one failed), seed 1 two
+    # and two: 13 calls, 5 failed
+    assert report["noise_match"] == pytest.approx({"calls": 13, "confused": 0.0, "wrong_value": 0.0,
+                                                   "wrong_operation": 0.0, "failed_call": 5 / 13, "broken_json": 0.0,
+                                                   "value_noise": 0.2, "syntax_noise": 0.05})
     rows = summary_results(report)
     assert {(row["arm"], row["horizon"], row["decoding"]) for row in rows} == {
         (a, h, d) for a in ("kd", "opd") for h in (1, 2) for d in ("t1", "greedy")}
