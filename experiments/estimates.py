@@ -4,12 +4,13 @@ the evaluation's own, ``opd.scoring.mean_and_se``)."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
 from opd.scoring import mean_and_se
 
 
-def paired_difference(correct: list[dict[str, bool]], baseline: list[dict[str, bool]]) -> dict:
+def paired_difference(correct: list[dict[str, float]], baseline: list[dict[str, float]]) -> dict:
     """Arm minus baseline on the same held-out problems: per problem the difference of correctness averaged over
     seeds (one dict source -> correct per seed, both in the same seed order); mean ± SE over problems, and the
     per-seed mean differences with their SE over seeds."""
@@ -24,10 +25,12 @@ def paired_difference(correct: list[dict[str, bool]], baseline: list[dict[str, b
 
 
 def read_evaluation(directory: Path) -> dict:
-    """``opd/evaluate.py``'s report in ``directory``, each checkpoint with ``correct``: source -> whether its
-    episode was correct (from ``episodes_{name}.jsonl``)."""
+    """``opd/evaluate.py``'s report in ``directory``, each checkpoint with ``correct``: source -> the share of its
+    episodes that were correct (from ``episodes_{name}.jsonl``: one per sample, so 0 or 1 with one sample)."""
     report = json.loads((directory / "evaluation.json").read_text())
     for checkpoint in report["checkpoints"]:
-        rows = (directory / f"episodes_{checkpoint['name']}.jsonl").read_text().splitlines()
-        checkpoint["correct"] = {row["source"]: row["correct"] for row in map(json.loads, rows)}
+        samples = defaultdict(list)
+        for row in map(json.loads, (directory / f"episodes_{checkpoint['name']}.jsonl").read_text().splitlines()):
+            samples[row["source"]].append(row["correct"])
+        checkpoint["correct"] = {source: sum(correct) / len(correct) for source, correct in samples.items()}
     return report

@@ -287,3 +287,13 @@ def test_a_terminated_recipe_stops_the_stages_it_runs(tmp_path):
     runner.terminate()
     assert runner.wait(timeout=60) == 130 and "error: interrupted" in runner.stderr.read()
     assert not Path(f"/proc/{int(pid_file.read_text())}").exists()  # the stage was stopped and reaped
+
+
+def test_read_evaluation_averages_a_prompts_samples(tmp_path):
+    """With samples_per_prompt > 1 each source has several rows: its correctness is their mean, not the last one's."""
+    from experiments.estimates import read_evaluation
+
+    (tmp_path / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": "m"}]}))
+    rows = [("a:1", True), ("a:1", False), ("a:1", False), ("a:1", True), ("a:2", False), ("a:2", False)]
+    (tmp_path / "episodes_m.jsonl").write_text("".join(json.dumps({"source": s, "correct": c}) + "\n" for s, c in rows))
+    assert read_evaluation(tmp_path)["checkpoints"][0]["correct"] == {"a:1": 0.5, "a:2": 0.0}
