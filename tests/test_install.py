@@ -111,6 +111,15 @@ def test_installed_regen_answers_help_and_finds_its_sample_from_another_folder(i
     # the tiny presets' checkpoints: the user's cache folder, since no checkout is there to hold out/tiny
     assert cfg["server"]["checkpoint"] == str(tmp_path / "home" / ".cache" / "onpolicy-research" / "tiny" /
                                               "tiny_teacher.pth")
+    mine = tmp_path / "mine" / "dataset"  # a person's own config folder adds to the shipped ones
+    mine.mkdir(parents=True)
+    (mine / "mine.yaml").write_text("name: mine\nsource: local\npath: prompts.jsonl\nsubset: null\nsplit: null\n"
+                                    "format: auto\n")
+    composed = run_script(installed, "onpolicy-regen", "--config-dir", str(mine.parent), "dataset=mine",
+                          "sampling=greedy", "--cfg", "job", cwd=elsewhere)
+    assert composed.returncode == 0, composed.stderr
+    cfg = yaml.safe_load(composed.stdout)
+    assert cfg["dataset"]["path"] == "prompts.jsonl" and cfg["sampling"]["temperature"] == 0
     shown = run_script(installed, "onpolicy-show-rows", "--help", cwd=elsewhere)
     assert shown.returncode == 0 and shown.stdout.startswith("usage: onpolicy-show-rows"), shown.stderr
     assert list(elsewhere.iterdir()) == []
