@@ -1,13 +1,15 @@
 """A run that stops before its checks pass leaves no folders behind.
 
 Hydra makes a run's folder (``outputs/<entry>/<date>/<time>/``: ``.hydra/`` and the log) before the job's code
-runs, and opd's entries make and lock their ``out_dir`` before loading anything. A run that then stops at its
-checks (a setting, a missing data file or checkpoint, an output that exists, a server that would not start) has
-put nothing of use there.
+runs, opd's entries make and lock their ``out_dir`` before loading anything, and regen opens its output (folder,
+lock, empty files, manifest) before it asks the server for its model. A run that then stops at its checks (a
+setting, a missing data file or checkpoint, an output that exists, a server that does not answer) has put nothing
+of use there. The checks end where each job calls :func:`checks_passed`: regen once the server serves the model
+(``regen.job``), opd's entries once data, models and ``out_dir`` are checked, before any compute.
 
 :class:`NewRunFolders`, a Hydra callback every entry's config lists (``configs/job_dirs.yaml``), notes which of the
 run's folders do not exist yet, before Hydra makes them; :func:`note_new_folder` does the same for a folder an entry
-makes itself (opd's ``out_dir``). :func:`discard_unless_checked` wraps a job: when the job ends with an error (or
+makes itself (opd's ``out_dir``, regen's output folder). :func:`discard_unless_checked` wraps a job: when the job ends with an error (or
 Ctrl-C) before it calls :func:`checks_passed`, each noted folder loses the files this run put there at its start
 (Hydra's config copies and log, the lock) and is removed if that leaves it empty, and so is each parent this run
 made. A folder holding anything else (another run's files) stays as it is. After :func:`checks_passed` nothing is

@@ -122,6 +122,7 @@ def test_installed_regen_answers_help_and_finds_its_sample_from_another_folder(i
     assert cfg["dataset"]["path"] == "prompts.jsonl" and cfg["sampling"]["temperature"] == 0
     shown = run_script(installed, "onpolicy-show-rows", "--help", cwd=elsewhere)
     assert shown.returncode == 0 and shown.stdout.startswith("usage: onpolicy-show-rows"), shown.stderr
+    assert os.access(Path(installed["site"]) / "launch" / "vllm.sh", os.X_OK)  # server=vllm runs it installed too
     assert list(elsewhere.iterdir()) == []
 
 
