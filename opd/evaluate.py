@@ -38,7 +38,6 @@ from omegaconf import DictConfig
 
 from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, RecordError, load_agent_records
-from common.entry_help import exit_with_help_if_asked
 from common.minimind.model import ModelSpec, load_model
 from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from common.package_files import CONFIG_DIR
@@ -201,11 +200,7 @@ def evaluate_isolated(name: str, spec: ModelSpec, cfg: EvalConfig) -> dict:
     return payload
 
 
-def cli() -> None:
-    """The ``onpolicy-evaluate`` command, and ``python opd/evaluate.py``: ``--help`` from the YAML, else the Hydra run."""
-    exit_with_help_if_asked("evaluate", "opd/evaluate.py")
-    main()
-
-
 if __name__ == "__main__":
-    cli()
+    from opd.commands import run
+
+    run("evaluate", main)

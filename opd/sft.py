@@ -20,7 +20,6 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from common.entry_help import exit_with_help_if_asked
 from common.minimind.model import (
     build_model,
     check_tokenizer_fits,
@@ -186,11 +185,7 @@ def sft_loss_step(model_forward: torch.nn.Module, episodes: list[Episode], batch
     return target_cross_entropy(logits, batch), router_loss(model, output, batch.attention_mask) if moe else None
 
 
-def cli() -> None:
-    """The ``onpolicy-sft`` command, and ``python opd/sft.py``: ``--help`` from the YAML, else the Hydra run."""
-    exit_with_help_if_asked("sft", "opd/sft.py")
-    main()
-
-
 if __name__ == "__main__":
-    cli()
+    from opd.commands import run
+
+    run("sft", main)

@@ -28,7 +28,6 @@ import torch
 from omegaconf import DictConfig
 
 from common.chat_records import AgentRecord, load_agent_records
-from common.entry_help import exit_with_help_if_asked
 from common.minimind.model import enable_activation_checkpointing, load_model
 from common.minimind.precision import Precision
 from common.minimind.tokenizer import check_same_tokenizer
@@ -358,11 +357,7 @@ def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module
     return divergence, router_loss(student, output, batch.attention_mask) if moe else None
 
 
-def cli() -> None:
-    """The ``onpolicy-train`` command, and ``python opd/train.py``: ``--help`` from the YAML, else the Hydra run."""
-    exit_with_help_if_asked("opd", "opd/train.py", {"teacher": "model", "student": "model"})
-    main()
-
-
 if __name__ == "__main__":
-    cli()
+    from opd.commands import run
+
+    run("train", main)

@@ -95,7 +95,7 @@ def test_wheel_ships_the_configs_and_the_sample_under_the_project_package_and_no
     assert sorted(line.split(" = ")[0] for line in scripts.splitlines() if " = " in line) == sorted(SCRIPTS)
 
 
-def test_installed_regen_answers_help_and_finds_its_sample_from_another_folder(installed, tmp_path):
+def test_installed_entries_answer_help_and_regen_finds_its_sample_from_another_folder(installed, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     helped = run_script(installed, "onpolicy-regen", "--help", cwd=elsewhere)
@@ -122,6 +122,11 @@ def test_installed_regen_answers_help_and_finds_its_sample_from_another_folder(i
     assert cfg["dataset"]["path"] == "prompts.jsonl" and cfg["sampling"]["temperature"] == 0
     shown = run_script(installed, "onpolicy-show-rows", "--help", cwd=elsewhere)
     assert shown.returncode == 0 and shown.stdout.startswith("usage: onpolicy-show-rows"), shown.stderr
+    for name, group in (("train", "  teacher (default agent_768): agent_512,"), ("sft", "  model (default"),
+                        ("evaluate", "  sampling (default greedy):")):  # written from the YAML, before torch loads
+        helped = run_script(installed, f"onpolicy-{name}", "-h", cwd=elsewhere)
+        assert helped.returncode == 0 and f"usage: onpolicy-{name} [KEY=VALUE ...]" in helped.stdout, helped.stderr
+        assert group in helped.stdout, helped.stdout
     assert os.access(Path(installed["site"]) / "launch" / "vllm.sh", os.X_OK)  # server=vllm runs it installed too
     assert list(elsewhere.iterdir()) == []
 
