@@ -9,7 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # the entries' config tree
+from common.package_files import CONFIG_DIR  # the entries' config tree, in a checkout or an installed wheel
+
 HELP_FLAGS = ("--help", "-h")
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
 _COMMENT = re.compile(r"^ *#(?: |$)")
@@ -93,15 +94,22 @@ def help_text(config_dir: Path, name: str, program: str, group_folders: dict[str
     return "\n".join(lines)
 
 
+def program_name(script: str) -> str:
+    """How a usage line names the entry: the console script that ran (``onpolicy-regen``), else ``script``."""
+    ran = Path(sys.argv[0]).name
+    return ran if ran.startswith("onpolicy-") else script
+
+
 def exit_with_help_if_asked(name: str, program: str, group_folders: dict[str, str] | None = None,
                             argv: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> None:
     """Print :func:`help_text` for ``config_dir/{name}.yaml`` and exit 0 when the command line (``sys.argv`` unless
-    ``argv``) asks for ``--help`` / ``-h``."""
+    ``argv``) asks for ``--help`` / ``-h``; ``program`` is the script (``regen/main.py``), shown as the console script
+    (``onpolicy-regen``) when that is what ran."""
     if not (config_dir / f"{name}.yaml").is_file():  # not installed beside its configs: Hydra says so itself
         return
     if any(flag in (sys.argv[1:] if argv is None else argv) for flag in HELP_FLAGS):
         try:
-            print(help_text(config_dir, name, program, group_folders), flush=True)
+            print(help_text(config_dir, name, program_name(program), group_folders), flush=True)
         except BrokenPipeError:  # `--help | head` closed the pipe: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         sys.exit(0)

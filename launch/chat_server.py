@@ -26,6 +26,7 @@ from pathlib import Path
 from aiohttp import web
 from jinja2 import TemplateError
 
+from common.entry_help import program_name
 from launch.batch_engine import BatchEngine
 from launch.chat_reply import REASONING_PARSERS, TOOL_CALL_PARSERS, build_reply
 from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, decode_body, parse_chat_request
@@ -198,7 +199,8 @@ def load_service(args: argparse.Namespace) -> ChatService:
 def build_parser() -> argparse.ArgumentParser:
     from common.minimind.model import MiniMindArch
 
-    parser = argparse.ArgumentParser(prog="python -m launch.chat_server", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name("python -m launch.chat_server"),
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="native MiniMind .pth, HF model folder or hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (required for a .pth)")
     for f in fields(MiniMindArch):  # unset flags fall back to MiniMindArch's defaults

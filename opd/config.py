@@ -17,7 +17,7 @@ Model presets live once, in ``configs/model/``; ``register_model_groups`` makes 
 
 Sweeps (``-m``): importing this module registers the two resolvers the entries' configs use, ``per_sweep_job``
 (the default ``out_dir``, moved into each job's own sweep folder) and ``path_keys`` (the keys Hydra leaves out
-of sweep folder names).
+of sweep folder names); and ``common.package_files``' two, which the presets use to name the project's own files.
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from common.minimind.model import ModelSpec
 from common.minimind.precision import Precision, resolve_precision
+from common.package_files import CONFIG_DIR, register_resolvers
 from common.user_errors import UserError
 
-MODEL_PRESETS = Path(__file__).resolve().parents[1] / "configs" / "model"
+MODEL_PRESETS = CONFIG_DIR / "model"
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
 SCHEDULERS = ("constant", "linear", "cosine")
 MODES = ("on_policy", "offline")
@@ -79,6 +80,7 @@ def path_keys(overrides) -> list[str]:
 
 OmegaConf.register_new_resolver("per_sweep_job", per_sweep_job, replace=True)
 OmegaConf.register_new_resolver("path_keys", path_keys, replace=True)
+register_resolvers()  # package_data and tiny_checkpoint, which the presets use
 
 
 def register_model_groups() -> None:

@@ -40,6 +40,8 @@ from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, RecordError, load_agent_records
 from common.minimind.model import ModelSpec, load_model
 from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
+from common.package_files import CONFIG_DIR
+from common.run_folders import checks_passed, discard_unless_checked
 from common.user_errors import UserError, exit_on_user_error
 from opd.chat_format import ChatFormat
 from opd.checkpoints import vocabulary_fingerprint
@@ -54,9 +56,9 @@ from opd.scoring import aggregate, expected_outcomes, score_episode
 MIB = 1 << 20
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error():
+    with exit_on_user_error(), discard_unless_checked():  # stopped at its checks: no folder left behind
         settings = parse_config(EvalConfig, cfg)
         with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
             evaluate(settings)
@@ -68,6 +70,7 @@ def evaluate(cfg: EvalConfig) -> dict:
         require_matplotlib()
     records, data_sha256 = load_agent_records(cfg.data)
     check_heldout(records, cfg)
+    checks_passed()  # data and tokenizers are checked: from here on a failure keeps the run's folders
     out = Path(cfg.out_dir)
     results = []
     for name, spec in cfg.models.items():
@@ -198,7 +201,6 @@ def evaluate_isolated(name: str, spec: ModelSpec, cfg: EvalConfig) -> dict:
 
 
 if __name__ == "__main__":
-    from common.entry_help import exit_with_help_if_asked
+    from opd.commands import run
 
-    exit_with_help_if_asked("evaluate", "opd/evaluate.py")
-    main()
+    run("evaluate", main)

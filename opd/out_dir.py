@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from common.run_folders import note_new_folder
 from common.run_lock import OutputLock
 from common.user_errors import UserError
 
@@ -33,6 +34,7 @@ def hold_out_dir(out_dir: str | Path) -> Iterator[None]:
     folder = Path(out_dir).expanduser()
     if folder.exists() and not folder.is_dir():
         raise UserError(f"out_dir {out_dir} is not a folder", "choose another out_dir=")
+    note_new_folder(folder, (LOCK_NAME,))  # a run that stops at its checks removes it again (common.run_folders)
     lock = OutputLock(folder / LOCK_NAME, folder, job="opd",
                       hint="wait for it to finish (or stop it), or choose another out_dir=")
     try:

@@ -28,6 +28,8 @@ from common.minimind.model import (
 )
 from common.minimind.precision import Precision
 from common.minimind.tokenizer import load_tokenizer
+from common.package_files import CONFIG_DIR
+from common.run_folders import checks_passed, discard_unless_checked
 from common.user_errors import exit_on_user_error
 from opd.chat_format import ChatFormat
 from opd.checkpoints import (
@@ -51,9 +53,9 @@ from opd.out_dir import hold_out_dir
 from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="sft")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="sft")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error():
+    with exit_on_user_error(), discard_unless_checked():  # stopped at its checks: no folder left behind
         settings = parse_config(SFTConfig, cfg)
         with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
             train(settings)
@@ -91,6 +93,7 @@ def train(cfg: SFTConfig) -> dict:
     signature.pop("optim.lr_schedule_steps")
     stem = checkpoint_stem(model, cfg.save_prefix)
     check_out_dir(cfg.out_dir, stem, resume=cfg.resume, overwrite=cfg.overwrite)
+    checks_passed()  # data, models and out_dir are checked: from here on a failure keeps the run's folders
     model.to(device)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
@@ -183,7 +186,6 @@ def sft_loss_step(model_forward: torch.nn.Module, episodes: list[Episode], batch
 
 
 if __name__ == "__main__":
-    from common.entry_help import exit_with_help_if_asked
+    from opd.commands import run
 
-    exit_with_help_if_asked("sft", "opd/sft.py")
-    main()
+    run("sft", main)

@@ -31,6 +31,8 @@ from common.chat_records import AgentRecord, load_agent_records
 from common.minimind.model import enable_activation_checkpointing, load_model
 from common.minimind.precision import Precision
 from common.minimind.tokenizer import check_same_tokenizer
+from common.package_files import CONFIG_DIR
+from common.run_folders import checks_passed, discard_unless_checked
 from common.user_errors import UserError, exit_on_user_error
 from opd.chat_format import ChatFormat
 from opd.checkpoints import (
@@ -69,9 +71,9 @@ from opd.teacher_rollouts import TeacherRolloutCache, rollout_cache_key, teacher
 register_model_groups()
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="opd")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="opd")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error():
+    with exit_on_user_error(), discard_unless_checked():  # stopped at its checks: no folder left behind
         settings = parse_config(OPDConfig, cfg)
         with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
             train(settings)
@@ -105,6 +107,7 @@ def train(cfg: OPDConfig) -> dict:
     signature = opd_signature(cfg, teacher, student, tokenizer, data_sha256, schedule_steps, ranks.world_size)
     stem = checkpoint_stem(student, "agent_opd")
     check_out_dir(cfg.out_dir, stem, resume=cfg.resume, overwrite=cfg.overwrite)
+    checks_passed()  # data, models and out_dir are checked: from here on a failure keeps the run's folders
     student.to(device)
     teacher.to(device).eval().requires_grad_(False)
     sampler = TokenSampler(cfg.sampling, device, ranks.seed(cfg.sampling.seed_or(cfg.seed)))
@@ -355,7 +358,6 @@ def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module
 
 
 if __name__ == "__main__":
-    from common.entry_help import exit_with_help_if_asked
+    from opd.commands import run
 
-    exit_with_help_if_asked("opd", "opd/train.py", {"teacher": "model", "student": "model"})
-    main()
+    run("train", main)

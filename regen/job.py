@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from common.atomic_write import atomic_write_json
+from common.run_folders import checks_passed
 from common.user_errors import UserError
 from regen.chat_client import ChatClient, OutOfFileDescriptors, RetryPolicy, out_of_descriptors
 from regen.detokenizer import load_detokenizer
@@ -97,6 +98,7 @@ def _run(cfg) -> dict[str, Any]:
         with open_output(settings, source, model, detokenizer, warn) as output, provide_endpoints(settings.server):
             if settings.served_model:  # the server is up: it serves the model, and max_tokens fits its context
                 model = served_model(settings, pool)
+            checks_passed()  # from here on a failure keeps the run's folders (common.run_folders)
             state = RunState(settings, model, output, pool)
             announce(state, console)
             ending: BaseException | None = None

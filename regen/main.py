@@ -1,6 +1,9 @@
 """Regenerate every assistant turn of a chat dataset with a served model.
 
     python regen/main.py dataset=magpie server.model=Qwen/Qwen3-8B server.dp=4
+    onpolicy-regen dataset=magpie server.model=Qwen/Qwen3-8B server.dp=4     # the same, installed
+
+A run that stops at its checks leaves no folder behind (``common.run_folders``).
 
 The job is ``regen.job.run``. A mistake a person can fix ends in one or two ``error:`` lines and exit status 1
 (``HYDRA_FULL_ERROR=1`` shows the traceback too); Ctrl-C / SIGTERM end with status 130 / 143 and one line, from
@@ -8,27 +11,30 @@ the first line of this file on (Hydra importing and composing the config include
 """
 
 from common.entry_help import exit_with_help_if_asked
+from common.package_files import CONFIG_DIR, register_resolvers
 from common.user_errors import exit_on_user_error
 from regen.stop_signals import stop_at_start_up
 
 
 def job(cfg) -> None:
     """The job Hydra runs with the composed config."""
+    from common.run_folders import discard_unless_checked
     from regen.job import run
 
-    with exit_on_user_error():
+    with exit_on_user_error(), discard_unless_checked():
         run(cfg)
 
 
 def main() -> None:
-    """``@hydra.main`` over :func:`job`, with Ctrl-C / SIGTERM handled before Hydra is even imported; ``--help``
-    lists the groups and keys from the YAML (no dataset needs to be chosen first)."""
+    """``@hydra.main`` over :func:`job` (the ``onpolicy-regen`` command), with Ctrl-C / SIGTERM handled before Hydra
+    is even imported; ``--help`` lists the groups and keys from the YAML (no dataset needs to be chosen first)."""
     exit_with_help_if_asked("regen", "regen/main.py")
     stop_at_start_up()
     with exit_on_user_error():
         import hydra
 
-        hydra.main(version_base="1.3", config_path="../configs", config_name="regen")(job)()
+        register_resolvers()
+        hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="regen")(job)()
 
 
 if __name__ == "__main__":

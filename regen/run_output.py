@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.run_folders import note_new_folder
 from common.run_lock import OutputLock
 from common.user_errors import UserError
 from regen.detokenizer import Detokenizer
@@ -104,6 +105,8 @@ def open_output(settings: RegenSettings, source: Source, model: str, detokenizer
     """The run's :class:`RunOutput`, held (locked) until the block ends; see the module doc."""
     paths = output_paths(settings, model)
     _refuse_unsafe_output(paths)
+    # a run that stops before its checks pass removes the folder again if it made it (common.run_folders)
+    note_new_folder(paths.output.parent, tuple(p.name for p in (paths.output, paths.errors, paths.manifest, paths.lock)))
     lock = OutputLock(paths.lock, paths.output, job="regen", remove_on_release=True,
                       hint="wait for it to finish (or stop it), or choose another output=")
     try:

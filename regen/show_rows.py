@@ -17,6 +17,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
+from common.entry_help import program_name
+
 
 def split_by_mask(input_ids: list[int], loss_mask: list[int]) -> tuple[list[int], list[int]]:
     """The prompt ids (mask 0 prefix) and the generated ids (mask 1 suffix) of a row."""
@@ -29,7 +31,8 @@ def split_by_mask(input_ids: list[int], loss_mask: list[int]) -> tuple[list[int]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m regen.show_rows", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name("python -m regen.show_rows"),
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("output", type=Path, help="the regen output JSONL")
     parser.add_argument("--tokenizer", required=True, help="the tokenizer the rows were written with")
     args = parser.parse_args(argv)

@@ -1,9 +1,11 @@
 """Write random-init tiny teacher/student checkpoints in native MiniMind format (for tests and the demo).
 
-    python -m standins.tiny_checkpoints --out out/tiny [--standin-tokenizer out/tiny/standin-tokenizer]
+    python -m standins.tiny_checkpoints [--out FOLDER] [--standin-tokenizer out/tiny/standin-tokenizer]
 
 The architectures come from configs/model/tiny_teacher.yaml and tiny_student.yaml, so the files always
-match those presets. Seeds are fixed: the same command writes the same weights.
+match those presets; by default they go where those presets look (``common.package_files.tiny_dir``:
+``$ONPOLICY_TINY_DIR``, else ``out/tiny`` in the checkout). Seeds are fixed: the same command writes the same
+weights.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ import torch
 from omegaconf import OmegaConf
 
 from common.minimind.model import MiniMindArch, build_model, save_native
+from common.package_files import CONFIG_DIR, tiny_dir
 from standins.tokenizer import build_standin_tokenizer
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def tiny_arch(role: str) -> MiniMindArch:
@@ -37,7 +38,8 @@ def write_tiny_checkpoints(out_dir: str | Path, seed: int = 0) -> dict[str, Path
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="out/tiny", help="folder for tiny_teacher.pth / tiny_student.pth")
+    parser.add_argument("--out", default=str(tiny_dir()),
+                        help="folder for tiny_teacher.pth / tiny_student.pth (default: the tiny presets' folder, %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--standin-tokenizer", default=None,
                         help="also write the MiniMind-shaped stand-in tokenizer to this folder")

@@ -40,9 +40,10 @@ def run_main(main: Callable[[], None], *arguments: str, cwd: Path | str | None =
     code otherwise). The folder, ``sys.argv``, the environment, the logging handlers and the SIGINT / SIGTERM
     handlers are restored afterwards.
 
-    An entry's ``config_path`` (``../configs``) is relative to its file only when it runs as a script; imported as a
-    module Hydra would look for a package, so the run names the repository's ``configs/`` with ``--config-path``
-    (``hydra=False``: a plain argparse entry, given ``arguments`` only)."""
+    The product's entries name their config tree by its absolute path (``common.package_files.CONFIG_DIR``), but an
+    experiment's ``config_path`` (``../../configs``) is relative to its file only when it runs as a script; imported
+    as a module Hydra would look for a package, so the run names the repository's ``configs/`` with
+    ``--config-path`` (``hydra=False``: a plain argparse entry, given ``arguments`` only)."""
     out, err = io.StringIO(), io.StringIO()
     argv, folder, environment = sys.argv, os.getcwd(), dict(os.environ)
     handlers, level = list(logging.root.handlers), logging.root.level

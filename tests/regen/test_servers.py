@@ -90,19 +90,21 @@ def test_a_multi_node_head_maps_to_vllm_sh_and_on_to_vllm(standin, tmp_path):
 
 
 def test_local_command_serves_the_teacher_preset(tokenizer_path, tmp_path, monkeypatch):
-    for name in ("regen/samples/sample_prompts.jsonl", "out/tiny/tiny_teacher.pth", "out/agent_768_moe.pth"):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)  # a checkout after `make tiny` and a download:
-        (tmp_path / name).write_text("{}\n")  # the presets' relative paths name files there (checked with the settings)
+    for name in ("tiny/tiny_teacher.pth", "out/agent_768_moe.pth"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)  # after `make tiny` and a download (files the
+        (tmp_path / name).write_text("{}\n")  # settings check): the tiny folder, and a path relative to the run's
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ONPOLICY_TINY_DIR", str(tmp_path / "tiny"))  # where the tiny presets look
+    teacher = str(tmp_path / "tiny" / "tiny_teacher.pth")
     cfg = server_of("server=local", f"tokenizer={tokenizer_path}")
     command = local_command(cfg)
     assert command[:3] == [sys.executable, "-m", "launch.chat_server"]
     assert "--no-use-moe" in command
     pairs = [a for a in command[3:] if a != "--no-use-moe"]
     flags = dict(zip(pairs[::2], pairs[1::2], strict=True))
-    assert flags["--checkpoint"] == "out/tiny/tiny_teacher.pth" and flags["--tokenizer"] == str(tokenizer_path)
+    assert flags["--checkpoint"] == teacher and flags["--tokenizer"] == str(tokenizer_path)
     assert (flags["--hidden-size"], flags["--num-hidden-layers"], flags["--port"]) == ("128", "2", "8011")
-    assert flags["--served-model-name"] == "out/tiny/tiny_teacher.pth"
+    assert flags["--served-model-name"] == teacher
     assert flags["--parent-pid"] == str(os.getpid()) and flags["--tool-call-parser"] == "hermes"
     other = server_of("server=local", "model@server=agent_768_moe")
     assert (other.checkpoint, other.hidden_size, other.use_moe) == ("out/agent_768_moe.pth", 768, True)

@@ -1,0 +1,36 @@
+"""opd's commands: ``onpolicy-train``, ``onpolicy-sft`` and ``onpolicy-evaluate`` (``python opd/train.py`` etc. in a
+checkout). ``--help`` is written from the YAML before the entry is imported (``import torch`` alone takes seconds);
+anything else goes on to the entry's Hydra ``main``."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from common.entry_help import exit_with_help_if_asked
+
+# entry -> (its config in configs/, the groups whose options live in a folder of another name)
+ENTRIES: dict[str, tuple[str, dict[str, str] | None]] = {
+    "train": ("opd", {"teacher": "model", "student": "model"}),
+    "sft": ("sft", None),
+    "evaluate": ("evaluate", None),
+}
+
+
+def run(entry: str, main: Callable[[], None] | None = None) -> None:
+    """``opd/{entry}.py``'s command: its ``--help``, else its ``main`` (imported here unless given)."""
+    config, group_folders = ENTRIES[entry]
+    exit_with_help_if_asked(config, f"opd/{entry}.py", group_folders)
+    (main or importlib.import_module(f"opd.{entry}").main)()
+
+
+def train() -> None:
+    run("train")
+
+
+def sft() -> None:
+    run("sft")
+
+
+def evaluate() -> None:
+    run("evaluate")

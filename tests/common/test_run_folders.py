@@ -1,0 +1,102 @@
+"""A run that stops at its checks leaves no folder where it ran (``common/run_folders.py``): not Hydra's
+``outputs/<entry>/<date>/<time>/`` (or a sweep's ``multirun/...``), not opd's ``out_dir``, not regen's output folder;
+a run past its checks keeps them, and a folder holding anyone else's files is never removed."""
+
+from __future__ import annotations
+
+import pytest
+
+from common import run_folders
+from common.run_folders import checks_passed, discard_unless_checked, note_new_folder
+from tests.helpers.entries import run_main
+from tests.helpers.opd_support import run_entry, write_agent_data
+
+
+def regen(*overrides: str, cwd):
+    from regen.main import main
+
+    return run_main(main, *overrides, cwd=cwd, program="regen/main.py")
+
+
+def test_regen_stopped_by_a_missing_dataset_file_leaves_no_hydra_folder(tmp_path):
+    result = regen("dataset=local", "dataset.path=missing.jsonl", "server.model=m", cwd=tmp_path)
+    assert result.returncode == 1 and "error: dataset file not found: missing.jsonl" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # before: outputs/regen/DATE/TIME/ with .hydra/ and main.log
+
+
+def test_regen_stopped_at_its_server_check_leaves_neither_its_output_folder_nor_hydras(tmp_path, tokenizer_path):
+    data = tmp_path / "in" / "prompts.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"prompt": "hi"}\n')
+    # server.model names the output, so the output is opened (its folder made) before any server is asked
+    result = regen("dataset=local", f"dataset.path={data}", "server=external", "server.model=m",
+                   "server.endpoints=[http://127.0.0.1:1]", f"tokenizer={tokenizer_path}", "output=out/regen/x.jsonl",
+                   cwd=tmp_path)
+    assert result.returncode == 1 and "error: no endpoint answers /v1/models" in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # before: out/regen/x.jsonl, .manifest, .errors
+
+
+def test_regen_sweep_stopped_at_its_checks_leaves_no_multirun_folder(tmp_path):
+    result = regen("-m", "dataset=local", "dataset.path=missing.jsonl", "server.model=m",
+                   "sampling.temperature=0.6,1.0", cwd=tmp_path)
+    assert result.returncode == 1 and "error: dataset file not found" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_opd_entries_stopped_by_missing_data_leave_neither_out_dir_nor_hydra_folder(tmp_path):
+    for entry, group in (("train", "teacher=tiny_teacher"), ("sft", "model=tiny_student"),
+                         ("evaluate", "+model@models.s=tiny_student")):
+        result = run_entry(entry, "data=missing.jsonl", "tokenizer=tok", group, cwd=tmp_path)
+        assert result.returncode == 1, result.stderr
+        assert "missing.jsonl" in result.stderr.splitlines()[-1]
+        assert list(tmp_path.iterdir()) == [], entry  # before: outputs/... and out/agent_opd (its .lock) stayed
+
+
+def test_opd_run_past_its_checks_keeps_its_folders(tmp_path, tokenizer_path):
+    data = write_agent_data(tmp_path / "agent.jsonl", 2)
+    # the student checkpoint is read after the data: a failure there is past the data's check but before the
+    # run's end of checks, so nothing stays; a run that trains keeps its out_dir and Hydra folder
+    stopped = run_entry("sft", f"data={data}", f"tokenizer={tokenizer_path}", "model=tiny_student",
+                        f"model.checkpoint={tmp_path / 'none.pth'}", cwd=tmp_path)
+    assert stopped.returncode == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl"]
+    ran = run_entry("sft", f"data={data}", f"tokenizer={tokenizer_path}", "model=tiny_student", "from_scratch=true",
+                    "max_steps=1", "batch_size=2", "max_total_len=1024", "device=cpu", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl", "out", "outputs"]
+
+
+@pytest.fixture
+def fresh():
+    run_folders.forget()
+    yield
+    run_folders.forget()
+
+
+def test_only_folders_this_run_made_and_only_its_own_files_are_removed(tmp_path, fresh):
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    made, foreign = existing / "a" / "b", tmp_path / "foreign"
+    note_new_folder(made, (".lock",))
+    note_new_folder(existing, (".lock",))  # it was there before: never removed
+    note_new_folder(foreign, (".lock",))
+    made.mkdir(parents=True)
+    (made / ".lock").write_text("1")
+    (existing / ".lock").write_text("1")
+    foreign.mkdir()
+    (foreign / ".lock").write_text("1")
+    (foreign / "theirs.txt").write_text("someone else's")
+    with pytest.raises(RuntimeError), discard_unless_checked():
+        raise RuntimeError("a check failed")
+    assert not (existing / "a").exists() and (existing / ".lock").is_file()
+    assert sorted(p.name for p in foreign.iterdir()) == ["theirs.txt"]
+
+
+def test_after_the_checks_pass_a_failure_removes_nothing(tmp_path, fresh):
+    folder = tmp_path / "run"
+    note_new_folder(folder, (".lock",))
+    folder.mkdir()
+    (folder / ".lock").write_text("1")
+    with pytest.raises(RuntimeError), discard_unless_checked():
+        checks_passed()
+        raise RuntimeError("failed mid-run")
+    assert (folder / ".lock").is_file()
