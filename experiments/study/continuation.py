@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from common.atomic_write import atomic_write_json
 from common.chat_records import AgentRecord, load_agent_records
 from common.minimind.model import load_model
+from common.package_files import CONFIG_DIR
 from experiments.study.divergence import model_spec
 from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig, SamplingConfig
@@ -37,7 +38,7 @@ from opd.scoring import BROKEN_JSON, CALL_ERRORS, score_episode
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import execute_call
 
-SAMPLING_DIR = Path(__file__).resolve().parents[2] / "configs" / "sampling"
+SAMPLING_DIR = CONFIG_DIR / "sampling"
 
 
 def first_error(row: dict) -> tuple[int, int, str] | None:
