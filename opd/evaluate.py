@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 
 from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, RecordError, load_agent_records
-from common.minimind.model import ModelSpec, load_model
+from common.minimind.model import ModelSpec, is_native_checkpoint, load_model
 from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from common.package_files import CONFIG_DIR
 from common.run_folders import checks_passed, discard_unless_checked
@@ -93,8 +93,11 @@ def evaluate(cfg: EvalConfig) -> dict:
 
 
 def check_heldout(records: list[AgentRecord], cfg: EvalConfig) -> None:
-    """Every record has ``gt``, its ``expected_calls`` (if any) run in the tool world, and it fits the limits; every
-    model uses the same tokenizer (fails before any rollout)."""
+    """Every native checkpoint exists; every record has ``gt``, its ``expected_calls`` (if any) run in the tool
+    world, and it fits the limits; every model uses the same tokenizer (fails before any rollout)."""
+    for name, spec in cfg.models.items():
+        if spec.checkpoint and is_native_checkpoint(spec.checkpoint) and not Path(spec.checkpoint).is_file():
+            raise UserError(f"models.{name}.checkpoint: no such file: {spec.checkpoint}")
     for record in records:
         if not record.gt:
             raise RecordError(f"{record.source}: gt is required for evaluation (the strings a correct answer contains)")

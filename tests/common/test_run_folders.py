@@ -52,6 +52,15 @@ def test_opd_entries_stopped_by_missing_data_leave_neither_out_dir_nor_hydra_fol
         assert list(tmp_path.iterdir()) == [], entry  # before: outputs/... and out/agent_opd (its .lock) stayed
 
 
+def test_evaluate_with_a_missing_checkpoint_stops_at_its_checks_naming_the_model(tmp_path, tokenizer_path):
+    data = write_agent_data(tmp_path / "agent.jsonl", 2)
+    result = run_entry("evaluate", f"data={data}", f"tokenizer={tokenizer_path}", "+model@models.s=tiny_student",
+                       f"models.s.checkpoint={tmp_path / 'none.pth'}", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == f"error: models.s.checkpoint: no such file: {tmp_path / 'none.pth'}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl"]  # before: outputs/ and out/eval stayed
+
+
 def test_opd_run_past_its_checks_keeps_its_folders(tmp_path, tokenizer_path):
     data = write_agent_data(tmp_path / "agent.jsonl", 2)
     # the student checkpoint is read after the data: a failure there is past the data's check but before the
