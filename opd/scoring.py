@@ -53,7 +53,8 @@ definitions.
 - **teacher token share**: share of the generated tokens the teacher wrote (a guided rollout's, or the teacher's
   own episodes; 0 for a model evaluated on its own).
 
-Calls in a last allowed turn (``max_turns`` reached) are checked but not run; they count as calls.
+Calls in a last allowed turn (``max_turns`` reached) are checked but not run; they count as calls. So are the
+closed blocks of a turn cut by ``max_gen_len`` or ``max_total_len`` before its EOS (the rollout never read them).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from tools.answer_check import answer_is_correct, final_answer
 from tools.mock_tools import math_expression
 from tools.safe_math import parse_expression
 from tools.tool_calls import MalformedToolCall, ToolCall, split_tool_calls
-from tools.tool_environment import NOT_A_CALL, OK, TOOL_ERROR, CallOutcome, execute_call
+from tools.tool_environment import NOT_A_CALL, OK, TOOL_ERROR, CallOutcome, check_call, execute_call
 
 # call types (see the module doc), in the order they are checked
 BROKEN_JSON, FAILED_CALL, CORRECT, WRONG_OPERATION, WRONG_VALUE, EXTRA_CALL, UNCHECKED = (
@@ -184,9 +185,14 @@ def score_episode(episode: Episode, chat_format: ChatFormat) -> EpisodeScore:
     """Score one finished episode against its record's ``gt`` and ``expected_calls``."""
     record = episode.record
     answer = episode_answer(episode, chat_format)
-    blocks = [block for index in range(len(episode.turns))
-              for block in split_tool_calls(chat_format.decode(episode.turn_ids(index)))[1]]
-    outcomes = [call for turn in episode.turns for call in turn.calls]
+    blocks, outcomes = [], []
+    for index, turn in enumerate(episode.turns):
+        found = split_tool_calls(chat_format.decode(episode.turn_ids(index)))[1]
+        blocks += found
+        # a turn cut by a limit (max_gen_len, max_total_len) before its EOS never had its calls read: they are
+        # checked here, not run, as the last allowed turn's are
+        ended = len(turn.calls) == len(found)
+        outcomes += turn.calls if ended else [check_call(block, record.declared_tools) for block in found]
     expected = expected_outcomes(record)
     return EpisodeScore(
         source=record.source, stop_reason=episode.stop_reason, final_answer=answer,

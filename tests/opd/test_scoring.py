@@ -90,6 +90,24 @@ def test_calls_in_the_last_allowed_turn_count_and_the_episode_is_truncated(token
         assert aggregate([score])["truncation_rate"] == 1.0 and aggregate([score])["tool_error_rate"] == 0.0
 
 
+def test_closed_calls_of_a_turn_cut_by_a_limit_are_checked_not_run(tokenizer):
+    """A T=1 turn that closes a call block and goes on talking until max_gen_len never reached its EOS, so the rollout
+    read no calls from it (before: the classifier's zip of blocks and outcomes failed, stopping a whole evaluation)."""
+    chat_format = ChatFormat(tokenizer)
+    record = replace(with_gt(agent_record("h.jsonl:1", "What is 2+3?"), "5"),
+                     expected_calls=[{"name": "calculate_math", "arguments": {"expression": "2+3"}}])
+    call = encode(tokenizer, call_text("calculate_math", expression="2+3"))
+    cut = call + encode(tokenizer, " and then" * 40)
+    room = len(chat_format.prompt_ids(record)) + len(call) + 5  # the total cuts the turn 5 tokens after the block
+    for limits in (RolloutConfig(3, len(call) + 5, 4096, open_thinking=False),
+                   RolloutConfig(3, 200, room, open_thinking=False)):
+        rollout = AgentRollout(tiny_model(), chat_format, ScriptedSampler({"h.jsonl:1": [cut]}), limits)
+        episode = rollout.run([record])[0]
+        assert episode.stop_reason in ("max_gen_len", "max_total_len") and episode.turns[0].calls == []
+        score = score_episode(episode, chat_format)
+        assert (score.call_statuses, score.call_types, score.correct) == (["ok"], ["correct"], False)
+
+
 # A two-step chain in MiniMind's tool world: (3 + 4) % 20 = 7, then (7 + 4) % 20 = 11.
 CHAIN = [{"name": "calculate_math", "arguments": {"expression": "(3 + 4) % 20"}},
          {"name": "calculate_math", "arguments": {"expression": "(7 + 4) % 20"}}]
