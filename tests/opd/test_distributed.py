@@ -97,14 +97,15 @@ def kill_job(process: subprocess.Popen) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def finish(process: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Wait for a launch; on timeout kill it and its workers and fail with its output."""
+def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    """Wait for a launch, as long as it takes (a hang ends at pytest's timeout, which then kills it and its
+    workers here)."""
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_job(process)
         stdout, stderr = process.communicate()
-        pytest.fail(f"torchrun did not finish in {timeout} s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    except BaseException:
+        kill_job(process)
+        process.communicate()
+        raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
