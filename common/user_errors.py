@@ -9,15 +9,23 @@ stopped on; it carries the line to print and its exit status (128 + the signal n
 prints its details, then its ``error:`` lines, and exits with status 1; an ``Interrupted`` prints its line and exits
 with its status; a bare Ctrl-C prints ``error: interrupted`` and exits with 130. ``HYDRA_FULL_ERROR=1`` re-raises
 errors and a bare Ctrl-C, to see the traceback.
+
+Under ``torchrun`` every process of a job usually stops on the same error, so only rank 0 prints it; every rank
+writes what it would print to torchrun's error file (``$TORCHELASTIC_ERROR_FILE``, the format of torch's
+``ErrorHandler``), where torchrun's failure report shows it and ``python -m opd.torchrun`` reads it to print the
+messages of the other ranks that rank 0 did not print.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 
 
 class UserError(ValueError):
@@ -52,6 +60,19 @@ def error_lines(error: BaseException) -> list[str]:
     return [f"error: {line}" for part in (message, hint) if part for line in part.splitlines() if line.strip()]
 
 
+def report(text: str) -> None:
+    """Print ``text`` on stderr, or under torchrun (``$TORCHELASTIC_ERROR_FILE`` set) only on rank 0; every rank's
+    goes to its error file there, as torch's ``ErrorHandler.record_exception`` writes one, less the call stack
+    (without one torchrun's report shows the message: there is no traceback to show)."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        record = {"message": text, "extraInfo": {"timestamp": str(int(time.time()))}}
+        with suppress(OSError):  # the error itself is what matters; a report lost is torchrun's default
+            Path(error_file).write_text(json.dumps({"message": record}))
+    if not error_file or os.environ.get("RANK", "0") == "0":
+        print(text, file=sys.stderr)
+
+
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
     """Turn user errors and interrupts into what the module doc says, and exit."""
@@ -61,14 +82,13 @@ def exit_on_user_error() -> Iterator[None]:
     except (UserError, FileNotFoundError) as error:
         if full_error:
             raise
-        if getattr(error, "details", None):
-            print(error.details.rstrip(), file=sys.stderr)
-        print("\n".join(error_lines(error)), file=sys.stderr)
+        details = getattr(error, "details", None)
+        report("\n".join(([details.rstrip()] if details else []) + error_lines(error)))
         sys.exit(1)
     except KeyboardInterrupt as interrupt:
         if not isinstance(interrupt, Interrupted):  # a Ctrl-C the job did not handle itself
             if full_error:
                 raise
             interrupt = Interrupted()
-        print(interrupt.message, file=sys.stderr)
+        report(interrupt.message)
         sys.exit(interrupt.exit_status)

@@ -31,7 +31,7 @@ from typing import TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from common.minimind.model import ModelSpec
+from common.minimind.model import ModelSpec, is_native_checkpoint
 from common.minimind.precision import Precision, resolve_precision
 from common.package_files import CONFIG_DIR, register_resolvers
 from common.user_errors import UserError
@@ -309,10 +309,16 @@ class LoggerConfig:
                                   f"pip install -e '.[{backend}]'")
 
 
-def _model_with_tokenizer(spec: ModelSpec, tokenizer: str | None) -> ModelSpec:
+def _model_with_tokenizer(key: str, spec: ModelSpec, tokenizer: str | None) -> None:
+    """The model block ``key`` takes the entry's ``tokenizer`` unless it names its own. A MiniMind ``.pth`` holds no
+    tokenizer, so one must be set: refused naming ``tokenizer=``, the key a person types (each block takes it from
+    there), not the block's own key."""
     if spec.tokenizer is None:
         spec.tokenizer = tokenizer
-    return spec
+    if not spec.tokenizer and is_native_checkpoint(spec.checkpoint):
+        raise ConfigError(f"tokenizer is not set, and {key}.checkpoint={spec.checkpoint} holds none (a MiniMind .pth)",
+                          "pass tokenizer=PATH (your MiniMind checkout's tokenizer folder, or a hub id) or export "
+                          "MINIMIND_TOKENIZER; `make tiny` writes a stand-in one to out/tiny/standin-tokenizer")
 
 
 @dataclass
@@ -366,8 +372,8 @@ class OPDConfig(TrainingRunConfig):
                  {key: getattr(self.guidance, key) for key in GUIDANCE_OPTIONS if getattr(self.guidance, key) is not None})
         _require(self.mode == "on_policy" or not self.mixture.teacher_share, "mixture.teacher_share",
                  "0 with mode=offline (the mixture mixes into on-policy batches)", self.mixture.teacher_share)
-        for spec in (self.teacher, self.student):
-            _model_with_tokenizer(spec, self.tokenizer)
+        for key in ("teacher", "student"):
+            _model_with_tokenizer(key, getattr(self, key), self.tokenizer)
 
 
 @dataclass
@@ -384,7 +390,7 @@ class SFTConfig(TrainingRunConfig):
         super().__post_init__()
         _check_count("max_total_len", self.max_total_len)
         _check_file_name_part("save_prefix", self.save_prefix)
-        _model_with_tokenizer(self.model, self.tokenizer)
+        _model_with_tokenizer("model", self.model, self.tokenizer)
 
 
 @dataclass
@@ -419,4 +425,4 @@ class EvalConfig(_Precision):
                  self.models)
         for name, spec in self.models.items():
             _check_file_name_part(f"models.{name}", name)
-            _model_with_tokenizer(spec, self.tokenizer)
+            _model_with_tokenizer(f"models.{name}", spec, self.tokenizer)

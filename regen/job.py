@@ -33,7 +33,7 @@ from regen.hydra_runtime import scrub_credentials
 from regen.inflight_control import steer
 from regen.output_files import compact_errors
 from regen.pipeline import Pipeline, SourceRows
-from regen.progress_view import ProgressView
+from regen.progress_view import ProgressView, to_do
 from regen.regenerate import Regeneration, RequestShape
 from regen.reply_bodies import read_body, read_head
 from regen.request_params import RequestParams
@@ -132,7 +132,8 @@ async def regenerate_dataset(state: RunState, source: Source, signals: StopSigna
                                     RequestParams.from_settings(settings), state.output.detokenizer)
         rows = SourceRows(source, settings.dataset.format, settings.limit, settings.language_filter)
         pipeline = Pipeline(rows, regeneration, state.output, state.stats, warner(console))
-        view = ProgressView(state.stats, pool.endpoints, settings.limit, console, settings.progress_log_s)
+        view = ProgressView(state.stats, pool.endpoints, to_do(rows.count(), len(state.output.resume.done_ids)),
+                            console, settings.progress_log_s)
         beside = [view.follow(), pool.probe_dead(session, settings.endpoint_reprobe_s)]
         if settings.fixed_concurrency is None:
             beside += [steer(session, pool, endpoint, settings.concurrency_max, settings.concurrency_interval_s,

@@ -49,6 +49,13 @@ class SourceRows:
         passed = (record for record in self.source.records() if self._passes(record, stats))
         return itertools.islice(passed, self.limit)
 
+    def count(self) -> int | None:
+        """How many records :meth:`eligible` yields, as far as is known before reading them: the source's ``size()``
+        up to the limit; with a language filter, only the limit (an upper bound: which rows pass shows as they are
+        read); ``None`` when neither is known."""
+        size = None if self.language_filter is not None else self.source.size()
+        return min((count for count in (size, self.limit) if count is not None), default=None)
+
     def _passes(self, record: SourceRecord, stats: RunStats) -> bool:
         if self.language_filter is None or (isinstance(record.row, dict)
                                             and record.row.get("language") == self.language_filter):

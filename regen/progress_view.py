@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.text import Text
 
 from regen.endpoint_pool import Endpoint
@@ -31,18 +40,30 @@ def status_line(stats: RunStats, endpoints: list[Endpoint]) -> str:
     )
 
 
+def to_do(total: int | None, already_done: int) -> int | None:
+    """The conversations this run has left to deal with: ``total`` records (``SourceRows.count``) less the ones
+    an earlier run finished (resume skips them at once, so they are not work of this run)."""
+    return None if total is None else max(total - already_done, 0)
+
+
 class _StatsColumn(ProgressColumn):
     def __init__(self, stats: RunStats, endpoints: list[Endpoint]):
         super().__init__()
         self.stats, self.endpoints = stats, endpoints
 
     def render(self, task: Task) -> Text:
-        read = f"{task.completed:.0f}" + (f"/{task.total:.0f}" if task.total is not None else "")
-        return Text(f"{read} | {status_line(self.stats, self.endpoints)}")
+        return Text(f"{counted(task)} | {status_line(self.stats, self.endpoints)}")
+
+
+def counted(task: Task) -> str:
+    """``handled/total``, or ``handled`` when the total is unknown."""
+    return f"{task.completed:.0f}" + (f"/{task.total:.0f}" if task.total is not None else "")
 
 
 class ProgressView:
-    """A bar over conversations (total = the row limit when known) plus the live counters."""
+    """A bar over the conversations this run deals with (done, failed or refused; ``total``: those it has to, when
+    known, see :func:`to_do`), with the time remaining at the rate of the last 30 s, plus the live counters.
+    Records a resumed run skips as done are not counted."""
 
     def __init__(self, stats: RunStats, endpoints: list[Endpoint], total: int | None,
                  console: Console | None = None, log_every_s: float = 60.0):
@@ -50,7 +71,7 @@ class ProgressView:
         self.stats, self.endpoints, self.log_every_s = stats, endpoints, log_every_s
         self.progress = Progress(
             SpinnerColumn(), "[bold]regen", BarColumn(bar_width=20), _StatsColumn(stats, endpoints),
-            TimeElapsedColumn(),
+            TimeElapsedColumn(), TimeRemainingColumn(),
             console=self.console, refresh_per_second=2,
         )
         self.task = self.progress.add_task("regen", total=total)
@@ -60,17 +81,28 @@ class ProgressView:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.update(self.task, completed=self.stats.handled)
+        self.update()
         self.progress.stop()
 
+    def update(self) -> None:
+        """Move the bar to the conversations dealt with so far."""
+        self.progress.update(self.task, completed=self.stats.handled - self.stats.skipped_done)
+
+    def log_line(self) -> str:
+        """The status line printed off a terminal: the count, the time remaining when known, the counters."""
+        task = self.progress.tasks[self.task]
+        remaining = task.time_remaining
+        eta = "" if remaining is None else f" eta {timedelta(seconds=round(remaining))}"
+        return f"[regen] {counted(task)}{eta} | {status_line(self.stats, self.endpoints)}"
+
     async def follow(self, period_s: float = 0.5) -> None:
-        """Forever: move the bar to the records handled so far; off a terminal, also print the status
-        line every ``log_every_s`` (nothing is done per conversation, so the bar costs no client CPU)."""
+        """Forever: move the bar; off a terminal, also print :meth:`log_line` every ``log_every_s`` (nothing is done
+        per conversation, so the bar costs no client CPU)."""
         since_log = 0.0
         while True:
             await asyncio.sleep(period_s)
-            self.progress.update(self.task, completed=self.stats.handled)
+            self.update()
             since_log += period_s
             if not self.console.is_terminal and since_log >= self.log_every_s:
                 since_log = 0.0
-                self.console.print(f"[regen] {status_line(self.stats, self.endpoints)}", highlight=False)
+                self.console.print(self.log_line(), markup=False, highlight=False, soft_wrap=True)

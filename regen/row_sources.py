@@ -6,8 +6,9 @@ top-level array. Rows are then yielded one at a time as :class:`SourceRecord` wi
 (``primary_id``; for id-less local rows the key speculators computes, see ``regen.speculators_keys``).
 A row that cannot be used (a ``.jsonl`` line that is not JSON or over 8 MiB, JSON nested too deep, a lone
 surrogate: ``common.chat_records``) comes as a record with an ``error`` and the run goes on. Every
-source also has a ``fingerprint`` (what the run manifest compares on resume) and ``locate(idx)``, which
-names a row in messages.
+source also has a ``fingerprint`` (what the run manifest compares on resume), ``locate(idx)``, which
+names a row in messages, and ``size()``: how many rows it holds when that is known without reading them (a
+``.jsonl``'s non-blank lines, counted; a hub split's ``num_examples`` from its metadata), for the progress bar.
 """
 
 from __future__ import annotations
@@ -68,6 +69,21 @@ class JsonlFile:
 
     def locate(self, idx: int) -> str:
         return f"{self.path}:{idx + 1}"
+
+    def size(self) -> int:
+        """The rows :meth:`records` yields: the non-blank lines (a BOM alone on the first line is blank), counted
+        a MiB at a time without decoding them."""
+        rows, line_has_text = 0, False
+        with self.path.open("rb") as handle:
+            chunk = handle.read(1 << 20).removeprefix(codecs.BOM_UTF8)
+            while chunk:
+                *ended, rest = chunk.split(b"\n")
+                for line in ended:
+                    rows += line_has_text or bool(line.strip())
+                    line_has_text = False
+                line_has_text = line_has_text or bool(rest.strip())
+                chunk = handle.read(1 << 20)
+        return rows + line_has_text
 
     def records(self) -> Iterator[SourceRecord]:
         """Each non-blank line, read through the guarded reader shared with opd (``common.chat_records``): a line
@@ -130,6 +146,10 @@ class JsonArrayFile:
     def locate(self, idx: int) -> str:
         return f"{self.path} element {idx}"
 
+    def size(self) -> None:
+        """Unknown until the array is parsed (its elements are decoded one at a time as the run reads them)."""
+        return None
+
     def records(self) -> Iterator[SourceRecord]:
         """Elements of the array, each named by the line it starts on and its index."""
         text, path = self.text, self.path
@@ -184,6 +204,12 @@ class HubDataset:
 
     def locate(self, idx: int) -> str:
         return f"{self.label} row {idx}"
+
+    def size(self) -> int | None:
+        """The split's ``num_examples`` in the metadata the builder already read (``DatasetInfo.splits``), if it
+        has one; nothing is fetched for it."""
+        split = (self.builder.info.splits or {}).get(self.split)
+        return (split.num_examples or None) if split is not None else None
 
     def records(self) -> Iterator[SourceRecord]:
         try:

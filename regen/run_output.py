@@ -15,6 +15,7 @@ is removed when the run lets go (``common.run_lock``).
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,12 +41,14 @@ from regen.settings import RegenSettings
 
 
 def output_paths(settings: RegenSettings, model: str) -> OutputPaths:
-    """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{multirun overrides}].jsonl``."""
+    """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{multirun overrides}].jsonl``, where the
+    model is its last path part, without the ``.pth``/``.pt`` of a MiniMind checkpoint the embedded server serves
+    under its path (``out/tiny/tiny_teacher.pth``: ``sample_tiny_teacher.jsonl``)."""
     if settings.output:
         path = Path(settings.output)
     else:
         source = settings.dataset.name or Path(settings.dataset.path).stem
-        model_short = model.rstrip("/").split("/")[-1]
+        model_short = re.sub(r"\.pth?$", "", model.rstrip("/").split("/")[-1])
         path = Path(settings.output_dir) / f"{sanitize_name(source)}_{sanitize_name(model_short)}{multirun_suffix(sanitize_name)}.jsonl"
     real = Path(os.path.realpath(path))  # through symlinks, to the file itself
     return OutputPaths(real if real != Path(os.path.abspath(path)) else path)

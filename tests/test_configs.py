@@ -22,11 +22,11 @@ GROUPS = {
     "evaluate": ("sampling",),
 }
 # Mandatory (???) values a user must give, per entrypoint and group option.
-REQUIRED = {
+REQUIRED = {  # a native MiniMind checkpoint needs a tokenizer (it holds none)
     "regen": ["dataset=sample"],
-    "opd": ["data=agent.jsonl"],
-    "sft": ["data=demonstrations.jsonl"],
-    "evaluate": ["data=heldout.jsonl", "+model@models.teacher=agent_768"],
+    "opd": ["data=agent.jsonl", "tokenizer=tok"],
+    "sft": ["data=demonstrations.jsonl", "tokenizer=tok"],
+    "evaluate": ["data=heldout.jsonl", "+model@models.teacher=agent_768", "tokenizer=tok"],
 }
 
 

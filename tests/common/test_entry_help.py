@@ -20,7 +20,7 @@ def shown_keys(lines: list[str]) -> dict[str, str]:
 
 def test_regen_help_from_another_folder_needs_no_dataset_and_lists_keys_with_their_meaning(tmp_path):
     result = subprocess.run([sys.executable, str(REPO_ROOT / "regen" / "main.py"), "--help"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     lines = result.stdout.splitlines()
     shown = shown_keys(lines)
@@ -38,7 +38,7 @@ def test_regen_help_from_another_folder_needs_no_dataset_and_lists_keys_with_the
 
 def test_help_into_a_pipe_closed_early_is_no_traceback():
     command = f"{sys.executable} {REPO_ROOT / 'regen' / 'main.py'} --help | head -1"
-    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert result.stdout.startswith("Response regeneration:")
 

@@ -6,6 +6,7 @@ import pytest
 
 from opd.config import ConfigError, LossConfig, OptimConfig, RolloutConfig, SamplingConfig
 from tests.helpers.configs import entry_config
+from tests.helpers.opd_support import run_entry
 
 BASE = ["data=agent.jsonl", "tokenizer=tok", "device=cpu"]
 
@@ -47,3 +48,32 @@ def test_blocks_become_the_objects_that_use_them():
     assert cfg.teacher.tokenizer == cfg.student.tokenizer == "tok"  # the presets' ${tokenizer}
     assert entry_config("evaluate", [*BASE, "models={m: {checkpoint: x.pth}}"]).models["m"].tokenizer == "tok"
     assert cfg.precision.device.type == "cpu" and cfg.precision.dtype_name == "float32"
+
+
+@pytest.mark.parametrize("entry,overrides,key", [
+    ("opd", ["data=agent.jsonl", "teacher=tiny_teacher", "student=tiny_student"], "teacher"),
+    ("sft", ["data=demos.jsonl", "model=tiny_student"], "model"),
+    ("evaluate", ["data=heldout.jsonl", "+model@models.small=tiny_student"], "models.small"),
+])
+def test_a_missing_tokenizer_names_the_key_a_person_types(entry, overrides, key):
+    """Every model block takes the entry's ``tokenizer=``: that is the key to name, not ``student.tokenizer``."""
+    with pytest.raises(ConfigError) as caught:
+        entry_config(entry, [*overrides, "device=cpu"])
+    assert caught.value.message == (f"tokenizer is not set, and {key}.checkpoint=out/tiny/tiny_"
+                                    f"{'teacher' if key == 'teacher' else 'student'}.pth holds none (a MiniMind .pth)")
+    assert caught.value.hint.startswith("pass tokenizer=PATH ")
+
+
+def test_a_missing_tokenizer_is_two_error_lines(tmp_path):
+    result = run_entry("train", "data=agent.jsonl", "teacher=tiny_teacher", "student=tiny_student",
+                       f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        "error: tokenizer is not set, and teacher.checkpoint=out/tiny/tiny_teacher.pth holds none (a MiniMind .pth)",
+        "error: pass tokenizer=PATH (your MiniMind checkout's tokenizer folder, or a hub id) or export "
+        "MINIMIND_TOKENIZER; `make tiny` writes a stand-in one to out/tiny/standin-tokenizer"]
+
+
+def test_an_hf_model_needs_no_tokenizer_setting():
+    """An HF folder or hub id as checkpoint brings its own tokenizer."""
+    cfg = entry_config("evaluate", ["data=heldout.jsonl", "models={m: {checkpoint: org/model}}", "device=cpu"])
+    assert cfg.models["m"].tokenizer is None

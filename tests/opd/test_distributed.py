@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from common.minimind.model import load_native, save_native
 from common.minimind.tokenizer import MINIMIND_VOCAB_SIZE
 from opd.checkpoints import ResumeRefusedError, load_resume
 from opd.distributed import Ranks
+from opd.torchrun import exit_status, failure_lines
 from opd.train import train
 from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.configs import entry_config
@@ -95,14 +97,15 @@ def kill_job(process: subprocess.Popen) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def finish(process: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Wait for a launch; on timeout kill it and its workers and fail with its output."""
+def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    """Wait for a launch, as long as it takes (a hang ends at pytest's timeout, which then kills it and its
+    workers here)."""
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_job(process)
         stdout, stderr = process.communicate()
-        pytest.fail(f"torchrun did not finish in {timeout} s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    except BaseException:
+        kill_job(process)
+        process.communicate()
+        raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
@@ -201,13 +204,61 @@ def test_killed_and_resumed_two_process_run_equals_the_straight_one(workspace):
         single(workspace, "killed", *sampled, f"resume={resume}", "max_steps=7")
 
 
+ODD_BATCH = ("error: batch_size=3 does not divide by the 2 processes: batch_size is the global batch; use a multiple "
+             "of 2")
+
+
+def error_lines(done: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
+
+
 def test_a_global_batch_that_does_not_split_is_refused(workspace):
+    """Both ranks refuse it; only rank 0 prints the error, and torchrun's own report shows each rank's message
+    (from its error file) instead of "To enable traceback see ..."."""
     out, run = workspace["root"] / "odd", workspace["root"] / "odd-run"
     done = finish(launch(["--nproc_per_node=2", "opd/train.py", *workspace["base"], "batch_size=3", f"out_dir={out}",
                           f"hydra.run.dir={run}"]))
-    assert done.returncode != 0
-    assert "error: batch_size=3 does not divide by the 2 processes" in done.stderr
+    assert done.returncode == 1
+    assert error_lines(done) == [ODD_BATCH]
+    assert f"traceback : {ODD_BATCH}" in done.stderr and "To enable traceback" not in done.stderr
     assert not out.exists() and not run.exists()  # held from the start, taken back: the run stopped at its checks
+
+
+def test_opd_torchrun_ends_a_failed_job_with_one_error_line(workspace):
+    """``python -m opd.torchrun``: torchrun's options, then the one line, without torchrun's report and traceback."""
+    out, run = workspace["root"] / "odd-launcher", workspace["root"] / "odd-launcher-run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "opd.torchrun", "--standalone", "--nproc_per_node=2", "opd/train.py",
+         *workspace["base"], "batch_size=3", f"out_dir={out}", f"hydra.run.dir={run}"],
+        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    done = finish(process)
+    assert done.returncode == 1
+    assert error_lines(done) == [ODD_BATCH]
+    assert "Traceback" not in done.stdout + done.stderr and "ChildFailedError" not in done.stderr, done.stderr
+
+
+def failure(folder, rank: int, exitcode: int, message: str | None = None, at: int = 1000) -> ProcessFailure:
+    """torchrun's record of a failed rank; with ``message``, its error file as ``common.user_errors`` writes it."""
+    error_file = folder / f"{rank}.json"
+    if message is not None:
+        error_file.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": str(at)}}}))
+    return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(error_file))
+
+
+def test_opd_torchrun_shows_each_other_message_once(tmp_path):
+    """What rank 0 printed is not repeated; another rank's own error is, once, first failure first; a rank killed by
+    a signal or one that wrote nothing (a crash: its traceback is above) gets a line of its own."""
+    same, others, mixed = (tmp_path / name for name in ("same", "others", "mixed"))
+    for folder in (same, others, mixed):
+        folder.mkdir()
+    assert failure_lines({rank: failure(same, rank, 1, "error: a\nerror: fix") for rank in range(8)}) == []
+    assert failure_lines({rank: failure(others, rank, 1, "error: b") for rank in (3, 5)}) == ["error: b"]
+    mixed = {0: failure(mixed, 0, 130, "error: interrupted", at=1002), 1: failure(mixed, 1, 1, "error: c", at=1001),
+             2: failure(mixed, 2, -9), 3: failure(mixed, 3, 1)}
+    assert failure_lines(mixed) == ["error: c", "error: rank 2 was killed by SIGKILL",
+                                    "error: rank 3 exited with status 1 (its output above says why)"]
+    assert [exit_status(f) for f in (mixed[0], mixed[2])] == [130, 137]
 
 
 def test_a_held_out_dir_refuses_a_two_process_run_without_a_hang(workspace):

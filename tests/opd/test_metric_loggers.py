@@ -151,11 +151,11 @@ def test_bad_logger_settings_are_one_error_line(tmp_path, override, shown):
 
 def test_wandb_mode_from_the_environment_is_checked_only_when_wandb_logs(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "dryrun")  # set for another tool
-    assert entry_config("opd", ["data=agent.jsonl"]).logger.wandb.mode == "dryrun"
+    assert entry_config("opd", ["data=agent.jsonl", "tokenizer=tok"]).logger.wandb.mode == "dryrun"
     with pytest.raises(ConfigError, match="logger.wandb.mode must be one of offline, online, shared, disabled, got 'dryrun'"):
-        entry_config("opd", ["data=agent.jsonl", "logger.backends=[wandb]"])
+        entry_config("opd", ["data=agent.jsonl", "tokenizer=tok", "logger.backends=[wandb]"])
     monkeypatch.delenv("WANDB_MODE")
-    assert entry_config("opd", ["data=agent.jsonl"]).logger.wandb.mode == "offline"  # the default
+    assert entry_config("opd", ["data=agent.jsonl", "tokenizer=tok"]).logger.wandb.mode == "offline"  # the default
 
 
 def test_only_the_logging_process_writes(tmp_path):

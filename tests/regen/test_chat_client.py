@@ -122,7 +122,7 @@ def test_out_of_file_descriptors_is_a_client_error_with_a_hint(serve, tmp_path, 
         [sys.executable, "regen/main.py", "dataset=local", f"dataset.path={data}", "server=external",
          f"server.endpoints=[{server.url}]", f"tokenizer={tokenizer_path}", f"output={tmp_path / 'out.jsonl'}",
          "concurrency=100", "endpoint_max_failures=1", f"hydra.run.dir={tmp_path / 'h'}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, preexec_fn=few_files)
+        cwd=REPO_ROOT, capture_output=True, text=True, preexec_fn=few_files)
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]

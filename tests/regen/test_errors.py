@@ -20,13 +20,14 @@ import torch
 from common.minimind.model import MiniMindArch, build_model, save_native
 from tests.helpers.entries import Ran, run_main
 from tests.helpers.paths import REPO_ROOT, small_tmpfs
+from tests.helpers.processes import communicate
 from tests.helpers.regen_support import EOS, ok, read_jsonl, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port, install_standin_vllm, wait_until
 
 
 def regen_cli(*overrides: str, env: dict | None = None, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO_ROOT / "regen" / "main.py"), *overrides], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True)
 
 
 def regen_main(*overrides: str, env: dict | None = None) -> Ran:
@@ -139,7 +140,7 @@ class Held:
 def interrupt(process: subprocess.Popen, signum: int, ready) -> tuple[int, str]:
     wait_until(ready, process, "the run has requests in flight")
     process.send_signal(signum)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = communicate(process)
     return process.returncode, stderr
 
 
@@ -241,7 +242,7 @@ def test_a_signal_during_start_up_is_one_line_and_130_or_143(tmp_path, tokenizer
         if moment == "models":
             wait_until(connected, process, "regen asks /v1/models")
         process.send_signal(signum)
-        _, stderr = process.communicate(timeout=120)
+        _, stderr = communicate(process)
     finally:
         for connection in held:
             connection.close()
@@ -295,7 +296,7 @@ def test_running_out_of_file_descriptors_is_two_error_lines_and_nothing_from_asy
             [sys.executable, "regen/main.py", "dataset=local", f"dataset.path={data}", f"output={tmp_path / 'out.jsonl'}",
              f"hydra.run.dir={tmp_path / 'h'}", "server=external", f"server.endpoints=[{server.url}]",
              f"tokenizer={tokenizer_path}", "concurrency=auto", "concurrency_start=100"], cwd=REPO_ROOT, capture_output=True, text=True,
-            timeout=180, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
     finally:
         held.event and server.loop.call_soon_threadsafe(held.event.set)
     lines = error_lines(result)

@@ -133,12 +133,16 @@ def test_wrong_tokenizer_stops_the_run(serve, regen, tmp_path):
     assert summary["status"].startswith("failed: TokenizerMismatch")
 
 
-def test_output_is_named_after_dataset_and_model(serve, tmp_path, tokenizer_path):
-    server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}), model="org/Qwen3-8B")
+@pytest.mark.parametrize(("model", "name"), [
+    ("org/Qwen3-8B", "my_prompts_Qwen3-8B.jsonl"), ("org/Qwen2.5-7B", "my_prompts_Qwen2.5-7B.jsonl"),
+    ("out/tiny/tiny_teacher.pth", "my_prompts_tiny_teacher.jsonl"),  # the embedded server names a .pth by its path
+    ("out/step_100.pt", "my_prompts_step_100.jsonl")])
+def test_output_is_named_after_dataset_and_model(serve, tmp_path, tokenizer_path, model, name):
+    server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}), model=model)
     data = write_jsonl(tmp_path / "my_prompts.jsonl", [{"prompt": "Hi"}])
     summary = run(regen_config(tmp_path, [server.url], data, tokenizer_path, "output=null", f"output_dir={tmp_path / 'o'}"))
-    assert summary["output"] == str(tmp_path / "o" / "my_prompts_Qwen3-8B.jsonl")
-    assert len(read_jsonl(tmp_path / "o" / "my_prompts_Qwen3-8B.jsonl")) == 1
+    assert summary["output"] == str(tmp_path / "o" / name)
+    assert len(read_jsonl(tmp_path / "o" / name)) == 1
 
 
 def test_every_file_of_a_run_gets_the_outputs_permissions(serve, regen, tmp_path):

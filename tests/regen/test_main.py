@@ -20,6 +20,7 @@ from regen.main import main
 from standins.vllm_server import SyntheticResponder
 from tests.helpers.entries import run_main
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import communicate
 from tests.helpers.regen_support import EOS, ok, read_jsonl, regen_config, write_jsonl
 from tests.helpers.standin_vllm_cli import wait_until
 
@@ -61,7 +62,7 @@ def test_kill_9_mid_run_then_resume_finishes_every_conversation_once(serve, tmp_
     second = subprocess.run(cli("dataset=local", f"dataset.path={data}", "server=external",
                                 f"server.endpoints=[{stuck.url}]", f"tokenizer={tokenizer_path}", f"output={output}",
                                 "resume=true", f"hydra.run.dir={tmp_path / 'h2'}"),
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+                            cwd=REPO_ROOT, capture_output=True, text=True)
     assert second.returncode == 1 and "Traceback" not in second.stderr
     assert second.stderr.splitlines()[-2:] == [
         f"error: {output} is being written by another regen run (pid {process.pid}, lock {tmp_path / 'out.lock'})",
@@ -97,7 +98,7 @@ def test_multirun_jobs_write_distinct_files_with_their_sampling(serve, tmp_path,
 def test_client_import_chain_has_no_torch():
     code = ("import sys, regen.main, regen.job, benchmarks.regen_client, standins.vllm_server; "
             "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.replace("'", '"')) == []
 
@@ -153,7 +154,7 @@ def test_kill_loop_with_flaky_server_finishes_every_conversation_exactly_once(se
             process.communicate(timeout=rng.uniform(0.5, 6.0))
         except subprocess.TimeoutExpired:
             process.send_signal(signum)
-        stdout, stderr = process.communicate(timeout=300)
+        stdout, stderr = communicate(process)
         both = stdout + stderr
         assert "Traceback" not in both and "never retrieved" not in both and "asyncio" not in both, both[-3000:]
         if signum == signal.SIGKILL:
@@ -167,7 +168,7 @@ def test_kill_loop_with_flaky_server_finishes_every_conversation_exactly_once(se
         done = len({row["primary_id"] for row in read_jsonl(output)}) if signum != signal.SIGKILL else None
         outcomes.append((signal.Signals(signum).name, process.returncode, done))
     assert any(code for _, code, _ in outcomes)  # the loop did interrupt runs
-    final = subprocess.run(command(99), cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    final = subprocess.run(command(99), cwd=REPO_ROOT, capture_output=True, text=True)
     assert final.returncode == 0 and "Traceback" not in final.stderr, final.stderr[-3000:]
     counts = Counter(row["primary_id"] for row in read_jsonl(output))
     assert counts == {f"k{i}": 2 for i in range(count)}, outcomes

@@ -111,6 +111,21 @@ def test_hub_dataset_streams_the_chosen_config_and_split(hub_like):
     assert [r.primary_id for r in test_rows] == ["main-test-0"]
 
 
+def test_a_hub_split_has_a_size_when_its_metadata_gives_one(hub_like):
+    """The progress bar's total: ``num_examples`` from the dataset card's ``dataset_info`` (what the builder read);
+    a card without it (as hub_like's) gives none."""
+    def size(subset, split):
+        return open_source(DatasetSettings(source="hf", path=str(hub_like), format="gsm8k", subset=subset,
+                                           split=split)).size()
+
+    assert size("main", "train") is None
+    card = (hub_like / "README.md").read_text().removesuffix("---\n")
+    (hub_like / "README.md").write_text(card + "dataset_info:\n- config_name: main\n  splits:\n" + "".join(
+        f"  - name: {split}\n    num_bytes: 100\n    num_examples: {count}\n" for split, count in (("train", 3), ("test", 1)))
+        + "---\n")
+    assert (size("main", "train"), size("main", "test"), size("other", "train")) == (3, 1, None)
+
+
 def test_an_unreadable_hub_dataset_is_a_clear_error(hub_like):
     with pytest.raises(SourceError, match=r"cannot open the hub dataset .*\[nope/train\]"):
         open_source(DatasetSettings(source="hf", path=str(hub_like), format="gsm8k", subset="nope", split="train"))
@@ -160,3 +175,29 @@ def test_a_line_over_the_cap_is_never_held_whole(tmp_path):
     stream = Counting(b'{"a": "' + b"x" * (3 * MAX_LINE_BYTES) + b'"}\n{"b": 1}\n')
     assert [(line.number, line.value) for line in json_lines(stream)][1:] == [(2, {"b": 1})]
     assert Counting.largest <= MAX_LINE_BYTES + 1
+
+
+@pytest.mark.parametrize(("content", "rows"), [
+    (b"", 0), (b"\n \n\r\n", 0), (codecs.BOM_UTF8 + b"\n{}\n", 1), (b'{"a": 1}\n\n{"a": 2}', 2),
+    (b'{"a": 1}\r\n{"a": 2}\r\n \n', 2), (b"not json\n{}\n", 2)])
+def test_a_jsonl_size_is_the_records_it_yields(tmp_path, content, rows):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(content)
+    source = open_source(DatasetSettings(source="local", path=str(path), format="auto"))
+    assert source.size() == rows == len(list(source.records()))
+
+
+def test_a_jsonl_size_counts_lines_across_its_read_blocks(tmp_path):
+    """Lines that straddle the MiB blocks it is counted in, one over the 8 MiB cap (a record of its own) and a blank
+    line of 3 MiB of spaces."""
+    path = tmp_path / "rows.jsonl"
+    lines = [b'{"p": "' + b"x" * n + b'"}' for n in (10, (1 << 20) - 3, 5, 3 << 20)] + [b" " * (3 << 20), b"{}"]
+    path.write_bytes(b"\n".join([*lines, HOSTILE["long"][0].encode()]) + b"\n")
+    source = open_source(DatasetSettings(source="local", path=str(path), format="auto"))
+    assert source.size() == 6 == len(list(source.records()))
+
+
+def test_a_json_array_has_no_size_before_it_is_read(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text('[{"prompt": "a"}]')
+    assert open_source(DatasetSettings(source="local", path=str(path), format="auto")).size() is None

@@ -39,7 +39,7 @@ def test_text_that_is_not_a_json_object_gets_no_observation(text, capsys):
 
 def run_command(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tools", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          encoding="utf-8", timeout=60)
+                          encoding="utf-8")
 
 
 def test_the_command_prints_utf8_and_exits_0():

@@ -1,0 +1,67 @@
+"""``python -m opd.torchrun [torchrun's options] opd/train.py ...``: ``torchrun`` that ends a failed job with its
+``error:`` lines once, not with torchrun's ``ChildFailedError`` report and traceback.
+
+It runs ``torch.distributed.run`` itself, so every torchrun option and environment variable works as with
+``torchrun``. A rank that stops on a user error writes its lines to torchrun's error file and only rank 0 prints
+them (``common.user_errors``); when the job fails this prints, from those files, the lines of the other failed
+ranks that differ from rank 0's, one line for a rank killed by a signal or one that exited without writing any
+(its own output says why: a traceback), then exits with the first failure's status (128 + N for signal N).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+
+def failure_lines(failures: dict) -> list[str]:
+    """The lines that tell a person why the job failed, beyond what rank 0 printed: ``failures`` maps a global rank
+    to torchrun's ``ProcessFailure`` (its ``exitcode`` and ``error_file``); each text is shown once."""
+    shown, lines = {written_message(failures[0])} if 0 in failures else set(), []
+    for rank, failure in sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0])):
+        text = written_message(failure)
+        if text is None:
+            text = (f"error: rank {rank} was killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0
+                    else f"error: rank {rank} exited with status {failure.exitcode} (its output above says why)")
+        if text not in shown:
+            shown.add(text)
+            lines.append(text)
+    return lines
+
+
+def written_message(failure) -> str | None:
+    """What the rank wrote to its error file as it stopped on a user error (``common.user_errors.report``)."""
+    path = Path(failure.error_file)
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text()).get("message")
+    return record.get("message") if isinstance(record, dict) else None
+
+
+def exit_status(failure) -> int:
+    return 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    # the failure is reported here, not as torchrun's "failed (exitcode: 1) local_rank: 0 ..." log line
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as failed:
+        lines = failure_lines(failed.failures)
+        if lines:
+            print("\n".join(lines), file=sys.stderr)
+        sys.exit(exit_status(failed.get_first_failure()[1]))
+    except SignalException as stopped:  # Ctrl-C or SIGTERM: torchrun has stopped the workers, rank 0 said so
+        sys.exit(128 + stopped.sigval)
+
+
+if __name__ == "__main__":
+    main()
