@@ -25,7 +25,7 @@ from tests.helpers.paths import CONFIG_DIR, REPO_ROOT
 
 PRODUCT = ("common", "regen", "opd", "tools", "launch")
 SCRIPTS = ("onpolicy-regen", "onpolicy-show-rows", "onpolicy-train", "onpolicy-sft", "onpolicy-evaluate",
-           "onpolicy-serve")
+           "onpolicy-serve", "onpolicy-torchrun")
 
 
 def _build_and_install(folder: Path) -> dict:
@@ -120,6 +120,8 @@ def test_installed_entries_answer_help_and_regen_finds_its_sample_from_another_f
     assert composed.returncode == 0, composed.stderr
     cfg = yaml.safe_load(composed.stdout)
     assert cfg["dataset"]["path"] == "prompts.jsonl" and cfg["sampling"]["temperature"] == 0
+    launcher = run_script(installed, "onpolicy-torchrun", "--help", cwd=elsewhere)
+    assert launcher.returncode == 0 and "--nproc-per-node" in launcher.stdout, launcher.stderr
     shown = run_script(installed, "onpolicy-show-rows", "--help", cwd=elsewhere)
     assert shown.returncode == 0 and shown.stdout.startswith("usage: onpolicy-show-rows"), shown.stderr
     for name, group in (("train", "  teacher (default agent_768): agent_512,"), ("sft", "  model (default"),

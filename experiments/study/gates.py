@@ -53,19 +53,24 @@ def _gate(name: str, value: float | None, threshold: float, detail: str) -> dict
 
 
 def student_error_rates(cfg, paths) -> dict:
-    """What the noise-injected demonstrations are matched to: the warm students' temperature-1 call errors per call
-    (every call of every held-out episode, pooled over seeds) beside the configured rates. ``value_noise`` matches
-    wrong values and operations (a confused call), ``syntax_noise`` failed calls (a corrupted one); broken JSON is
-    reported, not injected (MiniMind gives it no observation)."""
-    types = Counter(kind for seed in cfg.seeds
-                    for row in _rows(paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl")
-                    for kind in row["call_types"])
-    calls = sum(types.values())
+    """What the noise-injected demonstrations are matched to: the warm students' first call errors at temperature 1
+    per call at risk (a call made while every earlier call of its episode was right: where a demonstration injects
+    its noise), by type, pooled over seeds, beside the configured rates. ``value_noise`` matches wrong values and
+    operations (a confused call), ``syntax_noise`` failed calls (a corrupted one); broken JSON is reported, not
+    injected (MiniMind gives it no observation)."""
+    at_risk, first = 0, Counter()
+    for seed in cfg.seeds:
+        for row in _rows(paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl"):
+            for kind in row["call_types"]:
+                at_risk += 1
+                if kind in CALL_ERRORS:
+                    first[kind] += 1
+                    break
 
     def rate(*kinds: str) -> float | None:
-        return sum(types[kind] for kind in kinds) / calls if calls else None
+        return sum(first[kind] for kind in kinds) / at_risk if at_risk else None
 
-    return {"calls": calls, "confused": rate(WRONG_VALUE, WRONG_OPERATION), "wrong_value": rate(WRONG_VALUE),
+    return {"calls_at_risk": at_risk, "confused": rate(WRONG_VALUE, WRONG_OPERATION), "wrong_value": rate(WRONG_VALUE),
             "wrong_operation": rate(WRONG_OPERATION), "failed_call": rate(FAILED_CALL),
             "broken_json": rate(BROKEN_JSON), "value_noise": cfg.data.value_noise,
             "syntax_noise": cfg.data.syntax_noise}

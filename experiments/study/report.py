@@ -206,7 +206,7 @@ def print_report(report: dict, console: Console) -> None:
                       {True: "yes", False: "NO", None: "-"}[gate["passed"]], gate["detail"])
     console.print(gates)
     m = report["noise_match"]
-    console.print(f"the warm students' T=1 call errors per call ({m['calls']} calls): confused {_pm(m['confused'], None)} "
+    console.print(f"the warm students' first T=1 call errors per call at risk ({m['calls_at_risk']} calls): confused {_pm(m['confused'], None)} "
                   f"(wrong value {_pm(m['wrong_value'], None)}, wrong operation {_pm(m['wrong_operation'], None)}), "
                   f"failed {_pm(m['failed_call'], None)}, broken JSON {_pm(m['broken_json'], None)}; the noisy "
                   f"demonstrations inject value_noise {m['value_noise']} and syntax_noise {m['syntax_noise']}")

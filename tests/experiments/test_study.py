@@ -227,11 +227,11 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert gates["G5_kd_recovery"]["value"] == 0.0 and gates["G5_kd_recovery"]["direction"] == "at most"
     assert gates["G5_kd_recovery"]["passed"] is True
     assert gates["G1_student_intermediate_errors"]["value"] is None  # these rows carry no expected calls
-    # the students' T=1 calls: seed 0 one right episode (1 call) and three wrong (2 calls, one failed), seed 1 two
-    # and two: 13 calls, 5 failed
-    assert report["noise_match"] == pytest.approx({"calls": 13, "confused": 0.0, "wrong_value": 0.0,
+    # the students' T=1 calls: seed 0 one right episode (1 call) and three wrong (2 calls, the second failed), seed 1
+    # two and two: 13 calls at risk (none after a first error), 5 first errors
+    assert report["noise_match"] == pytest.approx({"calls_at_risk": 13, "confused": 0.0, "wrong_value": 0.0,
                                                    "wrong_operation": 0.0, "failed_call": 5 / 13, "broken_json": 0.0,
-                                                   "value_noise": 0.2, "syntax_noise": 0.05})
+                                                   "value_noise": 0.21, "syntax_noise": 0.005})
     rows = summary_results(report)
     assert {(row["arm"], row["horizon"], row["decoding"]) for row in rows} == {
         (a, h, d) for a in ("kd", "opd") for h in (1, 2) for d in ("t1", "greedy")}
@@ -392,3 +392,22 @@ def test_the_continuation_command_writes_its_counts(tmp_path, tokenizer_path):
     assert {key: report[key] for key in ("episodes", "error_episodes", "continued", "not_continued")} == {
         "episodes": 4, "error_episodes": 3, "continued": 1, "not_continued": {"broken_json": 1, "no_turn_left": 1}}
     assert report["by_first_error"]["wrong_value"]["continued"] == 1 and report["rate"] in (0.0, 1.0)
+
+
+def test_the_noise_is_matched_to_first_errors_per_call_at_risk(tmp_path):
+    """A wrong value makes every later call of the chain wrong too: only the first error of an episode counts, over
+    the calls made before it (where a demonstration injects its noise)."""
+    from experiments.study.gates import student_error_rates
+
+    cfg = study_config(tmp_path, "seeds=[0]")
+    paths = StudyPaths(cfg)
+    episodes = paths.evaluation(0, "student", "t1")
+    episodes.mkdir(parents=True)
+    rows = [["correct", "wrong_value", "wrong_value", "wrong_value"],  # 2 at risk, one first error
+            ["correct", "correct", "failed_call", "correct"],  # 3 at risk, a failed call
+            ["broken_json"],  # 1 at risk
+            ["correct", "correct"]]  # 2 at risk, no error
+    (episodes / "episodes_student.jsonl").write_text("".join(json.dumps({"call_types": r}) + "\n" for r in rows))
+    assert student_error_rates(cfg, paths) == pytest.approx({
+        "calls_at_risk": 8, "confused": 1 / 8, "wrong_value": 1 / 8, "wrong_operation": 0.0, "failed_call": 1 / 8,
+        "broken_json": 1 / 8, "value_noise": 0.21, "syntax_noise": 0.005})
