@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.package_files import tiny_dir
 from opd.config import ConfigError, LossConfig, OptimConfig, RolloutConfig, SamplingConfig
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import run_entry
@@ -59,8 +60,8 @@ def test_a_missing_tokenizer_names_the_key_a_person_types(entry, overrides, key)
     """Every model block takes the entry's ``tokenizer=``: that is the key to name, not ``student.tokenizer``."""
     with pytest.raises(ConfigError) as caught:
         entry_config(entry, [*overrides, "device=cpu"])
-    assert caught.value.message == (f"tokenizer is not set, and {key}.checkpoint=out/tiny/tiny_"
-                                    f"{'teacher' if key == 'teacher' else 'student'}.pth holds none (a MiniMind .pth)")
+    checkpoint = tiny_dir() / f"tiny_{'teacher' if key == 'teacher' else 'student'}.pth"  # the preset's, resolved
+    assert caught.value.message == f"tokenizer is not set, and {key}.checkpoint={checkpoint} holds none (a MiniMind .pth)"
     assert caught.value.hint.startswith("pass tokenizer=PATH ")
 
 
@@ -68,7 +69,7 @@ def test_a_missing_tokenizer_is_two_error_lines(tmp_path):
     result = run_entry("train", "data=agent.jsonl", "teacher=tiny_teacher", "student=tiny_student",
                        f"hydra.run.dir={tmp_path}")
     assert result.returncode == 1 and result.stderr.splitlines() == [
-        "error: tokenizer is not set, and teacher.checkpoint=out/tiny/tiny_teacher.pth holds none (a MiniMind .pth)",
+        f"error: tokenizer is not set, and teacher.checkpoint={tiny_dir() / 'tiny_teacher.pth'} holds none (a MiniMind .pth)",
         "error: pass tokenizer=PATH (your MiniMind checkout's tokenizer folder, or a hub id) or export "
         "MINIMIND_TOKENIZER; `make tiny` writes a stand-in one to out/tiny/standin-tokenizer"]
 
