@@ -80,20 +80,34 @@ class StudyArm:
 
 
 @dataclass
-class WarmStart:
-    """``warm``: the warm student is the first kept SFT checkpoint whose greedy accuracy on validation prompts (the
-    distillation split) reaches ``min_accuracy`` (``experiments.study.warm_start``)."""
+class CheckpointPick:
+    """``teacher_pick``: the gold teacher is the first kept SFT checkpoint whose greedy accuracy on the first
+    ``prompts`` validation prompts (the distillation split) reaches ``min_accuracy``
+    (``experiments.study.warm_start``)."""
 
-    horizons: list[int]  # the horizons of the student's SFT demonstrations
     check_every: int  # SFT steps between kept checkpoints
     prompts: int
     min_accuracy: float
 
+    def _check(self, block: str) -> None:
+        require_setting(self.check_every >= 1, f"{block}.check_every", "an integer >= 1", self.check_every)
+        require_setting(self.prompts >= 1, f"{block}.prompts", "an integer >= 1", self.prompts)
+        require_setting(0 <= self.min_accuracy <= 1, f"{block}.min_accuracy",
+                        "in [0, 1] (0: the first kept checkpoint)", self.min_accuracy)
+
     def __post_init__(self) -> None:
-        require_setting(self.check_every >= 1, "warm.check_every", "an integer >= 1", self.check_every)
-        require_setting(self.prompts >= 1, "warm.prompts", "an integer >= 1", self.prompts)
-        require_setting(0 <= self.min_accuracy <= 1, "warm.min_accuracy", "in [0, 1] (0: the first kept checkpoint)",
-                        self.min_accuracy)
+        self._check("teacher_pick")
+
+
+@dataclass
+class WarmStart(CheckpointPick):
+    """``warm``: the warm student, picked as the teacher is (``CheckpointPick``), from an SFT on the gold
+    demonstrations of ``horizons``."""
+
+    horizons: list[int]
+
+    def __post_init__(self) -> None:
+        self._check("warm")
 
 
 @dataclass
@@ -167,6 +181,7 @@ class StudyConfig:
     student: RecipeModel
     sft: StudySFT
     warm: WarmStart
+    teacher_pick: CheckpointPick
     distill: DistillSettings
     arm_settings: dict[str, StudyArm]
     baseline_arm: str
@@ -184,6 +199,8 @@ class StudyConfig:
                         "a non-empty subset of horizons", self.warm.horizons)
         require_setting(self.warm.check_every <= self.student.sft_steps, "warm.check_every",
                         f"at most student.sft_steps ({self.student.sft_steps})", self.warm.check_every)
+        require_setting(self.teacher_pick.check_every <= self.teacher.sft_steps, "teacher_pick.check_every",
+                        f"at most teacher.sft_steps ({self.teacher.sft_steps})", self.teacher_pick.check_every)
         for name, arm in self.arm_settings.items():
             require_setting(all(c.isalnum() or c in "_.-" for c in name), f"arm_settings.{name}",
                             "named with letters, digits, '_', '-' and '.' only (it names folders and stages)", name)

@@ -7,8 +7,11 @@
    gold demonstrations, distillation prompts, every held-out problem at every horizon; three splits disjoint by
    problem. ``noisy-data``: the same problems as noise-injected (DART) demonstrations at ``data.value_noise`` and
    ``data.syntax_noise`` (a stage of its own, so that setting the rates from the pilot reruns nothing else).
-2. ``teacher-gold``: SFT (``opd/sft.py``) of a seeded random init of the teacher's architecture on the gold
-   demonstrations; ``teacher-robust``: that teacher continued by SFT on the noise-injected demonstrations (noise
+2. ``teacher-gold-sft``: SFT (``opd/sft.py``) of a seeded random init of the teacher's architecture on the gold
+   demonstrations, keeping its weights every ``teacher_pick.check_every`` steps; ``teacher-gold``: the first of them
+   whose greedy validation accuracy reaches ``teacher_pick.min_accuracy`` (``experiments.study.warm_start``: the
+   task is learnt at a cliff whose step varies; the pilot's teacher was still short of it after 1000 steps);
+   ``teacher-robust``: that teacher continued by SFT on the noise-injected demonstrations (noise
    calls are context, never targets: it learns the retry after a wrong or failed call). The teachers the arms
    distil are evaluated on the held-out problems under every decoding.
 3. Per seed: ``student``: SFT of the much smaller student architecture from the seed's init on the gold
@@ -84,6 +87,10 @@ class StudyPaths:
 
     def teacher(self, kind: str) -> Path:
         return self.out / "teachers" / kind / f"teacher_{kind}_{self.cfg.teacher.hidden_size}.pth"
+
+    def teacher_sft(self) -> Path:
+        """The gold teacher's SFT run (its final weights; the kept ones beside them)."""
+        return self.out / "teachers" / "gold_sft" / f"teacher_gold_sft_{self.cfg.teacher.hidden_size}.pth"
 
     def seed(self, seed: int) -> Path:
         return self.out / f"seed{seed}"
@@ -188,6 +195,16 @@ def _eval_stages(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int | Non
     return stages
 
 
+def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeModel, pick, out: Path) -> list[str]:
+    """``experiments.study.warm_start``: the first kept checkpoint of the SFT ``run`` whose greedy accuracy on the
+    first ``pick.prompts`` distillation prompts reaches ``pick.min_accuracy``, copied to ``out``."""
+    d = cfg.distill
+    return [sys.executable, "-m", "experiments.study.warm_start", "--run-dir", str(run.parent), "--stem", run.stem,
+            "--arch", _arch_flag(block), "--data", str(paths.file("distill_prompts")), "--tokenizer", str(cfg.tokenizer),
+            "--prompts", str(pick.prompts), "--min-accuracy", str(pick.min_accuracy), "--max-turns", str(d.max_turns),
+            "--max-gen-len", str(d.max_gen_len), "--max-total-len", str(d.max_total_len), "--out", str(out)]
+
+
 def study_stages(cfg: StudyConfig) -> list[Stage]:
     """The study's commands, each after the stages it reads (see the module doc). Training comes before
     evaluation: of the stages ready to start, the runner starts the first listed."""
@@ -199,9 +216,12 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
               Stage("noisy-data", [*task, "--part", "noisy", "--value-noise", str(data.value_noise),
                                    "--syntax-noise", str(data.syntax_noise)], [paths.file(name) for name in NOISY_FILES])]
     evaluations = []
-    stages.append(Stage("teacher-gold", _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed,
-                                                     paths.file("train_demonstrations"), paths.teacher("gold").parent,
-                                                     "teacher_gold"), [paths.teacher("gold")], ("data",)))
+    stages.append(Stage("teacher-gold-sft", _sft_command(
+        cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_demonstrations"), paths.teacher_sft().parent,
+        "teacher_gold_sft", keep_every=cfg.teacher_pick.check_every), [paths.teacher_sft()], ("data",)))
+    stages.append(Stage("teacher-gold", _pick_command(cfg, paths, paths.teacher_sft(), cfg.teacher, cfg.teacher_pick,
+                                                      paths.teacher("gold")), [paths.teacher("gold")],
+                        ("teacher-gold-sft",)))
     stages.append(Stage("teacher-robust", _sft_command(
         cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_noisy_demonstrations"),
         paths.teacher("robust").parent, "teacher_robust", start=paths.teacher("gold")),
@@ -217,13 +237,9 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
         stages.append(Stage(f"{prefix}-student-sft", _sft_command(
             cfg, cfg.student, "student", seed, paths.file("warm_demonstrations"), paths.student_sft(seed).parent,
             "student_sft", keep_every=w.check_every), [paths.student_sft(seed)], ("data",)))
-        stages.append(Stage(f"{prefix}-student", [
-            python, "-m", "experiments.study.warm_start", "--run-dir", str(paths.student_sft(seed).parent),
-            "--stem", paths.student_sft(seed).stem, "--arch", _arch_flag(cfg.student),
-            "--data", str(paths.file("distill_prompts")), "--tokenizer", str(cfg.tokenizer),
-            "--prompts", str(w.prompts), "--min-accuracy", str(w.min_accuracy), "--max-turns", str(d.max_turns),
-            "--max-gen-len", str(d.max_gen_len), "--max-total-len", str(d.max_total_len),
-            "--out", str(paths.student(seed))], [paths.student(seed)], (f"{prefix}-student-sft",)))
+        stages.append(Stage(f"{prefix}-student", _pick_command(cfg, paths, paths.student_sft(seed), cfg.student, w,
+                                                               paths.student(seed)),
+                            [paths.student(seed)], (f"{prefix}-student-sft",)))
         evaluations += _eval_stages(cfg, paths, "student", seed, {"student": (paths.student(seed), cfg.student)},
                                     (f"{prefix}-student",))
         evaluations.append(Stage(f"{prefix}-divergence", [

@@ -11,7 +11,7 @@ from dataclasses import asdict
 import pytest
 
 from experiments.charts import write_study_charts
-from experiments.study.config import StudyConfig
+from experiments.study.config import GATES, StudyConfig
 from experiments.study.gates import intermediate_calls
 from experiments.study.report import checkpoint_scores, study_report, summary_results
 from experiments.study.study import StudyPaths, curve_steps, study_stages
@@ -58,19 +58,26 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert set(cfg.arm_settings) == {"kd", "kd_dart", "opd", "opd_rkl", "opd_greedy"}
     robust = stages["teacher-robust"]
     assert argument(robust.command, "data") == str(paths.file("train_noisy_demonstrations"))
-    assert argument(stages["teacher-gold"].command, "data") == str(paths.file("train_demonstrations"))
+    gold = stages["teacher-gold-sft"]
+    assert argument(gold.command, "data") == str(paths.file("train_demonstrations"))
+    # the gold teacher: the first kept SFT checkpoint past the threshold on validation prompts
+    assert argument(gold.command, "save_interval") == str(cfg.teacher_pick.check_every)
+    pick = stages["teacher-gold"].command
+    assert pick[pick.index("--min-accuracy") + 1] == str(cfg.teacher_pick.min_accuracy) == "0.95"
+    assert pick[pick.index("--run-dir") + 1] == str(paths.teacher_sft().parent)
+    assert stages["teacher-gold"].outputs == [paths.teacher("gold")] and stages["teacher-gold"].needs == ("teacher-gold-sft",)
     # the robust teacher continues the gold one: the same architecture and schedule, its own steps and data
     assert robust.needs == ("teacher-gold", "noisy-data")
     assert argument(robust.command, "model.checkpoint") == str(paths.teacher("gold"))
     # the noise rates reach the noisy files' stage only: setting them from the pilot reruns nothing else
     noisy = stages["noisy-data"].command
     assert noisy[noisy.index("--value-noise") + 1] == str(cfg.data.value_noise) and "--value-noise" not in stages["data"].command
-    assert "from_scratch=true" in stages["teacher-gold"].command and "from_scratch=true" not in robust.command
+    assert "from_scratch=true" in gold.command and "from_scratch=true" not in robust.command
     assert argument(robust.command, "max_steps") == str(cfg.sft.robust_teacher_steps)
     varying = ("data=", "save_prefix=", "out_dir=", "hydra.run.dir=", "from_scratch=", "model.checkpoint=",
-               "max_steps=", "epochs=")
+               "max_steps=", "epochs=", "save_interval=", "keep_saved_weights=")
     assert [p for p in robust.command if not p.startswith(varying)] == [
-        p for p in stages["teacher-gold"].command if not p.startswith(varying)]
+        p for p in gold.command if not p.startswith(varying)]
 
 
 def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_settings_per_decoding(tmp_path):
@@ -120,6 +127,8 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
     (["endpoint.decoding=beam"], "endpoint.decoding must be one of t1, greedy"),
     (["~gates.G5_kd_recovery"], "gates: expected exactly the keys"),
     (["evaluation.decodings.t1.samples_per_prompt=0"], "evaluation.decodings.t1.samples_per_prompt must be an integer >= 1"),
+    (["teacher_pick.check_every=5000"], "teacher_pick.check_every must be at most teacher.sft_steps (2000)"),
+    (["teacher_pick.min_accuracy=2"], "teacher_pick.min_accuracy must be in [0, 1]"),
     (["warm.horizons=[3]"], "warm.horizons must be a non-empty subset of horizons, got [3]"),
     (["distill.steps=150", "distill.eval_every=500"], "distill.eval_every must be at most distill.steps (150)"),
 ])
@@ -263,7 +272,7 @@ def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_pa
     """Every stage of a minute-sized study (one seed, two arms, one horizon) runs as its real command, then a
     second invocation skips them all."""
     tiny = [f"out_dir={tmp_path}", f"tokenizer={tokenizer_path}", "seeds=[0]", "arms=[opd]", "horizons=[1]", "warm.horizons=[1]", "warm.check_every=1", "warm.prompts=2", "warm.min_accuracy=0",
-            "endpoint.horizon=1",
+            "endpoint.horizon=1", "teacher_pick.check_every=1", "teacher_pick.prompts=2", "teacher_pick.min_accuracy=0",
             "data.train=6", "data.distill=4", "teacher.sft_steps=2", "student.sft_steps=2", "teacher.hidden_size=32",
             "teacher.num_hidden_layers=1", "student.hidden_size=32", "student.num_hidden_layers=1", "distill.steps=2",
             "distill.eval_every=1", "distill.batch_size=2", "distill.max_gen_len=8", "evaluation.max_gen_len=8",
@@ -273,7 +282,11 @@ def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_pa
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     summary = json.loads((tmp_path / "study_summary.json").read_text())
     assert summary["seeds"] == [0] and summary["horizons"] == [1]
-    assert {(row["arm"], row["horizon"]) for row in summary["results"]} == {("kd", 1), ("opd", 1)}
+    assert {(row["arm"], row["horizon"], row["decoding"]) for row in summary["results"]} == {
+        (arm, 1, decoding) for arm in ("kd", "opd") for decoding in ("t1", "greedy")}
+    assert set(summary["gates"]) == set(GATES) and summary["endpoint"]["arm"] == "opd"
+    assert {(row["arm"], row["decoding"]) for row in summary["per_seed"]} == {
+        (arm, decoding) for arm in ("warm_student", "kd", "opd") for decoding in ("t1", "greedy")}
     assert (tmp_path / "accuracy_vs_horizon.png").is_file() and (tmp_path / "accuracy_vs_steps.png").is_file()
     again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "started" not in again.stdout
