@@ -202,7 +202,8 @@ def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeM
     return [sys.executable, "-m", "experiments.study.warm_start", "--run-dir", str(run.parent), "--stem", run.stem,
             "--arch", _arch_flag(block), "--data", str(paths.file("distill_prompts")), "--tokenizer", str(cfg.tokenizer),
             "--prompts", str(pick.prompts), "--min-accuracy", str(pick.min_accuracy), "--max-turns", str(d.max_turns),
-            "--max-gen-len", str(d.max_gen_len), "--max-total-len", str(d.max_total_len), "--out", str(out)]
+            "--max-gen-len", str(d.max_gen_len), "--max-total-len", str(d.max_total_len), "--out", str(out),
+            "--role", "teacher" if block is cfg.teacher else "student"]
 
 
 def study_stages(cfg: StudyConfig) -> list[Stage]:

@@ -1,4 +1,5 @@
-"""Pick a warm student: the first SFT checkpoint whose greedy accuracy on validation prompts reaches a threshold.
+"""Pick a warm student (or the teacher): the first SFT checkpoint whose greedy accuracy on validation prompts reaches
+a threshold.
 
     python -m experiments.study.warm_start --run-dir seed0/student --stem student_warm_64 --arch 64,2,2,1 \\
         --data distill_prompts.jsonl --tokenizer PATH --prompts 120 --min-accuracy 0.5 --out seed0/student/warm.pth
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-gen-len", type=int, default=64)
     parser.add_argument("--max-total-len", type=int, default=1024)
     parser.add_argument("--out", required=True, type=Path, help="where the chosen weights are copied")
+    parser.add_argument("--role", default="student", help="the study's block the SFT belongs to (named in errors)")
     args = parser.parse_args(argv)
     records = load_agent_records(args.data)[0][:args.prompts]
     limits = RolloutConfig(args.max_turns, args.max_gen_len, args.max_total_len, False)
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     if chosen is None:
         best = max(measured, key=lambda row: row["accuracy"], default=None)
         sys.exit(f"error: no SFT checkpoint in {args.run_dir} reached validation accuracy {args.min_accuracy} "
-                 f"(best: {best}); train the student longer (student.sft_steps)")
+                 f"(best: {best}); train the {args.role} longer ({args.role}.sft_steps)")
     temporary = args.out.with_name(args.out.name + ".tmp")
     shutil.copyfile(chosen["checkpoint"], temporary)
     temporary.replace(args.out)
