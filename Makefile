@@ -79,6 +79,6 @@ recipe: tiny ## CPU recipe: task, SFT teacher, weaker student, OPD / KD / SFT ar
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[chart]'
 	$(PY) -m experiments.recipe.recipe tokenizer=$(TOKENIZER) $(RECIPE_ARGS)
 
-study: setup ## the study: OPD vs KD over horizons of dependent tool calls, 5 seeds, about 65 min (out/study; STUDY_ARGS="'seeds=[0]' 'arms=[opd]'" for a slice)
+study: setup ## the study: OPD vs KD over horizons of recoverable tool calls, 3 seeds (out/study; STUDY_ARGS="'seeds=[0]' 'arms=[kd]'": the pilot gates)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[chart]'
 	$(PY) -m experiments.study.study tokenizer=$(TOKENIZER) $(STUDY_ARGS)
