@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from experiments.recipe.config import (
     DistillSettings,
+    EvaluationSettings,
     RecipeModel,
     RecipeTeacher,
     check_staged_run,
@@ -131,19 +132,13 @@ class Decoding:
 
 
 @dataclass
-class StudyEvaluation:
-    """``evaluation``: identical for every checkpoint: every decoding, one seed, one set of limits."""
+class StudyEvaluation(EvaluationSettings):
+    """``evaluation``: the recipe's block (one seed, one set of limits for every checkpoint) and every decoding."""
 
-    seed: int
-    batch_size: int
-    max_turns: int
-    max_gen_len: int
-    max_total_len: int
     decodings: dict[str, Decoding]
 
     def __post_init__(self) -> None:
-        for key in ("batch_size", "max_turns", "max_gen_len", "max_total_len"):
-            require_setting(getattr(self, key) >= 1, f"evaluation.{key}", "an integer >= 1", getattr(self, key))
+        super().__post_init__()
         require_setting(bool(self.decodings), "evaluation.decodings", "at least one decoding", self.decodings)
         for name, decoding in self.decodings.items():
             require_setting(name.isidentifier(), f"evaluation.decodings.{name}", "a name of letters, digits and _", name)
