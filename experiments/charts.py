@@ -76,7 +76,7 @@ def write_study_charts(report: dict, out: str | Path) -> list[Path]:
     axes[-1, 0].set_xticks(range(len(horizons)), [str(h) for h in horizons])
     axes[-1, 0].set_xlabel("horizon H (dependent tool calls)")
     axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.suptitle(f"accuracy after {report['steps'][-1]} steps ({seeds} seeds, ± 1 SE; dashed: off-policy arms)")
+    figure.suptitle(f"accuracy after {report['steps'][-1]} steps ({seeds} seed{'s' if seeds > 1 else ''}, ± 1 SE; dashed: off-policy arms)")
     paths = [save_png(figure, out / "accuracy_vs_horizon.png")]
     figure, axes = plt.subplots(len(decodings), len(horizons), figsize=(3.6 * len(horizons) + 1.8, 3.4 * len(decodings)),
                                 sharey=True, sharex=True, squeeze=False)
@@ -94,6 +94,6 @@ def write_study_charts(report: dict, out: str | Path) -> list[Path]:
     for axis in axes[-1]:
         axis.set_xlabel("optimizer steps")
     axes[0, -1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    figure.suptitle(f"learning curves ({seeds} seeds, ± 1 SE over seeds; arms shifted apart along x)")
+    figure.suptitle(f"learning curves ({seeds} seed{'s' if seeds > 1 else ''}, ± 1 SE over seeds; arms shifted apart along x)")
     paths.append(save_png(figure, out / "accuracy_vs_steps.png"))
     return paths

@@ -220,7 +220,7 @@ def print_report(report: dict, console: Console) -> None:
     for decoding, figures in report["decodings"].items():
         for horizon in [*report["horizons"], ALL]:
             table = Table(title=f"{decoding}, horizon {horizon}: held-out accuracy after {report['steps'][-1]} steps "
-                                f"({seeds} seeds, ± SE over seeds; teachers ± SE over problems)")
+                                f"({seeds} seed{'s' if seeds > 1 else ''}, ± SE over seeds; teachers ± SE over problems)")
             for header in ("model", "on-policy", "accuracy", f"minus {baseline} (paired, SE seeds)", "SE problems",
                            "recovery", "error episodes", "tool errors", "seconds"):
                 table.add_column(header, justify="left" if header == "model" else "right")
