@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(model_spec(args.teacher, args.teacher_arch, args.tokenizer, "teacher"), role="teacher")
+    model.eval()
     chat_format, sampling = ChatFormat(tokenizer), sampling_preset(args.sampling)
     records = {record.source: record for record in load_agent_records(args.data)[0]}
     rows = [json.loads(line) for line in args.episodes.read_text().splitlines() if line.strip()]
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         for start in range(0, len(prefixes), args.batch_size):
             chunk = prefixes[start:start + args.batch_size]
             sampler = TokenSampler.per_record(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, _ in chunk})
-            episodes = AgentRollout(model.eval(), chat_format, sampler, limits).run([record for record, _ in chunk])
+            episodes = AgentRollout(model, chat_format, sampler, limits).run([record for record, _ in chunk])
             for episode, (_, kind) in zip(episodes, chunk, strict=True):
                 continued[kind] += 1
                 correct[kind] += score_episode(episode, chat_format).correct

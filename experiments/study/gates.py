@@ -25,6 +25,7 @@ from opd.scoring import BROKEN_JSON, CALL_ERRORS, CORRECT, FAILED_CALL, WRONG_OP
 from tools.tool_calls import split_tool_calls
 
 AT_MOST = ("G5_kd_recovery",)
+ALL = "all"  # the report's group of every horizon
 
 
 def intermediate_calls(row: dict, max_turns: int) -> list[tuple[str, bool]]:
@@ -76,7 +77,7 @@ def student_error_rates(cfg, paths) -> dict:
             "syntax_noise": cfg.data.syntax_noise}
 
 
-def gate_values(cfg, paths, report: dict, all_group) -> dict:
+def gate_values(cfg, paths, report: dict) -> dict:
     """Every gate of ``cfg.gates`` with its measured value (None when its inputs were not run)."""
     t1, baseline, longest = report["decodings"]["t1"], report["baseline_arm"], max(cfg.horizons)
     calls = [call for seed in cfg.seeds for row in _rows(paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl")
@@ -85,9 +86,9 @@ def gate_values(cfg, paths, report: dict, all_group) -> dict:
     continuations = [json.loads(paths.continuation(seed).read_text()) for seed in cfg.seeds]
     continued = sum(c["continued"] for c in continuations)
     kd = t1["curves"][baseline]
-    recovery = kd[all_group][-1]["recovery_rate"]
+    recovery = kd[ALL][-1]["recovery_rate"]
     values = {
-        "G0_teacher_t1_accuracy": (t1["teachers"]["robust"][all_group]["accuracy"], "robust teacher, all horizons"),
+        "G0_teacher_t1_accuracy": (t1["teachers"]["robust"][ALL]["accuracy"], "robust teacher, all horizons"),
         "G1_student_intermediate_errors": (len(errors) / len(calls) if calls else None,
                                            f"{len(errors)} of {len(calls)} intermediate calls"),
         "G2_recoverable_errors": (sum(errors) / len(errors) if errors else None,

@@ -29,10 +29,9 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.estimates import paired_difference
-from experiments.study.gates import gate_values, student_error_rates
+from experiments.study.gates import ALL, gate_values, student_error_rates
 from opd.scoring import aggregate, mean_and_se, score_from_row
 
-ALL = "all"
 # the figures of opd.scoring.aggregate kept per horizon group
 CALL_FIGURES = ("tool_error_rate", "error_episodes", "recovery_rate", "wrong_value_rate", "wrong_operation_rate",
                 "failed_call_rate", "broken_json_rate")
@@ -162,7 +161,7 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
                                      "minus_kd": final["mean"], "minus_kd_se": final["se_seeds"],
                                      "minus_kd_per_seed": final["per_seed"], "seeds": len(seeds)},
               "divergence": _divergence(paths, seeds)}
-    report["gates"] = gate_values(cfg, paths, report, ALL)
+    report["gates"] = gate_values(cfg, paths, report)
     report["noise_match"] = student_error_rates(cfg, paths)
     return report
 
