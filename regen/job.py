@@ -92,12 +92,12 @@ def _run(cfg) -> dict[str, Any]:
         pool = EndpointPool(list(settings.server.endpoints), settings.endpoint_max_failures,
                             settings.fixed_concurrency, settings.concurrency_start)
         # the output is named after the model: the settings name it, or else the external endpoints do
-        model = settings.served_model or served_model(settings, pool)
+        model = settings.served_model or served_model(settings, pool, signals)
         detokenizer = load_detokenizer([getattr(settings.server, "model", None), model], explicit=settings.tokenizer)
         # checked and locked before any server starts, held to the end
         with open_output(settings, source, model, detokenizer, warn) as output, provide_endpoints(settings.server):
             if settings.served_model:  # the server is up: it serves the model, and max_tokens fits its context
-                model = served_model(settings, pool)
+                model = served_model(settings, pool, signals)
             checks_passed()  # from here on a failure keeps the run's folders (common.run_folders)
             state = RunState(settings, model, output, pool)
             announce(state, console)
@@ -213,11 +213,12 @@ def client_session(api_key_env: str | None) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers)
 
 
-def served_model(settings: RegenSettings, pool: EndpointPool) -> str:
+def served_model(settings: RegenSettings, pool: EndpointPool, signals: StopSignals) -> str:
     """The model the requests name, from the endpoints' ``/v1/models``: ``server.model`` when they serve it, else
     the first they list. Endpoints that do not answer are taken out; a ``max_tokens`` above the model's
-    ``max_model_len`` is refused."""
-    served = asyncio.run(_served_models(settings.api_key_env, pool))
+    ``max_model_len`` is refused. A signal cancels the requests at an ``await`` and ends the run."""
+    served = asyncio.run(signals.until_signal(_served_models(settings.api_key_env, pool)))
+    signals.raise_if_caught()
     wanted = settings.served_model
     if wanted and wanted in served:
         model = wanted

@@ -19,7 +19,9 @@ installed nothing is changed.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 import threading
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
@@ -32,7 +34,16 @@ MESSAGE = "regen: interrupted ({signal}); finished conversations are kept, conti
 START_UP_MESSAGE = "regen: interrupted ({signal}) while starting; no conversation was started"
 
 
+def _quiet_finalizers() -> None:
+    """A signal raised in plain code can land inside a constructor (an asyncio transport, a socket) and leave a
+    half-built object whose ``__del__`` then fails: Python reports that as "Exception ignored ... Traceback". The run
+    is ending with its one line, so such reports are dropped from here on (``HYDRA_FULL_ERROR=1`` keeps them)."""
+    if os.environ.get("HYDRA_FULL_ERROR") != "1":
+        sys.unraisablehook = lambda unraisable: None
+
+
 def _interrupt_start_up(signum: int, frame: Any) -> None:
+    _quiet_finalizers()
     raise Interrupted(signum, START_UP_MESSAGE.format(signal=signal.Signals(signum).name))
 
 
@@ -59,19 +70,22 @@ class StopSignals:
     def _handle(self, signum: int, frame: Any) -> None:
         work = self._work
         if work is None or work.done():
+            _quiet_finalizers()
             raise self.interrupted(signum)
         self.caught = self.caught or signum
         work.get_loop().call_soon_threadsafe(work.cancel)  # as asyncio.Runner does for Ctrl-C
 
-    async def until_signal(self, work: Coroutine) -> None:
-        """Run ``work`` to its end, or until a signal cancels it (then ``caught`` says which)."""
+    async def until_signal(self, work: Coroutine) -> Any:
+        """Run ``work`` to its end and return its result, or until a signal cancels it (then ``caught`` says which
+        and the result is None)."""
         self.caught = None
         self._work = asyncio.ensure_future(work)
         try:
-            await self._work
+            return await self._work
         except asyncio.CancelledError:
             if self.caught is None:  # cancelled by something else: not ours to swallow
                 raise
+            return None
         finally:
             self._work = None
 

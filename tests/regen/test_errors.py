@@ -254,6 +254,32 @@ def test_a_signal_during_start_up_is_one_line_and_130_or_143(tmp_path, tokenizer
     assert not (tmp_path / "out.jsonl").exists()
 
 
+@pytest.mark.parametrize("full_error, reports", [(None, 0), ("1", 1)])
+def test_a_signal_in_plain_code_drops_the_finalizer_reports_of_what_it_cut(monkeypatch, full_error, reports):
+    """A signal raised in plain code may cut a constructor (CI once saw an asyncio transport without ``_closing``,
+    whose ``__del__`` then printed "Exception ignored ... Traceback"): once the handler raises, such reports are
+    dropped; ``HYDRA_FULL_ERROR=1`` keeps them."""
+    from common.user_errors import Interrupted
+    from regen.stop_signals import _interrupt_start_up
+
+    class HalfBuilt:
+        def __del__(self):
+            raise AttributeError("'HalfBuilt' object has no attribute '_closing'")
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    if full_error is None:
+        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    else:
+        monkeypatch.setenv("HYDRA_FULL_ERROR", full_error)
+    HalfBuilt()  # freed at once: reported before the signal
+    assert len(seen) == 1
+    with pytest.raises(Interrupted):
+        _interrupt_start_up(signal.SIGINT, None)
+    HalfBuilt()
+    assert len(seen) == 1 + reports
+
+
 def test_a_full_disk_is_one_error_and_the_output_stays_resumable(serve, tmp_path, tokenizer_path):
     """Output on a 64 KiB tmpfs: the run ends with one error (the file, the space its write needed) and a hint, no
     traceback; the output holds whole conversations only; a resume on the still-full disk is the same one error;
