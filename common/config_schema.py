@@ -223,6 +223,12 @@ def check_integer(key: str, value: Any, minimum: int | None = None, *, optional:
                value, example)
 
 
+def check_integers(prefix: str, settings: Any, keys: tuple[str, ...], minimum: int = 1) -> None:
+    """Each of ``keys`` of ``settings`` (a block whose keys ``prefix`` names) an integer, at least ``minimum``."""
+    for key in keys:
+        check_integer(prefix + key, getattr(settings, key), minimum)
+
+
 def check_number(key: str, value: Any, minimum: float | None = None, *, exclusive: bool = False,
                  maximum: float | None = None, optional: bool = False, example: str | None = None) -> None:
     """A finite number, at least (``exclusive``: above) ``minimum`` and at most ``maximum``; ``optional``: or null."""

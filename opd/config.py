@@ -30,7 +30,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.config_schema import ConfigError, check_choice, check_integer, check_name, check_positive, require
+from common.config_schema import (
+    ConfigError,
+    check_choice,
+    check_integer,
+    check_integers,
+    check_name,
+    check_positive,
+    require,
+)
 from common.minimind.precision import Precision, resolve_precision
 from common.minimind.spec import ModelSpec, is_native_checkpoint
 from common.package_files import CONFIG_DIR, register_resolvers
@@ -143,8 +151,7 @@ class RolloutConfig:
     open_thinking: bool  # passed to the chat template
 
     def __post_init__(self) -> None:
-        for key in ("max_turns", "max_gen_len", "max_total_len"):
-            check_integer(f"rollout.{key}", getattr(self, key), 1)
+        check_integers("rollout.", self, ("max_turns", "max_gen_len", "max_total_len"))
 
 
 @dataclass
@@ -303,8 +310,7 @@ class TrainingRunConfig(_Precision):
 
     def __post_init__(self) -> None:
         self.precision  # noqa: B018 (resolving checks device and dtype)
-        for key in ("batch_size", "accumulation_steps", "epochs", "save_interval"):
-            check_integer(key, getattr(self, key), 1)
+        check_integers("", self, ("batch_size", "accumulation_steps", "epochs", "save_interval"))
         check_integer("max_steps", self.max_steps, 1, optional=True)
 
 

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.config_schema import ConfigError, check_choice, check_integer, check_name, check_positive, require
+from common.config_schema import (
+    ConfigError,
+    check_choice,
+    check_integer,
+    check_integers,
+    check_name,
+    check_positive,
+    require,
+)
 from opd.config import SCHEDULERS
 
 ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
@@ -29,11 +37,6 @@ def check_staged_run(cfg) -> None:
     check_integer("jobs", cfg.jobs, 1)
 
 
-def _check_counts(block: str, settings, keys: tuple[str, ...], minimum: int = 1) -> None:
-    for key in keys:
-        check_integer(f"{block}.{key}", getattr(settings, key), minimum)
-
-
 @dataclass
 class TaskSizes:
     """``data``: the synthetic task's seed and the records of each split (``experiments.recipe.synthetic_task``)."""
@@ -44,7 +47,7 @@ class TaskSizes:
     heldout: int  # held-out problems
 
     def __post_init__(self) -> None:
-        _check_counts("data", self, ("train", "distill", "heldout"))
+        check_integers("data.", self, ("train", "distill", "heldout"))
 
     def count(self, task_file: str) -> int:
         """Records in one of the task's files (the task writes exactly the configured counts)."""
@@ -64,7 +67,7 @@ class RecipeModel:
     learning_rate: float
 
     def _check(self, role: str) -> None:
-        _check_counts(role, self, ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        check_integers(f"{role}.", self, ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                    "sft_steps"))
         check_positive(f"{role}.learning_rate", self.learning_rate)
 
@@ -90,8 +93,8 @@ class SFTSettings:
     warmup_steps: int
 
     def __post_init__(self) -> None:
-        _check_counts("sft", self, ("batch_size",))
-        _check_counts("sft", self, ("warmup_steps",), minimum=0)
+        check_integers("sft.", self, ("batch_size",))
+        check_integers("sft.", self, ("warmup_steps",), 0)
 
 
 @dataclass
@@ -109,8 +112,8 @@ class DistillSettings:
     max_total_len: int
 
     def __post_init__(self) -> None:
-        _check_counts("distill", self, ("steps", "eval_every", "batch_size", "max_turns", "max_gen_len", "max_total_len"))
-        _check_counts("distill", self, ("warmup_steps",), minimum=0)
+        check_integers("distill.", self, ("steps", "eval_every", "batch_size", "max_turns", "max_gen_len", "max_total_len"))
+        check_integers("distill.", self, ("warmup_steps",), 0)
         check_positive("distill.learning_rate", self.learning_rate)
         check_choice("distill.lr_scheduler", self.lr_scheduler, SCHEDULERS)
 
@@ -136,7 +139,7 @@ class EvaluationSettings:
     max_total_len: int
 
     def __post_init__(self) -> None:
-        _check_counts("evaluation", self, ("batch_size", "max_turns", "max_gen_len", "max_total_len"))
+        check_integers("evaluation.", self, ("batch_size", "max_turns", "max_gen_len", "max_total_len"))
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.config_schema import ConfigError, check_choice, check_integer, check_name, require
+from common.config_schema import ConfigError, check_choice, check_integer, check_integers, check_name, require
 from experiments.recipe.config import (
     DistillSettings,
     EvaluationSettings,
@@ -39,8 +39,7 @@ class ChainData:
     syntax_noise: float
 
     def __post_init__(self) -> None:
-        for key in ("train", "distill"):
-            check_integer(f"data.{key}", getattr(self, key), 1)
+        check_integers("data.", self, ("train", "distill"))
         for key in ("value_noise", "syntax_noise"):
             require(0 <= getattr(self, key) < 1, f"data.{key}", "in [0, 1)", getattr(self, key))
         require(self.value_noise + self.syntax_noise < 1, "data.syntax_noise",

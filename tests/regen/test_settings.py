@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import re
+import subprocess
+import sys
 
 import pytest
 
+import regen.settings
 from common.config_schema import ConfigError
 from regen.job import run
 from regen.settings import RegenSettings, WeightedChoice, string_keys
@@ -174,3 +178,15 @@ def test_request_keys_that_cannot_be_sent_are_refused(settings_of, extra, reason
         settings_of(f"extra_request_params={extra}")
     with pytest.raises(ConfigError, match=re.escape("extra_request_params.logit_bias has the key '21' twice")):
         string_keys("extra_request_params", {"logit_bias": {21: 1, "21": 2}})  # a YAML file can say both
+
+
+def test_the_schema_imports_no_runtime_module():
+    """regen's runtime imports the schema (the endpoint address, the format names), never the other way round; and
+    checking settings loads no torch (``server=local``'s model spec is ``common.minimind.spec``'s)."""
+    tree = ast.parse(open(regen.settings.__file__).read())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not [name for name in imported if name.split(".")[0] in ("regen", "opd", "launch")]
+    loaded = subprocess.run([sys.executable, "-c", "import sys, regen.settings; print('torch' in sys.modules)"],
+                            capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"
