@@ -46,7 +46,8 @@ def write_checkpoint(name: str, out_dir: Path) -> tuple[Path, dict]:
     import torch
     from omegaconf import OmegaConf
 
-    from common.minimind.model import MiniMindArch, build_model, save_native
+    from common.minimind.model import build_model, save_native
+    from common.minimind.spec import MiniMindArch
 
     preset, seed = MODELS[name]
     block = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "configs" / "model" / f"{preset}.yaml"))
@@ -104,15 +105,16 @@ async def stats(session: aiohttp.ClientSession, base_url: str) -> dict:
 
 
 def bench_model(name: str, args: argparse.Namespace, work_dir: Path, tokenizer: str, progress: Progress) -> list[dict]:
+    from common.config_schema import parse_config
     from launch.server_process import probe_models
     from regen.servers import provide_endpoints
-    from regen.settings import server_settings
+    from regen.settings import ServerSettings
 
     checkpoint, arch = write_checkpoint(name, work_dir)
     port = args.port
     if probe_models(f"http://127.0.0.1:{port}") is not None:
         raise SystemExit(f"port {port} is taken by another server; pass --port")
-    server = server_settings({
+    server = parse_config(ServerSettings, {
         "kind": "local", "checkpoint": str(checkpoint), "tokenizer": tokenizer, **arch, "model": None,
         "host": "127.0.0.1", "port": port, "max_batch_size": max(args.concurrency), "max_prefill_tokens": 8192,
         "max_model_len": None, "reasoning_parser": None, "tool_call_parser": "hermes", "threads": args.threads,

@@ -172,7 +172,8 @@ def load_service(args: argparse.Namespace) -> ChatService:
     """Load the model and tokenizer named by the CLI arguments and wrap them in a started engine."""
     import torch
 
-    from common.minimind.model import MiniMindArch, ModelSpec, load_model
+    from common.minimind.model import load_model
+    from common.minimind.spec import MiniMindArch, ModelSpec
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -197,7 +198,7 @@ def load_service(args: argparse.Namespace) -> ChatService:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from common.minimind.model import MiniMindArch
+    from common.minimind.spec import MiniMindArch
 
     parser = argparse.ArgumentParser(prog=program_name("python -m launch.chat_server"),
                                      description=__doc__.split("\n\n")[0])

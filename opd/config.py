@@ -1,16 +1,17 @@
 """The settings of opd's entries (train, sft, evaluate) as one typed schema, validated once at start.
 
-``parse_config(OPDConfig, cfg)`` merges the composed Hydra config into the dataclass schema — OmegaConf
-checks every value's type and refuses unknown or missing keys, naming the full key — and builds the
-objects, whose ``__post_init__`` checks ranges and choices. Every problem is a ``ConfigError`` naming the
-key; code deeper down takes these objects and does not check them again. Values come from the YAML files
+``common.config_schema.parse_config(OPDConfig, cfg)`` merges the composed Hydra config into the dataclass schema
+— OmegaConf checks every value's type and refuses unknown or missing keys, naming the full key — and builds the
+objects, whose ``__post_init__`` checks ranges and choices with that module's helpers. Every problem is a
+``ConfigError`` naming the key; code deeper down takes these objects and does not check them again. Values come from the YAML files
 (``configs/``): the dataclasses hold no defaults of their own, except the model blocks' architecture flags
 (MiniMind-3's, from ``MiniMindArch``) and the sampling keys (null = not set).
 
 Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollout.AgentRollout``, ``sampling`` →
 ``opd.sampling.TokenSampler``, ``guidance`` → ``opd.guidance.BehaviourPolicy``, ``loss`` → ``opd.loss.token_divergence``, ``optim`` → ``opd.optimization.Optimization``,
 ``logger`` → ``opd.metric_loggers.MetricLoggers``,
-``teacher``/``student``/``model``/``models.NAME`` → ``common.minimind.model.load_model``.
+``teacher``/``student``/``model``/``models.NAME`` (``common.minimind.spec.ModelSpec``) →
+``common.minimind.model.load_model``.
 
 Model presets live once, in ``configs/model/``; ``register_model_groups`` makes the same files opd's
 ``teacher`` and ``student`` groups, so ``teacher=agent_768 student=full_sft_768`` picks from that folder.
@@ -26,13 +27,20 @@ import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import OmegaConf
 
-from common.minimind.model import ModelSpec, is_native_checkpoint
+from common.config_schema import (
+    ConfigError,
+    check_choice,
+    check_integer,
+    check_integers,
+    check_name,
+    check_positive,
+    require,
+)
 from common.minimind.precision import Precision, resolve_precision
+from common.minimind.spec import ModelSpec, is_native_checkpoint
 from common.package_files import CONFIG_DIR, register_resolvers
 from common.user_errors import UserError
 
@@ -48,13 +56,6 @@ UNIMPLEMENTED_SAMPLING_KEYS = ("repetition_penalty", "presence_penalty", "freque
 LOGGER_BACKENDS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
 WANDB_MODES = ("offline", "online", "shared", "disabled")  # wandb.init's modes
 PATH_KEYS = ("data", "tokenizer", "out_dir", "resume", "checkpoint", "cache_dir")  # left out of sweep folder names
-
-Config = TypeVar("Config")
-
-
-class ConfigError(UserError):
-    """A setting that is missing, of the wrong type or out of range; the message names the key."""
-
 
 def per_sweep_job(default: str) -> str:
     """``out_dir: ${per_sweep_job:out/agent_opd}``: ``default`` in a single run; under ``-m``, a folder of the same
@@ -94,40 +95,6 @@ def register_model_groups() -> None:
             store.store(group=group, name=path.stem, node=preset)
 
 
-def parse_config(schema: type[Config], cfg: DictConfig) -> Config:
-    """The composed config as ``schema``'s dataclasses, every value checked; raises ``ConfigError``."""
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
-    except OmegaConfBaseException as error:
-        message = str(error).splitlines()[0]
-        key = getattr(error, "full_key", None)
-        if "is not a ListConfig, list or tuple" in message:  # OmegaConf names its node class, not the value
-            raise ConfigError(f"{key} must be a list, as in {key}=[a,b]") from None
-        raise ConfigError(f"{key}: {message}" if key and key not in message else message) from None
-
-
-def _require(condition: bool, key: str, expected: str, value) -> None:
-    if not condition:
-        raise ConfigError(f"{key} must be {expected}, got {value!r}")
-
-
-def _check_count(key: str, value, minimum: int = 1, nullable: bool = False) -> None:
-    if nullable and value is None:
-        return
-    _require(value is not None and value >= minimum, key,
-             f"{'null or ' if nullable else ''}an integer >= {minimum}", value)
-
-
-def _check_choice(key: str, value, choices: tuple[str, ...]) -> None:
-    _require(value in choices, key, f"one of {', '.join(choices)}", value)
-
-
-def _check_file_name_part(key: str, value: str) -> None:
-    """A value that becomes part of a file name in ``out_dir``: no path separator can take the file elsewhere."""
-    _require(bool(value) and all(c.isalnum() or c in "_.-" for c in value), key,
-             "named with letters, digits, '_', '-' and '.' only (it names files in out_dir)", value)
-
-
 class _Precision:
     """The ``device`` and ``dtype`` keys of an entry, resolved (and so checked) by ``resolve_precision``."""
 
@@ -163,11 +130,11 @@ class SamplingConfig:
         self.top_p = 1.0 if self.top_p is None else self.top_p
         self.top_k = 0 if self.top_k is None else self.top_k
         self.min_p = 0.0 if self.min_p is None else self.min_p
-        _require(math.isfinite(self.temperature) and self.temperature >= 0, "sampling.temperature",
-                 "a number >= 0 (0 = greedy)", self.temperature)
-        _require(0 < self.top_p <= 1, "sampling.top_p", "in (0, 1]", self.top_p)
-        _check_count("sampling.top_k", self.top_k, minimum=0)
-        _require(0 <= self.min_p <= 1, "sampling.min_p", "in [0, 1]", self.min_p)
+        require(math.isfinite(self.temperature) and self.temperature >= 0, "sampling.temperature",
+                "a number >= 0 (0 = greedy)", self.temperature)
+        require(0 < self.top_p <= 1, "sampling.top_p", "in (0, 1]", self.top_p)
+        check_integer("sampling.top_k", self.top_k, 0)
+        require(0 <= self.min_p <= 1, "sampling.min_p", "in [0, 1]", self.min_p)
 
     def seed_or(self, run_seed: int) -> int:
         """The sampling seed: ``sampling.seed`` when set, else the run's seed."""
@@ -184,8 +151,7 @@ class RolloutConfig:
     open_thinking: bool  # passed to the chat template
 
     def __post_init__(self) -> None:
-        for key in ("max_turns", "max_gen_len", "max_total_len"):
-            _check_count(f"rollout.{key}", getattr(self, key))
+        check_integers("rollout.", self, ("max_turns", "max_gen_len", "max_total_len"))
 
 
 @dataclass
@@ -198,11 +164,11 @@ class LossConfig:
     jsd_beta: float  # kl_direction=jsd only: β in (0, 1); β → 0 tends to forward KL (·β), β → 1 to reverse KL (·(1-β))
 
     def __post_init__(self) -> None:
-        _check_choice("loss.kl_direction", self.kl_direction, DIVERGENCES)
-        _require(math.isfinite(self.temperature) and self.temperature > 0, "loss.temperature", "a number > 0",
-                 self.temperature)
-        _require(0 < self.jsd_beta < 1, "loss.jsd_beta",
-                 "in (0, 1) (the limits are loss.kl_direction=forward_kl and reverse_kl)", self.jsd_beta)
+        check_choice("loss.kl_direction", self.kl_direction, DIVERGENCES)
+        require(math.isfinite(self.temperature) and self.temperature > 0, "loss.temperature", "a number > 0",
+                self.temperature)
+        require(0 < self.jsd_beta < 1, "loss.jsd_beta",
+                "in (0, 1) (the limits are loss.kl_direction=forward_kl and reverse_kl)", self.jsd_beta)
 
 
 @dataclass
@@ -218,10 +184,10 @@ class GuidanceConfig:
     def __post_init__(self) -> None:
         for key in ("turn_share", "turn_share_final", "token_mix"):
             value = getattr(self, key)
-            _require(value is None or 0 <= value <= 1, f"guidance.{key}", "null or in [0, 1]", value)
-        _check_count("guidance.top_k", self.top_k, nullable=True)
-        _require(self.turn_share_final is None or self.turn_share is not None, "guidance.turn_share_final",
-                 "null unless guidance.turn_share is set", self.turn_share_final)
+            require(value is None or 0 <= value <= 1, f"guidance.{key}", "null or in [0, 1]", value)
+        check_integer("guidance.top_k", self.top_k, 1, optional=True)
+        require(self.turn_share_final is None or self.turn_share is not None, "guidance.turn_share_final",
+                "null unless guidance.turn_share is set", self.turn_share_final)
         chosen = [f"guidance.{key}={getattr(self, key)}" for key in GUIDANCE_OPTIONS if getattr(self, key) is not None]
         if len(chosen) > 1:
             raise ConfigError(f"set at most one of guidance.turn_share, guidance.token_mix and guidance.top_k "
@@ -248,14 +214,13 @@ class OptimConfig:
     grad_clip: float | None  # max gradient norm; null: none
 
     def __post_init__(self) -> None:
-        _require(math.isfinite(self.learning_rate) and self.learning_rate > 0, "optim.learning_rate",
-                 "a positive number", self.learning_rate)
-        _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay",
-                 "a non-negative number", self.weight_decay)
-        _check_choice("optim.lr_scheduler", self.lr_scheduler, SCHEDULERS)
-        _check_count("optim.warmup_steps", self.warmup_steps, minimum=0)
-        _check_count("optim.lr_schedule_steps", self.lr_schedule_steps, nullable=True)
-        _require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", "null or > 0", self.grad_clip)
+        check_positive("optim.learning_rate", self.learning_rate)
+        require(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay",
+                "a non-negative number", self.weight_decay)
+        check_choice("optim.lr_scheduler", self.lr_scheduler, SCHEDULERS)
+        check_integer("optim.warmup_steps", self.warmup_steps, 0)
+        check_integer("optim.lr_schedule_steps", self.lr_schedule_steps, 1, optional=True)
+        require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", "null or > 0", self.grad_clip)
 
 
 @dataclass
@@ -266,7 +231,7 @@ class OfflineConfig:
     cache_dir: str
 
     def __post_init__(self) -> None:
-        _check_choice("offline.source", self.source, OFFLINE_SOURCES)
+        check_choice("offline.source", self.source, OFFLINE_SOURCES)
 
 
 @dataclass
@@ -276,8 +241,8 @@ class MixtureConfig:
     teacher_share: float  # episodes per micro-batch taken from the teacher (rounded down); the rest are the student's
 
     def __post_init__(self) -> None:
-        _require(0 <= self.teacher_share < 1, "mixture.teacher_share", "in [0, 1) (all teacher episodes is mode=offline)",
-                 self.teacher_share)
+        require(0 <= self.teacher_share < 1, "mixture.teacher_share", "in [0, 1) (all teacher episodes is mode=offline)",
+                self.teacher_share)
 
 
 @dataclass
@@ -299,9 +264,9 @@ class LoggerConfig:
 
     def __post_init__(self) -> None:
         for backend in self.backends:
-            _check_choice("logger.backends", backend, tuple(LOGGER_BACKENDS))
+            check_choice("logger.backends", backend, tuple(LOGGER_BACKENDS))
         if "wandb" in self.backends:  # its mode may come from $WANDB_MODE, set for other tools: checked when used
-            _check_choice("logger.wandb.mode", self.wandb.mode, WANDB_MODES)
+            check_choice("logger.wandb.mode", self.wandb.mode, WANDB_MODES)
         for backend in self.backends:
             package = LOGGER_BACKENDS[backend]
             if package and importlib.util.find_spec(package) is None:
@@ -345,9 +310,8 @@ class TrainingRunConfig(_Precision):
 
     def __post_init__(self) -> None:
         self.precision  # noqa: B018 (resolving checks device and dtype)
-        for key in ("batch_size", "accumulation_steps", "epochs", "save_interval"):
-            _check_count(key, getattr(self, key))
-        _check_count("max_steps", self.max_steps, nullable=True)
+        check_integers("", self, ("batch_size", "accumulation_steps", "epochs", "save_interval"))
+        check_integer("max_steps", self.max_steps, 1, optional=True)
 
 
 @dataclass
@@ -366,12 +330,12 @@ class OPDConfig(TrainingRunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_choice("mode", self.mode, MODES)
-        _require(self.mode == "on_policy" or not self.guidance.active, "guidance",
-                 "off (null keys) with mode=offline (it steers on-policy rollouts)",
-                 {key: getattr(self.guidance, key) for key in GUIDANCE_OPTIONS if getattr(self.guidance, key) is not None})
-        _require(self.mode == "on_policy" or not self.mixture.teacher_share, "mixture.teacher_share",
-                 "0 with mode=offline (the mixture mixes into on-policy batches)", self.mixture.teacher_share)
+        check_choice("mode", self.mode, MODES)
+        require(self.mode == "on_policy" or not self.guidance.active, "guidance",
+                "off (null keys) with mode=offline (it steers on-policy rollouts)",
+                {key: getattr(self.guidance, key) for key in GUIDANCE_OPTIONS if getattr(self.guidance, key) is not None})
+        require(self.mode == "on_policy" or not self.mixture.teacher_share, "mixture.teacher_share",
+                "0 with mode=offline (the mixture mixes into on-policy batches)", self.mixture.teacher_share)
         for key in ("teacher", "student"):
             _model_with_tokenizer(key, getattr(self, key), self.tokenizer)
 
@@ -388,8 +352,8 @@ class SFTConfig(TrainingRunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_count("max_total_len", self.max_total_len)
-        _check_file_name_part("save_prefix", self.save_prefix)
+        check_integer("max_total_len", self.max_total_len, 1)
+        check_name("save_prefix", self.save_prefix, "files in out_dir")
         _model_with_tokenizer("model", self.model, self.tokenizer)
 
 
@@ -415,14 +379,14 @@ class EvalConfig(_Precision):
 
     def __post_init__(self) -> None:
         self.precision  # noqa: B018 (resolving checks device and dtype)
-        _check_count("batch_size", self.batch_size)
-        _check_count("samples_per_prompt", self.samples_per_prompt)
-        _check_count("log_step", self.log_step, minimum=0)
-        _require(self.samples_per_prompt == 1 or self.sampling.temperature > 0, "samples_per_prompt",
-                 "1 with greedy decoding (sampling.temperature=0: every sample would be the same episode; pick a "
-                 "sampling preset such as sampling=opd_rollout)", self.samples_per_prompt)
-        _require(bool(self.models), "models", "a mapping of name -> model block (checkpoint and architecture flags)",
-                 self.models)
+        check_integer("batch_size", self.batch_size, 1)
+        check_integer("samples_per_prompt", self.samples_per_prompt, 1)
+        check_integer("log_step", self.log_step, 0)
+        require(self.samples_per_prompt == 1 or self.sampling.temperature > 0, "samples_per_prompt",
+                "1 with greedy decoding (sampling.temperature=0: every sample would be the same episode; pick a "
+                "sampling preset such as sampling=opd_rollout)", self.samples_per_prompt)
+        require(bool(self.models), "models", "a mapping of name -> model block (checkpoint and architecture flags)",
+                self.models)
         for name, spec in self.models.items():
-            _check_file_name_part(f"models.{name}", name)
+            check_name(f"models.{name}", name, "files in out_dir")
             _model_with_tokenizer(f"models.{name}", spec, self.tokenizer)

@@ -38,14 +38,16 @@ from omegaconf import DictConfig
 
 from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, RecordError, load_agent_records
-from common.minimind.model import ModelSpec, is_native_checkpoint, load_model
+from common.config_schema import parse_config
+from common.minimind.model import load_model
+from common.minimind.spec import ModelSpec, is_native_checkpoint
 from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from common.package_files import CONFIG_DIR
 from common.run_folders import checks_passed, discard_unless_checked
 from common.user_errors import UserError, exit_on_user_error
 from opd.chat_format import ChatFormat
 from opd.checkpoints import vocabulary_fingerprint
-from opd.config import EvalConfig, parse_config
+from opd.config import EvalConfig
 from opd.metric_loggers import MetricLoggers
 from opd.out_dir import hold_out_dir
 from opd.reporting import print_table, progress_bar, require_matplotlib, run_dir_of, show, write_chart

@@ -20,6 +20,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from common.config_schema import parse_config
 from common.minimind.model import (
     build_model,
     check_tokenizer_fits,
@@ -42,7 +43,7 @@ from opd.checkpoints import (
     save_checkpoint,
     vocabulary_fingerprint,
 )
-from opd.config import SFTConfig, parse_config
+from opd.config import SFTConfig
 from opd.data_order import DataCursor, DataOrder
 from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.distributed import check_batch_divides, data_parallel, gradient_sync, idle_loss, start, stop, unwrap

@@ -28,6 +28,7 @@ import torch
 from omegaconf import DictConfig
 
 from common.chat_records import AgentRecord, load_agent_records
+from common.config_schema import parse_config
 from common.minimind.model import enable_activation_checkpointing, load_model
 from common.minimind.precision import Precision
 from common.minimind.tokenizer import check_same_tokenizer
@@ -45,7 +46,7 @@ from opd.checkpoints import (
     save_checkpoint,
     vocabulary_fingerprint,
 )
-from opd.config import GuidanceConfig, LossConfig, OPDConfig, parse_config, register_model_groups
+from opd.config import GuidanceConfig, LossConfig, OPDConfig, register_model_groups
 from opd.data_order import DataCursor, DataOrder, Window
 from opd.demonstrations import Demonstration, demonstration_episode, load_demonstrations
 from opd.distributed import (

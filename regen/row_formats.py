@@ -59,6 +59,7 @@ def _nemotron(row: dict[str, Any]) -> Turns:
     return read_messages(row.get("input"), "input")
 
 
+# The reader of each of regen.settings.FORMAT_NAMES (the names dataset.format is checked against at start).
 FORMATS: dict[str, Callable[[dict[str, Any]], Turns]] = {
     "auto": _auto,
     "messages": _column("messages"),
@@ -66,13 +67,6 @@ FORMATS: dict[str, Callable[[dict[str, Any]], Turns]] = {
     "hermes_fc": _column("conversations"),
     "gsm8k": _gsm8k,
     "nemotron": _nemotron,
-}
-REFUSED_FORMATS = {
-    "sharegpt4v": (
-        "is multimodal (COCO images in user turns) and regen sends text-only chat requests, so the target "
-        "would answer without seeing the images. Regenerate it with a vision-language pipeline of your own "
-        "and prepare that output off-policy (speculators prepare-data), or pick a text dataset preset."
-    ),
 }
 
 

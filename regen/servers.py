@@ -34,9 +34,9 @@ from launch.server_process import (
     stop_process_group,
     wait_until_ready,
 )
-from regen.endpoint_pool import EndpointAddress
 from regen.settings import (
     LOCAL_ARCH_KEYS,
+    EndpointAddress,
     ExternalServer,
     LocalServer,
     RegenSettings,
@@ -137,11 +137,14 @@ def _start_vllm(server: VllmServer) -> tuple[int, None]:
 def local_command(server: LocalServer) -> list[str]:
     """The ``python -m launch.chat_server`` command line for ``server=local`` settings."""
     command = [sys.executable, "-m", "launch.chat_server"]
-    for key in ("checkpoint", "tokenizer", *LOCAL_ARCH_KEYS, "host", "port", "max_batch_size",
-                "max_prefill_tokens", "max_model_len", "reasoning_parser", "threads"):
-        if getattr(server, key) is not None:
-            command += ["--" + key.replace("_", "-"), str(getattr(server, key))]
-    command.append("--use-moe" if server.use_moe else "--no-use-moe")
+    spec = server.model_spec
+    values = [(key, getattr(spec, key)) for key in ("checkpoint", "tokenizer", *LOCAL_ARCH_KEYS)]
+    values += [(key, getattr(server, key)) for key in ("host", "port", "max_batch_size", "max_prefill_tokens",
+                                                       "max_model_len", "reasoning_parser", "threads")]
+    for key, value in values:
+        if value is not None:
+            command += ["--" + key.replace("_", "-"), str(value)]
+    command.append("--use-moe" if spec.use_moe else "--no-use-moe")
     command += ["--served-model-name", server.served_model, "--tool-call-parser", server.tool_call_parser or "none"]
     if not server.keep_server:
         command += ["--parent-pid", str(os.getpid())]  # no orphaned server if this process is killed

@@ -1,41 +1,65 @@
-"""Every regen setting, checked once at start: typed dataclasses filled from the config, as opd's are.
+"""Every regen setting, checked once at start: typed dataclasses filled from the config, as every entry's are.
 
-``RegenSettings.from_config(cfg)`` fills the schema the way ``opd.config.parse_config`` does: OmegaConf merges the
-composed config into ``OmegaConf.structured(schema)``, refusing an unknown key, a missing (``???``) value or one of
-the wrong type, and builds the dataclasses, whose ``__post_init__`` checks ranges and choices (and normalizes);
-every refusal is a :class:`SettingsError` naming the key, before any server starts or any file is touched, and the
-rest of regen takes these values as given. Blocks: :class:`DatasetSettings`, the ``server`` block as its kind's
-dataclass (:class:`ExternalServer` / :class:`VllmServer` / :class:`LocalServer`; OmegaConf has no unions of
-dataclasses, so the ``kind`` key picks one), and :class:`RegenSettings`.
+``RegenSettings.from_config(cfg)`` fills the schema with ``common.config_schema.parse_config``: OmegaConf refuses an
+unknown key, a missing (``???``) value or one of the wrong type, and the dataclasses' ``__post_init__`` check ranges
+and choices; every refusal is a ``ConfigError`` naming the key, before any server starts or any file is touched,
+and the rest of regen takes these values as given. Blocks: :class:`DatasetSettings`, the ``server`` block as its
+kind's dataclass (:class:`ExternalServer` / :class:`VllmServer` / :class:`LocalServer`, picked by its ``kind`` key;
+the local server holds the model preset as a ``ModelSpec``, whose keys sit in the ``server`` block), and
+:class:`RegenSettings`.
+
+Values that take several shapes are parsed once, into their type, by the field's parser: ``concurrency`` (``auto``
+or a number), ``server.endpoints`` (a list of URLs, or one: :class:`EndpointAddress`), ``server.gpus`` (a list,
+one index, or "0,1,2"), ``language_filter`` (a string: OmegaConf would turn ``1`` into ``"1"``),
+``extra_request_params`` and the weighted draws. The endpoint address and the dataset formats' names live here,
+and the runtime (``endpoint_pool``, ``row_formats``) imports them: the schema imports no runtime module.
 
 Every default lives once, in the YAML under ``configs/`` (``regen.yaml`` and the groups), with the key's meaning
 in its comment; the dataclasses hold none, except :class:`DatasetSettings`' optional ``name``/``subset``/``split``
-(null = not set, so code can describe a local file by its path alone). A few keys are typed ``Any`` and checked
-by hand, where OmegaConf would convert rather than refuse (``language_filter=1`` would become ``"1"``) or where a
-value takes several shapes (``concurrency``: ``auto`` or a number; ``server.endpoints``, ``server.gpus``: a list or
-one string; the request mappings, which a wrong shape would make OmegaConf report without their key).
+(null = not set, so code can describe a local file by its path alone).
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import os
-import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import orjson
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
+from omegaconf import DictConfig
+from yarl import URL
 
+from common.config_schema import (
+    ConfigError,
+    check_choice,
+    check_integer,
+    check_number,
+    check_text,
+    flattened,
+    is_int,
+    parse_config,
+    parsed_by,
+    refuse,
+)
+from common.minimind.spec import ModelSpec
 from common.minimind.tokenizer import looks_like_local_path
-from common.user_errors import UserError
-from regen.endpoint_pool import EndpointAddress, parse_endpoint
-from regen.row_formats import FORMATS, REFUSED_FORMATS
 
 LOCAL_SUFFIXES = (".json", ".jsonl")
+# The row formats ``regen.row_formats`` reads (``dataset.format``), and those refused with the reason.
+FORMAT_NAMES = ("auto", "messages", "sharegpt", "hermes_fc", "gsm8k", "nemotron")
+REFUSED_FORMATS = {
+    "sharegpt4v": (
+        "is multimodal (COCO images in user turns) and regen sends text-only chat requests, so the target "
+        "would answer without seeing the images. Regenerate it with a vision-language pipeline of your own "
+        "and prepare that output off-policy (speculators prepare-data), or pick a text dataset preset."
+    ),
+}
+CHAT_PATH = "/v1/chat/completions"
+
 # Request keys regen sets itself; extra_request_params may not touch them.
 OWN_REQUEST_KEYS = frozenset({"model", "messages", "max_tokens", "return_token_ids", "tools", "tool_choice"})
 # Request settings that would break one-row-per-generation with exact token ids: (is it refused?, why).
@@ -58,64 +82,55 @@ SAMPLING_RANGES = {
 }
 
 
-class SettingsError(UserError):
-    """A setting that is missing, unknown, of the wrong type or out of range; the message names the key."""
+@dataclass(frozen=True)
+class EndpointAddress:
+    """Where a server answers: ``base`` (``scheme://host:port[/prefix]``, no credentials) and its credentials."""
+
+    base: str
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def chat_url(self) -> str:
+        return self.base + CHAT_PATH
+
+    def auth_headers(self) -> dict[str, str]:
+        """The basic-auth header for the URL's credentials ({} without)."""
+        if self.user is None:
+            return {}
+        token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
+        return {"Authorization": f"Basic {token}"}
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+def parse_endpoint(text: str) -> EndpointAddress:
+    """``http://host:port``, ``.../v1`` or ``.../v1/chat/completions`` as one :class:`EndpointAddress`."""
+    try:
+        url = URL(str(text).strip())
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"not a URL ({error})") from None
+    if not url.absolute or url.scheme not in ("http", "https") or not url.host:
+        shown = url.with_user(None) if url.absolute else url
+        raise ValueError(f"{str(shown)!r} is not an http(s)://host:port URL")
+    if url.query_string or url.fragment:
+        raise ValueError(f"{url.with_user(None).with_query(None).with_fragment(None)!s} must not carry "
+                         "a query or fragment")
+    path = url.path.rstrip("/")
+    for suffix in (CHAT_PATH, "/v1"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    base = url.with_user(None).with_password(None).with_path(path or "/")
+    return EndpointAddress(str(base).rstrip("/"), url.user, url.password)
 
 
 def check_max_tokens_fit(max_tokens: int, max_model_len: int, source: str) -> None:
     """vLLM refuses every request whose ``max_tokens`` is above the model's ``max_model_len`` (HTTP 400)."""
     if max_tokens > max_model_len:
-        raise SettingsError(
+        raise ConfigError(
             f"max_tokens={max_tokens} is more than the model's max_model_len={max_model_len} ({source}): "
             "the server would refuse every request",
             f"set max_tokens={max_model_len} or lower (vLLM caps each reply at max_model_len minus its prompt), "
             f"or serve the model with --max-model-len {max_tokens} or more")
-
-
-def _refuse(key: str, wanted: str, value: Any, example: str | None = None) -> None:
-    hint = None if example is None else f"set it like {key}={example}"
-    raise SettingsError(f"{key} must be {wanted}, got {value!r}", hint)
-
-
-def check_integer(key: str, value: Any, minimum: int | None = None, *, optional: bool = False,
-                  example: str | None = None) -> None:
-    if optional and value is None:
-        return
-    if not _is_int(value) or (minimum is not None and value < minimum):
-        _refuse(key, "an integer" + ("" if minimum is None else f" >= {minimum}") + (" or null" if optional else ""),
-                value, example)
-
-
-def check_number(key: str, value: Any, minimum: float | None = None, *, exclusive: bool = False,
-                 maximum: float | None = None, optional: bool = False, example: str | None = None) -> None:
-    if optional and value is None:
-        return
-    low_ok = minimum is None or (value > minimum if exclusive else value >= minimum) if _is_number(value) else False
-    if not _is_number(value) or not low_ok or (maximum is not None and value > maximum):
-        span = "" if minimum is None else f" {'>' if exclusive else '>='} {minimum:g}"
-        span += "" if maximum is None else f" and <= {maximum:g}"
-        _refuse(key, f"a finite number{span}" + (" or null" if optional else ""), value, example)
-
-
-def check_text(key: str, value: Any, *, optional: bool = False, example: str | None = None) -> None:
-    if optional and value is None:
-        return
-    if not isinstance(value, str) or not value.strip():
-        _refuse(key, "a non-empty string" + (" or null" if optional else ""), value, example)
-
-
-def check_choice(key: str, value: Any, options: tuple) -> None:
-    if value not in options:
-        _refuse(key, "one of " + ", ".join(str(o) for o in options), value)
 
 
 def check_finite_values(key: str, value: Any) -> None:
@@ -124,7 +139,7 @@ def check_finite_values(key: str, value: Any) -> None:
     while stack:
         where, item = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
-            raise SettingsError(f"{where} is {item}: only finite numbers can be sent in a request")
+            raise ConfigError(f"{where} is {item}: only finite numbers can be sent in a request")
         if isinstance(item, Mapping):
             stack.extend((f"{where}.{k}", v) for k, v in item.items())
         elif isinstance(item, (list, tuple)):
@@ -139,49 +154,15 @@ def string_keys(key: str, value: Any) -> Any:
         converted: dict[str, Any] = {}
         for name, item in value.items():
             if isinstance(name, bool) or not isinstance(name, int | str):
-                raise SettingsError(f"{key} has the key {name!r} ({type(name).__name__}): request keys are strings "
+                raise ConfigError(f"{key} has the key {name!r} ({type(name).__name__}): request keys are strings "
                                     "(integers become strings)")
             if str(name) in converted:
-                raise SettingsError(f"{key} has the key {str(name)!r} twice (as a string and as a number)")
+                raise ConfigError(f"{key} has the key {str(name)!r} twice (as a string and as a number)")
             converted[str(name)] = string_keys(f"{key}.{name}", item)
         return converted
     if isinstance(value, list | tuple):
         return [string_keys(f"{key}[{index}]", item) for index, item in enumerate(value)]
     return value
-
-
-# What a key of each type must be, in a refusal ("resume must be true or false, got 'maybe'").
-WANTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
-
-
-def _wanted(schema: type, key: str) -> str:
-    """What the field ``key`` (dotted, from ``schema``) must be, from its annotation."""
-    annotation: Any = schema
-    for part in key.split("."):
-        annotation = typing.get_type_hints(annotation).get(part) if isinstance(annotation, type) else None
-    options = [option for option in typing.get_args(annotation) if option is not type(None)] or [annotation]
-    base = typing.get_origin(options[0]) or options[0]
-    nullable = type(None) in typing.get_args(annotation)
-    return WANTED.get(base, "a valid value") + (" or null" if nullable else "")
-
-
-def parse_block(schema: type, block: Mapping, prefix: str = ""):
-    """``block`` (plain values) as ``schema``, filled as ``opd.config.parse_config`` fills opd's: OmegaConf refuses
-    an unknown key, a missing value or one of the wrong type, each a :class:`SettingsError` naming the key
-    (``prefix`` + its own); the dataclasses' ``__post_init__`` then check the rest."""
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), block))
-    except MissingMandatoryValue as error:
-        raise SettingsError(f"{prefix}{error.full_key} is required", f"add {prefix}{error.full_key}=<value>") from None
-    except ConfigKeyError as error:
-        raise SettingsError(f"unknown setting {prefix}{error.full_key}",
-                            f"{prefix.rstrip('.') or 'regen'} has no such key; see configs/ for the keys it takes"
-                            ) from None
-    except ValidationError as error:
-        key = str(error.full_key)
-        raise SettingsError(f"{prefix}{key} must be {_wanted(schema, key)}, got {error.value!r}") from None
-    except OmegaConfBaseException as error:
-        raise SettingsError(f"{prefix}{error.full_key}: {str(error).splitlines()[0]}") from None
 
 
 @dataclass(frozen=True)
@@ -196,17 +177,17 @@ class WeightedChoice:
         if value is None:
             return None
         if not isinstance(value, Mapping) or not value:
-            _refuse(key, "a mapping of value -> weight", value, "{low: 0.3, high: 0.7}")
+            refuse(key, "a mapping of value -> weight", value, "{low: 0.3, high: 0.7}")
         options, weights = [], []
         for option, weight in value.items():
             try:
                 options.append(parse_option(option))
             except ValueError:
-                raise SettingsError(f"{key}: {option!r} is not a valid value") from None
+                raise ConfigError(f"{key}: {option!r} is not a valid value") from None
             check_number(f"{key}.{option}", weight, 0.0)
             weights.append(float(weight))
         if sum(weights) <= 0:
-            raise SettingsError(f"{key}: the weights must not all be 0")
+            raise ConfigError(f"{key}: the weights must not all be 0")
         return cls(tuple(options), tuple(weights))
 
 
@@ -217,10 +198,90 @@ def _temperature(option: Any) -> float:
     return value
 
 
+def _effort_weights(key: str, value: Any) -> WeightedChoice | None:
+    return WeightedChoice.parse(key, value, str)
+
+
+def _temperature_weights(key: str, value: Any) -> WeightedChoice | None:
+    return WeightedChoice.parse(key, value, _temperature)
+
+
+def _endpoints(key: str, value: Any) -> tuple[EndpointAddress, ...]:
+    """``server.endpoints``: a list of URLs (or one), each an :class:`EndpointAddress`, none twice."""
+    given = [value] if isinstance(value, str) else value
+    if not isinstance(given, list | tuple) or not given:
+        raise ConfigError(f"{key} is empty", "give one or more base URLs, e.g. 'server.endpoints=[http://127.0.0.1:8000]'")
+    addresses = []
+    for position, text in enumerate(given):
+        try:
+            addresses.append(parse_endpoint(text))
+        except ValueError as error:
+            raise ConfigError(f"{key}[{position}]: {error}",
+                              "write it like http://host:8000 (or .../v1, .../v1/chat/completions)") from None
+    urls = [address.chat_url for address in addresses]
+    if len(set(urls)) != len(urls):
+        duplicate = next(url for url in urls if urls.count(url) > 1)
+        raise ConfigError(f"{key} names {duplicate} twice", "list each server once")
+    return tuple(addresses)
+
+
+def _gpus(key: str, value: Any) -> tuple[int, ...] | None:
+    """``server.gpus``: GPU indices as a list, one index or "0,1,2"; null: not set."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else [value] if is_int(value) else value
+    try:
+        ids = tuple(int(str(g).strip()) for g in items)
+    except (TypeError, ValueError):
+        ids = ()
+    if not ids or min(ids) < 0:
+        refuse(key, "GPU indices (a list, or 0,1,2)", value, "[0,1,2,3]")
+    return ids
+
+
+def _language(key: str, value: Any) -> str | None:
+    """``language_filter``: a string or null (refused rather than converted, as OmegaConf would turn 1 into "1")."""
+    if value is not None and not isinstance(value, str):
+        refuse(key, "a string (the row's language column, e.g. EN) or null", value, "EN")
+    return value
+
+
+def _concurrency(key: str, value: Any) -> int | str:
+    """``concurrency``: ``auto`` or an integer >= 1."""
+    if value != "auto" and not (is_int(value) and value >= 1):
+        raise ConfigError(f"{key} must be auto or an integer >= 1, got {value!r}",
+                          f"set it like {key}=auto (adapts to each endpoint) or {key}=64")
+    return value
+
+
+def _request_params(key: str, value: Any) -> dict[str, Any]:
+    """``extra_request_params``: a mapping merged into every request (null: none), its keys strings, refused where it
+    would set what regen owns or break one row per generation."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        refuse(key, "a mapping merged into every request", value, "'{chat_template_kwargs: {enable_thinking: false}}'")
+    clash = sorted(OWN_REQUEST_KEYS & set(value))
+    if clash:
+        raise ConfigError(f"{key} may not set {clash}: regen owns those request keys",
+                          "use max_tokens=, server.model= and the dataset's own tools instead")
+    for name, (refused, reason) in REFUSED_REQUEST_PARAMS.items():
+        if name in value and refused(value[name]):
+            raise ConfigError(f"{key}.{name}={value[name]!r} is refused: {reason}")
+    check_finite_values(key, value)
+    params = string_keys(key, value)
+    try:
+        orjson.dumps(params)
+    except TypeError as error:
+        raise ConfigError(f"{key} cannot be sent as JSON: {error}") from None
+    return params
+
+
 @dataclass
 class DatasetSettings:
     """Where rows come from (``dataset`` group): a hub dataset or a local ``.json``/``.jsonl`` file."""
 
+    MISSING_HINTS: ClassVar[dict[str, str]] = {"path": "add dataset.path=FILE.jsonl"}
     source: str
     path: str
     format: str
@@ -234,29 +295,28 @@ class DatasetSettings:
         check_text("dataset.name", self.name, optional=True)
         check_text("dataset.subset", self.subset, optional=True)
         check_text("dataset.split", self.split, optional=True)
-        label = self.name or self.path
         if self.format in REFUSED_FORMATS:
-            raise SettingsError(f"dataset {label} {REFUSED_FORMATS[self.format]}")
-        if self.format not in FORMATS:
-            raise SettingsError(f"dataset.format={self.format!r} is unknown",
-                                f"choose one of {', '.join(sorted(FORMATS))}")
+            raise ConfigError(f"dataset {self.label} {REFUSED_FORMATS[self.format]}")
+        if self.format not in FORMAT_NAMES:
+            raise ConfigError(f"dataset.format={self.format!r} is unknown",
+                              f"choose one of {', '.join(sorted(FORMAT_NAMES))}")
         if self.source == "hf" and not self.split:
-            raise SettingsError(f"dataset.split is required for the hub dataset {self.path}",
-                                "add dataset.split=train (or the split you want)")
+            raise ConfigError(f"dataset.split is required for the hub dataset {self.path}",
+                              "add dataset.split=train (or the split you want)")
         if self.source == "local":
             self._check_local_file()
 
     def _check_local_file(self) -> None:
         path = Path(self.path)
         if path.suffix.lower() not in LOCAL_SUFFIXES:
-            raise SettingsError(f"dataset.path={self.path}: a local dataset must be a .json (top-level array) "
-                                "or .jsonl file", "convert it, or point dataset.path at a .jsonl file")
+            raise ConfigError(f"dataset.path={self.path}: a local dataset must be a .json (top-level array) "
+                              "or .jsonl file", "convert it, or point dataset.path at a .jsonl file")
         if not path.is_file():
-            raise SettingsError(f"dataset file not found: {path}", "check dataset.path= (relative paths start "
-                                "at the folder you run regen from)")
+            raise ConfigError(f"dataset file not found: {path}", "check dataset.path= (relative paths start "
+                              "at the folder you run regen from)")
         if not os.access(path, os.R_OK):
-            raise SettingsError(f"dataset file {path} is not readable (permission denied)",
-                                "fix its permissions or copy it somewhere you can read")
+            raise ConfigError(f"dataset file {path} is not readable (permission denied)",
+                              "fix its permissions or copy it somewhere you can read")
 
     @property
     def label(self) -> str:
@@ -264,9 +324,27 @@ class DatasetSettings:
 
 
 @dataclass
+class ExternalServer:
+    """``server=external``: endpoints that already run; regen starts and stops nothing."""
+
+    kind: ClassVar[str] = "external"
+    MISSING_HINTS: ClassVar[dict[str, str]] = {"endpoints": "add 'server.endpoints=[http://127.0.0.1:8000]'"}
+    endpoints: tuple[EndpointAddress, ...] = parsed_by(_endpoints)
+    model: str | None
+
+    def __post_init__(self) -> None:
+        check_text("server.model", self.model, optional=True)
+
+    @property
+    def served_model(self) -> str | None:
+        return self.model
+
+
+@dataclass
 class _ManagedServer:
     """What the ``vllm`` and ``local`` kinds share: where the server listens and how it is stopped."""
 
+    kind: ClassVar[str]
     host: str
     port: int
     max_model_len: int | None
@@ -281,7 +359,7 @@ class _ManagedServer:
         check_text("server.host", self.host)
         check_integer("server.port", self.port, 1, example="8000")
         if self.port > 65535:
-            _refuse("server.port", "a TCP port (1..65535)", self.port, "8000")
+            refuse("server.port", "a TCP port (1..65535)", self.port, "8000")
         check_integer("server.max_model_len", self.max_model_len, 1, optional=True)
         check_text("server.reasoning_parser", self.reasoning_parser, optional=True, example="qwen3")
         check_text("server.tool_call_parser", self.tool_call_parser, optional=True, example="hermes")
@@ -304,54 +382,20 @@ class _ManagedServer:
 
 
 @dataclass
-class ExternalServer:
-    """``server=external``: endpoints that already run; regen starts and stops nothing."""
-
-    kind: ClassVar[str] = "external"
-    endpoints: Any  # a list of URLs (or one); becomes a tuple of EndpointAddress
-    model: str | None
-
-    def __post_init__(self) -> None:
-        given = self.endpoints
-        if isinstance(given, str):
-            given = [given]
-        if not isinstance(given, (list, tuple)) or not given:
-            raise SettingsError("server.endpoints is empty",
-                                "give one or more base URLs, e.g. 'server.endpoints=[http://127.0.0.1:8000]'")
-        addresses = []
-        for position, text in enumerate(given):
-            if isinstance(text, EndpointAddress):
-                addresses.append(text)
-                continue
-            try:
-                addresses.append(parse_endpoint(text))
-            except ValueError as error:
-                raise SettingsError(f"server.endpoints[{position}]: {error}",
-                                    "write it like http://host:8000 (or .../v1, .../v1/chat/completions)") from None
-        urls = [a.chat_url for a in addresses]
-        if len(set(urls)) != len(urls):
-            duplicate = next(u for u in urls if urls.count(u) > 1)
-            raise SettingsError(f"server.endpoints names {duplicate} twice", "list each server once")
-        self.endpoints = tuple(addresses)
-        check_text("server.model", self.model, optional=True)
-
-    @property
-    def served_model(self) -> str | None:
-        return self.model
-
-
-@dataclass
 class VllmServer(_ManagedServer):
     """``server=vllm``: ``launch/vllm.sh`` starts ``vllm serve`` (single node, or the head of a multi-node DP run)."""
 
     kind: ClassVar[str] = "vllm"
+    MISSING_HINTS: ClassVar[dict[str, str]] = {
+        "model": "add server.model=<hub id or model folder> (e.g. server.model=Qwen/Qwen3-8B) for server=vllm, "
+                 "or use server=external 'server.endpoints=[URL]'"}
     model: str
     dp: int
     tp: int
     dp_local: int | None
     dp_address: str | None
     dp_rpc_port: int | None
-    gpus: Any  # GPU indices: a list, one index, or "0,1,2"; becomes a tuple of ints (or None)
+    gpus: tuple[int, ...] | None = parsed_by(_gpus)  # CUDA_VISIBLE_DEVICES for the server
     extra_args: list[str]
 
     def __post_init__(self) -> None:
@@ -361,108 +405,74 @@ class VllmServer(_ManagedServer):
         check_integer("server.tp", self.tp, 1, example="2")
         check_integer("server.dp_local", self.dp_local, 0, optional=True)
         if self.dp_local is not None and self.dp_local > self.dp:
-            raise SettingsError(f"server.dp_local={self.dp_local} is more than server.dp={self.dp}",
-                                "dp_local is how many of the dp ranks run on this (the head) node")
+            raise ConfigError(f"server.dp_local={self.dp_local} is more than server.dp={self.dp}",
+                              "dp_local is how many of the dp ranks run on this (the head) node")
         check_text("server.dp_address", self.dp_address, optional=True, example="10.0.0.1")
         check_integer("server.dp_rpc_port", self.dp_rpc_port, 1, optional=True, example="13345")
         if self.dp_local is not None and self.dp_local < self.dp and not (self.dp_address and self.dp_rpc_port):
-            raise SettingsError("a multi-node head (server.dp_local < server.dp) needs server.dp_address and "
-                                "server.dp_rpc_port", "add server.dp_address=<this node's IP> server.dp_rpc_port=13345")
-        self.gpus = self._gpu_list(self.gpus)
-        self.extra_args = tuple(self.extra_args)
-
-    @staticmethod
-    def _gpu_list(gpus: Any) -> tuple[int, ...] | None:
-        if gpus is None:
-            return None
-        items = gpus.split(",") if isinstance(gpus, str) else [gpus] if _is_int(gpus) else gpus
-        try:
-            ids = tuple(int(str(g).strip()) for g in items)
-        except (TypeError, ValueError):
-            ids = ()
-        if not ids or min(ids) < 0:
-            _refuse("server.gpus", "GPU indices (a list, or 0,1,2)", gpus, "[0,1,2,3]")
-        return ids
+            raise ConfigError("a multi-node head (server.dp_local < server.dp) needs server.dp_address and "
+                              "server.dp_rpc_port", "add server.dp_address=<this node's IP> server.dp_rpc_port=13345")
 
     @property
     def served_model(self) -> str:
         return self.model
 
 
-# Architecture flags a teacher preset brings to server=local (passed to the embedded server's CLI).
+# Architecture flags of the model spec that server=local passes to the embedded server's CLI (besides use_moe).
 LOCAL_ARCH_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "num_experts", "num_experts_per_tok", "vocab_size")
 
 
 @dataclass
 class LocalServer(_ManagedServer):
-    """``server=local``: the embedded CPU server (``launch/chat_server.py``) on a model preset or HF model."""
+    """``server=local``: the embedded CPU server (``launch/chat_server.py``) on a model preset or HF model. The
+    preset (``configs/model/``, the keys opd's ``teacher`` takes) is its ``model_spec``, whose keys sit in the
+    ``server`` block: ``server.checkpoint``, ``server.hidden_size`` ..."""
 
     kind: ClassVar[str] = "local"
-    IGNORED_KEYS: ClassVar[frozenset] = frozenset({"name"})  # the model preset's own label
-    checkpoint: str
-    tokenizer: str | None
-    use_moe: bool
-    model: str | None
+    model_spec: ModelSpec = flattened()
+    model: str | None  # the served model name; null: the checkpoint path
     max_batch_size: int
     max_prefill_tokens: int
     threads: int | None
-    hidden_size: int | None
-    num_hidden_layers: int | None
-    num_attention_heads: int | None
-    num_key_value_heads: int | None
-    num_experts: int | None
-    num_experts_per_tok: int | None
-    vocab_size: int | None
 
     def __post_init__(self) -> None:
-        check_text("server.checkpoint", self.checkpoint, example="out/tiny/tiny_teacher.pth")
+        spec = self.model_spec
+        check_text("server.checkpoint", spec.checkpoint, example="out/tiny/tiny_teacher.pth")
         self._check_checkpoint()
-        check_text("server.tokenizer", self.tokenizer, optional=True)
+        check_text("server.tokenizer", spec.tokenizer, optional=True)
         check_text("server.model", self.model, optional=True)
         self._check_common()
         check_integer("server.max_batch_size", self.max_batch_size, 1)
         check_integer("server.max_prefill_tokens", self.max_prefill_tokens, 1)
         check_integer("server.threads", self.threads, 1, optional=True)
         for key in LOCAL_ARCH_KEYS:
-            check_integer(f"server.{key}", getattr(self, key), 1, optional=True)
+            check_integer(f"server.{key}", getattr(spec, key), 1, optional=True)
 
     def _check_checkpoint(self) -> None:
         """A native ``.pth`` (``.pt``) must be a file, a local HF model folder a folder; a hub id is downloaded by
         the server. Checked here, before any file is opened or the server started (which would die on it)."""
-        path, key = Path(self.checkpoint).expanduser(), f"server.checkpoint={self.checkpoint}"
+        checkpoint = self.model_spec.checkpoint
+        path, key = Path(checkpoint).expanduser(), f"server.checkpoint={checkpoint}"
         hint = ("point server.checkpoint at a MiniMind .pth file, an HF model folder or a hub id "
                 "(`make tiny` writes the tiny presets' files)")
-        if self.checkpoint.endswith((".pth", ".pt")):
+        if checkpoint.endswith((".pth", ".pt")):
             if path.is_dir():
-                raise SettingsError(f"{key} is a folder, not a MiniMind .pth file", hint)
+                raise ConfigError(f"{key} is a folder, not a MiniMind .pth file", hint)
             if not path.is_file():
-                raise SettingsError(f"{key}: no such file", hint)
+                raise ConfigError(f"{key}: no such file", hint)
             if not os.access(path, os.R_OK):
-                raise SettingsError(f"{key} is not readable (permission denied)", hint)
-        elif looks_like_local_path(self.checkpoint) and not path.is_dir():
-            raise SettingsError(f"{key}: no such model folder", hint)
+                raise ConfigError(f"{key} is not readable (permission denied)", hint)
+        elif looks_like_local_path(checkpoint) and not path.is_dir():
+            raise ConfigError(f"{key}: no such model folder", hint)
 
     @property
     def served_model(self) -> str:
         """The id /v1/models lists: ``model``, else the checkpoint path (as vLLM names a model by its path)."""
-        return self.model or self.checkpoint
+        return self.model or self.model_spec.checkpoint
 
 
 ServerSettings = ExternalServer | VllmServer | LocalServer
-SERVER_KINDS = {cls.kind: cls for cls in (ExternalServer, VllmServer, LocalServer)}
-
-
-def server_settings(block: Mapping) -> ServerSettings:
-    """The ``server`` block (plain values, every key given) as its kind's dataclass."""
-    block = dict(block)
-    kind = block.pop("kind", None)
-    if kind not in SERVER_KINDS:
-        _refuse("server.kind", "one of " + ", ".join(SERVER_KINDS), kind)
-    schema = SERVER_KINDS[kind]
-    for key in getattr(schema, "IGNORED_KEYS", ()):
-        block.pop(key, None)
-    return parse_block(schema, block, "server.")
 
 
 @dataclass
@@ -470,17 +480,17 @@ class RegenSettings:
     """One regen run's settings (``configs/regen.yaml``), checked and normalized."""
 
     dataset: DatasetSettings
-    server: Any  # the server block; becomes its kind's dataclass (ServerSettings)
-    sampling: Any  # a mapping of sampling parameters (null ones are not sent)
+    server: ExternalServer | VllmServer | LocalServer  # picked by server.kind
+    sampling: dict[str, Any]  # sampling parameters (null ones are not sent)
     tokenizer: str | None
     output: str | None
     output_dir: str
     resume: bool
     resume_accept_changes: bool
     limit: int | None
-    language_filter: Any  # a string or null
+    language_filter: str | None = parsed_by(_language)
     max_tokens: int
-    concurrency: Any  # auto, or an integer
+    concurrency: int | str = parsed_by(_concurrency)  # auto, or an integer
     concurrency_start: int
     concurrency_max: int
     concurrency_interval_s: float
@@ -494,34 +504,25 @@ class RegenSettings:
     all_endpoints_down_wait_s: float
     carry_reasoning: bool
     api_key_env: str | None
-    extra_request_params: Any  # a mapping or null; becomes a dict
-    reasoning_effort_weights: Any  # a mapping option -> weight or null; becomes a WeightedChoice
-    temperature_weights: Any  # the same
+    extra_request_params: dict[str, Any] = parsed_by(_request_params)
+    reasoning_effort_weights: WeightedChoice | None = parsed_by(_effort_weights)
+    temperature_weights: WeightedChoice | None = parsed_by(_temperature_weights)
     mix_seed: int
     progress_log_s: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.server, Mapping):
-            _refuse("server", "a server block (server=vllm, external or local)", self.server)
-        self.server = server_settings(self.server)
         check_text("tokenizer", self.tokenizer, optional=True)
         check_text("output", self.output, optional=True, example="out/regen/my_run.jsonl")
         check_text("output_dir", self.output_dir)
         check_integer("limit", self.limit, 0, optional=True, example="1000")
-        if self.language_filter is not None and not isinstance(self.language_filter, str):
-            _refuse("language_filter", "a string (the row's language column, e.g. EN) or null",
-                    self.language_filter, "EN")
         check_integer("max_tokens", self.max_tokens, 1, example="8192")
         if getattr(self.server, "max_model_len", None) is not None:
             check_max_tokens_fit(self.max_tokens, self.server.max_model_len, "server.max_model_len")
-        if self.concurrency != "auto" and not (_is_int(self.concurrency) and self.concurrency >= 1):
-            raise SettingsError(f"concurrency must be auto or an integer >= 1, got {self.concurrency!r}",
-                                "set it like concurrency=auto (adapts to each endpoint) or concurrency=64")
         check_integer("concurrency_start", self.concurrency_start, 1, example="64")
         check_integer("concurrency_max", self.concurrency_max, 1, example="1024")
         if self.concurrency_start > self.concurrency_max:
-            raise SettingsError(f"concurrency_start={self.concurrency_start} is more than "
-                                f"concurrency_max={self.concurrency_max}", "lower concurrency_start or raise concurrency_max")
+            raise ConfigError(f"concurrency_start={self.concurrency_start} is more than "
+                              f"concurrency_max={self.concurrency_max}", "lower concurrency_start or raise concurrency_max")
         check_number("concurrency_interval_s", self.concurrency_interval_s, 0, exclusive=True, example="2")
         check_number("request_timeout_s", self.request_timeout_s, 0, exclusive=True, example="1800")
         check_number("max_reply_mib", self.max_reply_mib, 0, exclusive=True, optional=True, example="64")
@@ -532,57 +533,25 @@ class RegenSettings:
         check_number("endpoint_reprobe_s", self.endpoint_reprobe_s, 0, exclusive=True)
         check_number("all_endpoints_down_wait_s", self.all_endpoints_down_wait_s, 0)
         check_number("progress_log_s", self.progress_log_s, 0, exclusive=True)
-        self._check_sampling()
-        self._check_extra_request_params()
-        self.reasoning_effort_weights = WeightedChoice.parse("reasoning_effort_weights",
-                                                             self.reasoning_effort_weights, str)
-        self.temperature_weights = WeightedChoice.parse("temperature_weights", self.temperature_weights, _temperature)
-        if self.api_key_env is not None:
-            check_text("api_key_env", self.api_key_env, example="VLLM_API_KEY")
-            if not os.environ.get(self.api_key_env):
-                raise SettingsError(f"api_key_env={self.api_key_env}: that environment variable is not set",
-                                    f"export {self.api_key_env}=<your key> first, or drop api_key_env")
-
-    def _check_sampling(self) -> None:
-        if not isinstance(self.sampling, Mapping):
-            _refuse("sampling", "a mapping of sampling parameters", self.sampling)
         for key, value in self.sampling.items():
             integer, low, exclusive, high = SAMPLING_RANGES.get(key, (False, None, False, None))
             if integer:
                 check_integer(f"sampling.{key}", value, low, optional=True)
             else:
                 check_number(f"sampling.{key}", value, low, exclusive=exclusive, maximum=high, optional=True)
-
-    def _check_extra_request_params(self) -> None:
-        extra = self.extra_request_params
-        if extra is None:
-            self.extra_request_params = {}
-            return
-        if not isinstance(extra, Mapping):
-            _refuse("extra_request_params", "a mapping merged into every request", extra,
-                    "'{chat_template_kwargs: {enable_thinking: false}}'")
-        clash = sorted(OWN_REQUEST_KEYS & set(extra))
-        if clash:
-            raise SettingsError(f"extra_request_params may not set {clash}: regen owns those request keys",
-                                "use max_tokens=, server.model= and the dataset's own tools instead")
-        for key, (refused, reason) in REFUSED_REQUEST_PARAMS.items():
-            if key in extra and refused(extra[key]):
-                raise SettingsError(f"extra_request_params.{key}={extra[key]!r} is refused: {reason}")
-        check_finite_values("extra_request_params", extra)
-        self.extra_request_params = string_keys("extra_request_params", extra)
-        try:
-            orjson.dumps(self.extra_request_params)
-        except TypeError as error:
-            raise SettingsError(f"extra_request_params cannot be sent as JSON: {error}") from None
+        if self.api_key_env is not None:
+            check_text("api_key_env", self.api_key_env, example="VLLM_API_KEY")
+            if not os.environ.get(self.api_key_env):
+                raise ConfigError(f"api_key_env={self.api_key_env}: that environment variable is not set",
+                                  f"export {self.api_key_env}=<your key> first, or drop api_key_env")
 
     @classmethod
     def from_config(cls, cfg: DictConfig | Mapping) -> RegenSettings:
         """Check the composed config (``configs/regen.yaml``) and return its settings."""
-        plain = _plain_config(cfg)
-        if not isinstance(plain.get("dataset"), Mapping):
-            raise SettingsError("no dataset chosen", "add dataset=<preset> (e.g. dataset=magpie) or "
-                                "dataset=local dataset.path=FILE.jsonl")
-        return parse_block(cls, plain)
+        if not isinstance(cfg.get("dataset"), Mapping):
+            raise ConfigError("no dataset chosen", "add dataset=<preset> (e.g. dataset=magpie) or "
+                              "dataset=local dataset.path=FILE.jsonl")
+        return parse_config(cls, cfg)
 
     @property
     def served_model(self) -> str | None:
@@ -601,35 +570,3 @@ class RegenSettings:
     def fixed_concurrency(self) -> int | None:
         """``concurrency`` as a number, or ``None`` for ``auto`` (each endpoint's in-flight count adapts)."""
         return None if self.concurrency == "auto" else self.concurrency
-
-
-def _plain_config(cfg: DictConfig | Mapping) -> dict:
-    """The config as plain values; a missing required value (``???``) or a broken interpolation is refused."""
-    if not isinstance(cfg, DictConfig):
-        return dict(cfg)
-    plain: dict = {}
-    for key in cfg:
-        if key == "hydra":
-            continue
-        try:
-            value = cfg[key]
-            if OmegaConf.is_config(value):
-                value = OmegaConf.to_container(value, resolve=True, throw_on_missing=True)
-        except MissingMandatoryValue as error:
-            full_key = str(error.full_key or key)
-            raise SettingsError(f"{full_key} is required", _missing_hint(full_key, cfg)) from None
-        except OmegaConfBaseException as error:
-            raise SettingsError(f"{error.full_key or key}: {str(error).splitlines()[0]}") from None
-        plain[key] = value
-    return plain
-
-
-def _missing_hint(key: str, cfg: DictConfig) -> str:
-    if key == "server.model":
-        return ("add server.model=<hub id or model folder> (e.g. server.model=Qwen/Qwen3-8B) for "
-                f"server={cfg.server.get('kind', 'vllm')}, or use server=external 'server.endpoints=[URL]'")
-    if key == "dataset.path":
-        return "add dataset.path=FILE.jsonl"
-    if key == "server.endpoints":
-        return "add 'server.endpoints=[http://127.0.0.1:8000]'"
-    return f"add {key}=<value>"

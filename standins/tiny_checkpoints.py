@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from common.minimind.model import MiniMindArch, build_model, save_native
+from common.minimind.model import build_model, save_native
+from common.minimind.spec import MiniMindArch
 from common.package_files import CONFIG_DIR, tiny_dir
 from standins.tokenizer import build_standin_tokenizer
 

@@ -10,7 +10,7 @@ import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from common.minimind.model import ModelSpec
+from common.minimind.spec import ModelSpec
 from tests.helpers.configs import compose_config, entry_config, options
 from tests.helpers.entries import run_main
 from tests.helpers.paths import CONFIG_DIR, REPO_ROOT

@@ -1,6 +1,6 @@
 """The CPU recipe's settings (``configs/recipe.yaml``) as one typed schema, validated once at start.
 
-``parse_config(RecipeConfig, cfg)`` (``opd.config``'s, as every entry of this repo uses) merges the composed Hydra
+``parse_config(RecipeConfig, cfg)`` (``common.config_schema``'s, as every entry of this repo uses) merges the composed Hydra
 config into these dataclasses — OmegaConf checks every value's type and refuses unknown or missing keys, naming the
 full key — and each ``__post_init__`` checks ranges, choices and how the blocks fit together; every problem is a
 ``ConfigError`` naming the key. Values come from the YAML file: the dataclasses hold no defaults of their own,
@@ -10,38 +10,31 @@ except an arm's ``learning_rate`` (null: ``distill.learning_rate``), since arms 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from opd.config import SCHEDULERS, ConfigError
+from common.config_schema import (
+    ConfigError,
+    check_choice,
+    check_integer,
+    check_integers,
+    check_name,
+    check_positive,
+    require,
+)
+from opd.config import SCHEDULERS
 
 ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
 TASK_FILES = ("train_demonstrations", "distill_prompts", "heldout_prompts")  # what the data stage leaves behind
-
-
-def require_setting(condition: bool, key: str, expected: str, value) -> None:
-    if not condition:
-        raise ConfigError(f"{key} must be {expected}, got {value!r}")
 
 
 def check_staged_run(cfg) -> None:
     """The settings every staged experiment shares: a tokenizer, distinct seeds, threads and jobs of at least 1."""
     if not cfg.tokenizer:
         raise ConfigError("tokenizer is not set: pass tokenizer=PATH or export MINIMIND_TOKENIZER")
-    require_setting(bool(cfg.seeds) and len(set(cfg.seeds)) == len(cfg.seeds), "seeds",
-                    "a non-empty list of distinct integers", cfg.seeds)
-    require_setting(cfg.threads >= 1, "threads", "an integer >= 1", cfg.threads)
-    require_setting(cfg.jobs >= 1, "jobs", "an integer >= 1", cfg.jobs)
-
-
-def _check_counts(block: str, settings, keys: tuple[str, ...], minimum: int = 1) -> None:
-    for key in keys:
-        value = getattr(settings, key)
-        require_setting(value >= minimum, f"{block}.{key}", f"an integer >= {minimum}", value)
-
-
-def _check_learning_rate(key: str, value: float) -> None:
-    require_setting(math.isfinite(value) and value > 0, key, "a positive number", value)
+    require(bool(cfg.seeds) and len(set(cfg.seeds)) == len(cfg.seeds), "seeds",
+            "a non-empty list of distinct integers", cfg.seeds)
+    check_integer("threads", cfg.threads, 1)
+    check_integer("jobs", cfg.jobs, 1)
 
 
 @dataclass
@@ -54,7 +47,7 @@ class TaskSizes:
     heldout: int  # held-out problems
 
     def __post_init__(self) -> None:
-        _check_counts("data", self, ("train", "distill", "heldout"))
+        check_integers("data.", self, ("train", "distill", "heldout"))
 
     def count(self, task_file: str) -> int:
         """Records in one of the task's files (the task writes exactly the configured counts)."""
@@ -74,9 +67,9 @@ class RecipeModel:
     learning_rate: float
 
     def _check(self, role: str) -> None:
-        _check_counts(role, self, ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        check_integers(f"{role}.", self, ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                    "sft_steps"))
-        _check_learning_rate(f"{role}.learning_rate", self.learning_rate)
+        check_positive(f"{role}.learning_rate", self.learning_rate)
 
     def __post_init__(self) -> None:
         self._check("student")
@@ -100,8 +93,8 @@ class SFTSettings:
     warmup_steps: int
 
     def __post_init__(self) -> None:
-        _check_counts("sft", self, ("batch_size",))
-        _check_counts("sft", self, ("warmup_steps",), minimum=0)
+        check_integers("sft.", self, ("batch_size",))
+        check_integers("sft.", self, ("warmup_steps",), 0)
 
 
 @dataclass
@@ -119,11 +112,10 @@ class DistillSettings:
     max_total_len: int
 
     def __post_init__(self) -> None:
-        _check_counts("distill", self, ("steps", "eval_every", "batch_size", "max_turns", "max_gen_len", "max_total_len"))
-        _check_counts("distill", self, ("warmup_steps",), minimum=0)
-        _check_learning_rate("distill.learning_rate", self.learning_rate)
-        require_setting(self.lr_scheduler in SCHEDULERS, "distill.lr_scheduler", f"one of {', '.join(SCHEDULERS)}",
-                        self.lr_scheduler)
+        check_integers("distill.", self, ("steps", "eval_every", "batch_size", "max_turns", "max_gen_len", "max_total_len"))
+        check_integers("distill.", self, ("warmup_steps",), 0)
+        check_positive("distill.learning_rate", self.learning_rate)
+        check_choice("distill.lr_scheduler", self.lr_scheduler, SCHEDULERS)
 
 
 @dataclass
@@ -147,7 +139,7 @@ class EvaluationSettings:
     max_total_len: int
 
     def __post_init__(self) -> None:
-        _check_counts("evaluation", self, ("batch_size", "max_turns", "max_gen_len", "max_total_len"))
+        check_integers("evaluation.", self, ("batch_size", "max_turns", "max_gen_len", "max_total_len"))
 
 
 @dataclass
@@ -171,13 +163,12 @@ class RecipeConfig:
 
     def __post_init__(self) -> None:
         check_staged_run(self)
-        require_setting(bool(self.arms), "arms", "a mapping of name -> {entry, data, overrides}", self.arms)
+        require(bool(self.arms), "arms", "a mapping of name -> {entry, data, overrides}", self.arms)
         for name, arm in self.arms.items():
-            require_setting(all(c.isalnum() or c in "_.-" for c in name), f"arms.{name}",
-                            "named with letters, digits, '_', '-' and '.' only (it names folders and stages)", name)
-            require_setting(arm.entry in ENTRIES, f"arms.{name}.entry", f"one of {', '.join(ENTRIES)}", arm.entry)
-            require_setting(arm.data in TASK_FILES, f"arms.{name}.data", f"one of {', '.join(TASK_FILES)}", arm.data)
+            check_name(f"arms.{name}", name, "folders and stages")
+            check_choice(f"arms.{name}.entry", arm.entry, ENTRIES)
+            check_choice(f"arms.{name}.data", arm.data, TASK_FILES)
             if arm.learning_rate is not None:
-                _check_learning_rate(f"arms.{name}.learning_rate", arm.learning_rate)
-        require_setting(self.baseline_arm in self.arms, "baseline_arm", f"one of the arms ({', '.join(self.arms)})",
-                        self.baseline_arm)
+                check_positive(f"arms.{name}.learning_rate", arm.learning_rate)
+        require(self.baseline_arm in self.arms, "baseline_arm", f"one of the arms ({', '.join(self.arms)})",
+                self.baseline_arm)

@@ -39,13 +39,13 @@ from rich.console import Console
 from rich.table import Table
 
 from common.atomic_write import atomic_write_json
+from common.config_schema import parse_config
 from common.user_errors import exit_on_user_error
 from experiments.charts import write_curve_chart
 from experiments.estimates import paired_difference, read_evaluation
 from experiments.recipe.config import TASK_FILES, RecipeConfig, RecipeModel
 from experiments.stages import Stage, run_stages
 from opd.checkpoints import step_weights_path
-from opd.config import parse_config
 from opd.reporting import require_matplotlib
 from opd.scoring import mean_and_se
 

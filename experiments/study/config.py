@@ -1,6 +1,6 @@
 """The study's settings (``configs/study.yaml``) as one typed schema, validated once at start.
 
-``parse_config(StudyConfig, cfg)`` (``opd.config``'s, as every entry of this repo uses) merges the composed Hydra
+``parse_config(StudyConfig, cfg)`` (``common.config_schema``'s, as every entry of this repo uses) merges the composed Hydra
 config into these dataclasses (OmegaConf refuses unknown, missing or wrongly typed keys, naming them) and each
 ``__post_init__`` checks ranges and how the blocks fit together; every problem is a ``ConfigError`` naming the key.
 Values come from the YAML file; the dataclasses hold no defaults of their own. The model, SFT, distillation and
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.config_schema import ConfigError, check_choice, check_integer, check_integers, check_name, require
 from experiments.recipe.config import (
     DistillSettings,
     EvaluationSettings,
     RecipeModel,
     RecipeTeacher,
     check_staged_run,
-    require_setting,
 )
 from experiments.study.chain_task import TIMES
-from opd.config import SCHEDULERS, ConfigError
+from opd.config import SCHEDULERS
 
 ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
 TEACHERS = ("gold", "robust", "none")  # gold-only SFT, SFT on noise-injected demonstrations; none: an SFT arm
@@ -39,12 +39,11 @@ class ChainData:
     syntax_noise: float
 
     def __post_init__(self) -> None:
-        for key in ("train", "distill"):
-            require_setting(getattr(self, key) >= 1, f"data.{key}", "an integer >= 1", getattr(self, key))
+        check_integers("data.", self, ("train", "distill"))
         for key in ("value_noise", "syntax_noise"):
-            require_setting(0 <= getattr(self, key) < 1, f"data.{key}", "in [0, 1)", getattr(self, key))
-        require_setting(self.value_noise + self.syntax_noise < 1, "data.syntax_noise",
-                        f"below 1 - data.value_noise = {1 - self.value_noise:g}", self.syntax_noise)
+            require(0 <= getattr(self, key) < 1, f"data.{key}", "in [0, 1)", getattr(self, key))
+        require(self.value_noise + self.syntax_noise < 1, "data.syntax_noise",
+                f"below 1 - data.value_noise = {1 - self.value_noise:g}", self.syntax_noise)
 
 
 @dataclass
@@ -59,13 +58,11 @@ class StudySFT:
     robust_teacher_steps: int
 
     def __post_init__(self) -> None:
-        require_setting(self.batch_size >= 1, "sft.batch_size", "an integer >= 1", self.batch_size)
-        require_setting(self.robust_teacher_steps >= 1, "sft.robust_teacher_steps", "an integer >= 1",
-                        self.robust_teacher_steps)
-        require_setting(self.warmup_steps >= 0, "sft.warmup_steps", "an integer >= 0", self.warmup_steps)
+        check_integer("sft.batch_size", self.batch_size, 1)
+        check_integer("sft.robust_teacher_steps", self.robust_teacher_steps, 1)
+        check_integer("sft.warmup_steps", self.warmup_steps, 0)
         for key in ("teacher_lr_scheduler", "student_lr_scheduler"):
-            require_setting(getattr(self, key) in SCHEDULERS, f"sft.{key}", f"one of {', '.join(SCHEDULERS)}",
-                            getattr(self, key))
+            check_choice(f"sft.{key}", getattr(self, key), SCHEDULERS)
 
 
 @dataclass
@@ -91,10 +88,10 @@ class CheckpointPick:
     min_accuracy: float
 
     def _check(self, block: str) -> None:
-        require_setting(self.check_every >= 1, f"{block}.check_every", "an integer >= 1", self.check_every)
-        require_setting(self.prompts >= 1, f"{block}.prompts", "an integer >= 1", self.prompts)
-        require_setting(0 <= self.min_accuracy <= 1, f"{block}.min_accuracy",
-                        "in [0, 1] (0: the first kept checkpoint)", self.min_accuracy)
+        check_integer(f"{block}.check_every", self.check_every, 1)
+        check_integer(f"{block}.prompts", self.prompts, 1)
+        require(0 <= self.min_accuracy <= 1, f"{block}.min_accuracy",
+                "in [0, 1] (0: the first kept checkpoint)", self.min_accuracy)
 
     def __post_init__(self) -> None:
         self._check("teacher_pick")
@@ -119,8 +116,8 @@ class DivergenceSettings:
     top_k: int
 
     def __post_init__(self) -> None:
-        require_setting(self.prompts >= 1, "divergence.prompts", "an integer >= 1", self.prompts)
-        require_setting(self.top_k >= 1, "divergence.top_k", "an integer >= 1", self.top_k)
+        check_integer("divergence.prompts", self.prompts, 1)
+        check_integer("divergence.top_k", self.top_k, 1)
 
 
 @dataclass
@@ -139,11 +136,10 @@ class StudyEvaluation(EvaluationSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_setting(bool(self.decodings), "evaluation.decodings", "at least one decoding", self.decodings)
+        require(bool(self.decodings), "evaluation.decodings", "at least one decoding", self.decodings)
         for name, decoding in self.decodings.items():
-            require_setting(name.isidentifier(), f"evaluation.decodings.{name}", "a name of letters, digits and _", name)
-            require_setting(decoding.samples_per_prompt >= 1, f"evaluation.decodings.{name}.samples_per_prompt",
-                            "an integer >= 1", decoding.samples_per_prompt)
+            require(name.isidentifier(), f"evaluation.decodings.{name}", "a name of letters, digits and _", name)
+            check_integer(f"evaluation.decodings.{name}.samples_per_prompt", decoding.samples_per_prompt, 1)
 
 
 @dataclass
@@ -187,45 +183,44 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         check_staged_run(self)
-        require_setting(bool(self.horizons) and len(set(self.horizons)) == len(self.horizons)
-                        and all(h in TIMES for h in self.horizons), "horizons",
-                        f"a non-empty list of distinct horizons among {sorted(TIMES)}", self.horizons)
-        require_setting(bool(self.warm.horizons) and set(self.warm.horizons) <= set(self.horizons), "warm.horizons",
-                        "a non-empty subset of horizons", self.warm.horizons)
-        require_setting(self.warm.check_every <= self.student.sft_steps, "warm.check_every",
-                        f"at most student.sft_steps ({self.student.sft_steps})", self.warm.check_every)
-        require_setting(self.teacher_pick.check_every <= self.teacher.sft_steps, "teacher_pick.check_every",
-                        f"at most teacher.sft_steps ({self.teacher.sft_steps})", self.teacher_pick.check_every)
+        require(bool(self.horizons) and len(set(self.horizons)) == len(self.horizons)
+                and all(h in TIMES for h in self.horizons), "horizons",
+                f"a non-empty list of distinct horizons among {sorted(TIMES)}", self.horizons)
+        require(bool(self.warm.horizons) and set(self.warm.horizons) <= set(self.horizons), "warm.horizons",
+                "a non-empty subset of horizons", self.warm.horizons)
+        require(self.warm.check_every <= self.student.sft_steps, "warm.check_every",
+                f"at most student.sft_steps ({self.student.sft_steps})", self.warm.check_every)
+        require(self.teacher_pick.check_every <= self.teacher.sft_steps, "teacher_pick.check_every",
+                f"at most teacher.sft_steps ({self.teacher.sft_steps})", self.teacher_pick.check_every)
         for name, arm in self.arm_settings.items():
-            require_setting(all(c.isalnum() or c in "_.-" for c in name), f"arm_settings.{name}",
-                            "named with letters, digits, '_', '-' and '.' only (it names folders and stages)", name)
-            require_setting(arm.entry in ENTRIES, f"arm_settings.{name}.entry", f"one of {', '.join(ENTRIES)}", arm.entry)
-            require_setting(arm.teacher in TEACHERS, f"arm_settings.{name}.teacher", f"one of {', '.join(TEACHERS)}", arm.teacher)
-            require_setting((arm.teacher == "none") == (arm.entry == "sft"), f"arm_settings.{name}.teacher",
-                            "none for an sft arm and gold or robust for an opd arm", arm.teacher)
-            require_setting(arm.data in TASK_FILES, f"arm_settings.{name}.data", f"one of {', '.join(TASK_FILES)}", arm.data)
-        require_setting(self.baseline_arm in self.arm_settings, "baseline_arm",
-                        f"one of the arms ({', '.join(self.arm_settings)})", self.baseline_arm)
+            check_name(f"arm_settings.{name}", name, "folders and stages")
+            check_choice(f"arm_settings.{name}.entry", arm.entry, ENTRIES)
+            check_choice(f"arm_settings.{name}.teacher", arm.teacher, TEACHERS)
+            require((arm.teacher == "none") == (arm.entry == "sft"), f"arm_settings.{name}.teacher",
+                    "none for an sft arm and gold or robust for an opd arm", arm.teacher)
+            check_choice(f"arm_settings.{name}.data", arm.data, TASK_FILES)
+        require(self.baseline_arm in self.arm_settings, "baseline_arm",
+                f"one of the arms ({', '.join(self.arm_settings)})", self.baseline_arm)
         unknown = [name for name in self.arms or () if name not in self.arm_settings]
-        require_setting(not unknown, "arms", f"a list of arm names among {', '.join(self.arm_settings)}", self.arms)
+        require(not unknown, "arms", f"a list of arm names among {', '.join(self.arm_settings)}", self.arms)
         steps = self.distill.steps
         for block in ("distill", "evaluation"):
             turns = getattr(self, block).max_turns
-            require_setting(turns >= 2 * max(self.horizons) + 2, f"{block}.max_turns",
-                            f"at least 2 * max(horizons) + 2 = {2 * max(self.horizons) + 2} (every call retried once, the "
-                            "answer and a turn to spare)", turns)
-        require_setting(self.endpoint.arm in self.arm_settings and self.endpoint.arm != self.baseline_arm,
-                        "endpoint.arm", f"an arm other than the baseline ({self.baseline_arm})", self.endpoint.arm)
-        require_setting(self.endpoint.horizon in self.horizons, "endpoint.horizon", f"one of {self.horizons}",
-                        self.endpoint.horizon)
-        require_setting(self.endpoint.decoding in self.evaluation.decodings, "endpoint.decoding",
-                        f"one of {', '.join(self.evaluation.decodings)}", self.endpoint.decoding)
+            require(turns >= 2 * max(self.horizons) + 2, f"{block}.max_turns",
+                    f"at least 2 * max(horizons) + 2 = {2 * max(self.horizons) + 2} (every call retried once, the "
+                    "answer and a turn to spare)", turns)
+        require(self.endpoint.arm in self.arm_settings and self.endpoint.arm != self.baseline_arm,
+                "endpoint.arm", f"an arm other than the baseline ({self.baseline_arm})", self.endpoint.arm)
+        require(self.endpoint.horizon in self.horizons, "endpoint.horizon", f"one of {self.horizons}",
+                self.endpoint.horizon)
+        require(self.endpoint.decoding in self.evaluation.decodings, "endpoint.decoding",
+                f"one of {', '.join(self.evaluation.decodings)}", self.endpoint.decoding)
         if sorted(self.gates) != sorted(GATES):
             raise ConfigError(f"gates: expected exactly the keys {', '.join(GATES)}, got {', '.join(self.gates)}")
-        require_setting("t1" in self.evaluation.decodings, "evaluation.decodings",
-                        "a decoding named t1 (the gates read the temperature-1 evaluations)", list(self.evaluation.decodings))
-        require_setting(self.distill.eval_every <= steps, "distill.eval_every", f"at most distill.steps ({steps})",
-                        self.distill.eval_every)
+        require("t1" in self.evaluation.decodings, "evaluation.decodings",
+                "a decoding named t1 (the gates read the temperature-1 evaluations)", list(self.evaluation.decodings))
+        require(self.distill.eval_every <= steps, "distill.eval_every", f"at most distill.steps ({steps})",
+                self.distill.eval_every)
 
     @property
     def running_arms(self) -> list[str]:

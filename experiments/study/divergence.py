@@ -22,7 +22,8 @@ import torch
 
 from common.atomic_write import atomic_write_json
 from common.chat_records import load_agent_records
-from common.minimind.model import ModelSpec, load_model
+from common.minimind.model import load_model
+from common.minimind.spec import ModelSpec
 from opd.chat_format import ChatFormat
 from opd.config import LossConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes, shared_prefix_length

@@ -46,6 +46,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from common.atomic_write import atomic_write_json
+from common.config_schema import parse_config
 from common.user_errors import exit_on_user_error
 from experiments.charts import write_study_charts
 from experiments.recipe.config import RecipeModel
@@ -53,7 +54,6 @@ from experiments.stages import Stage, run_stages
 from experiments.study.config import StudyConfig
 from experiments.study.report import print_report, study_report, summary_results
 from opd.checkpoints import step_weights_path
-from opd.config import parse_config
 from opd.reporting import require_matplotlib
 
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")

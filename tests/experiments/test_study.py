@@ -10,12 +10,12 @@ from dataclasses import asdict
 
 import pytest
 
+from common.config_schema import ConfigError, parse_config
 from experiments.charts import write_study_charts
 from experiments.study.config import GATES, StudyConfig
 from experiments.study.gates import intermediate_calls
 from experiments.study.report import checkpoint_scores, study_report, summary_results
 from experiments.study.study import StudyPaths, curve_steps, study_stages
-from opd.config import ConfigError, parse_config
 from opd.scoring import EpisodeScore
 from tests.helpers.configs import compose_config
 from tests.helpers.entries import run_main
@@ -315,7 +315,8 @@ def test_the_warm_start_is_the_first_kept_checkpoint_reaching_the_threshold(tmp_
     100), a threshold of 1 fails naming the best step; every accuracy measured is written beside the choice."""
     import torch
 
-    from common.minimind.model import MiniMindArch, build_model, save_native
+    from common.minimind.model import build_model, save_native
+    from common.minimind.spec import MiniMindArch
     from experiments.study.chain_task import write_task
 
     files = write_task(tmp_path / "task", train=2, distill=2, seed=1)["files"]
@@ -386,7 +387,8 @@ def test_the_continuation_command_writes_its_counts(tmp_path, tokenizer_path):
     """A random tiny teacher continues the one recoverable prefix: the report counts it (whatever the answer)."""
     import torch
 
-    from common.minimind.model import MiniMindArch, build_model, save_native
+    from common.minimind.model import build_model, save_native
+    from common.minimind.spec import MiniMindArch
     from experiments.study.chain_task import make_record
     from experiments.study.continuation import main
 

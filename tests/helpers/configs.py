@@ -7,7 +7,8 @@ from functools import cache
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from opd.config import EvalConfig, OPDConfig, SFTConfig, parse_config, register_model_groups
+from common.config_schema import parse_config
+from opd.config import EvalConfig, OPDConfig, SFTConfig, register_model_groups
 from tests.helpers.paths import CONFIG_DIR
 
 SCHEMAS = {"opd": OPDConfig, "sft": SFTConfig, "evaluate": EvalConfig}

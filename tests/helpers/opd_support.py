@@ -10,7 +10,8 @@ import sys
 import torch
 
 from common.chat_records import AgentRecord
-from common.minimind.model import MiniMindArch, build_model
+from common.minimind.model import build_model
+from common.minimind.spec import MiniMindArch
 from tests.helpers.entries import Ran, run_main
 from tests.helpers.paths import REPO_ROOT
 from tools.mock_tools import tool_schemas

@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from common.minimind.model import MiniMindArch, build_model
+from common.minimind.model import build_model
+from common.minimind.spec import MiniMindArch
 from launch.batch_engine import BatchEngine
 from launch.sampling import SamplingParams
 

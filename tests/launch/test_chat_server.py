@@ -16,7 +16,7 @@ import torch
 from aiohttp.test_utils import TestServer
 from transformers import Qwen3ForCausalLM
 
-from common.minimind.model import MiniMindArch
+from common.minimind.spec import MiniMindArch
 from launch.batch_engine import BatchEngine
 from launch.chat_server import ChatService, create_app
 

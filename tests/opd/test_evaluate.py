@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from common.chat_records import RecordError, load_agent_records
-from common.minimind.model import ModelSpec
+from common.config_schema import ConfigError
+from common.minimind.spec import ModelSpec
 from common.minimind.tokenizer import load_tokenizer
 from experiments.recipe.synthetic_task import write_task
-from opd.config import ConfigError, EvalConfig, LoggerConfig, RolloutConfig, SamplingConfig, WandbConfig
+from opd.config import EvalConfig, LoggerConfig, RolloutConfig, SamplingConfig, WandbConfig
 from opd.evaluate import check_heldout, evaluate, evaluate_checkpoint
 from opd.sampling import prompt_key
 from standins.tiny_checkpoints import tiny_arch

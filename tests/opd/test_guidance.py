@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from common.config_schema import ConfigError
 from opd.chat_format import ChatFormat
-from opd.config import ConfigError, GuidanceConfig, RolloutConfig, SamplingConfig
+from opd.config import GuidanceConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes
 from opd.guidance import BehaviourPolicy, episode_seed, turn_share_at
 from opd.loss import logits_at_targets
@@ -185,7 +186,7 @@ def test_episode_seeds_depend_on_step_micro_batch_and_position_only():
                                             "(got guidance.turn_share=0.5, guidance.token_mix=0.2)"),
     ({"token_mix": 0.1, "top_k": 4}, "(got guidance.token_mix=0.1, guidance.top_k=4)"),
     ({"token_mix": 1.5}, "guidance.token_mix must be null or in [0, 1], got 1.5"),
-    ({"top_k": 0}, "guidance.top_k must be null or an integer >= 1, got 0"),
+    ({"top_k": 0}, "guidance.top_k must be an integer >= 1 or null, got 0"),
     ({"turn_share_final": 0.0}, "guidance.turn_share_final must be null unless guidance.turn_share is set, got 0.0"),
 ])
 def test_bad_guidance_settings_are_refused_naming_the_keys(values, message):

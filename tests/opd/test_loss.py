@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from common.minimind.model import MiniMindArch
 from common.minimind.precision import resolve_precision
+from common.minimind.spec import MiniMindArch
 from opd.chat_format import ChatFormat
 from opd.config import LossConfig, RolloutConfig
 from opd.episodes import MIN_SHARED_PREFIX, pack_episodes, shared_prefix_length

@@ -12,8 +12,9 @@ import re
 import numpy as np
 import pytest
 
+from common.config_schema import ConfigError
 from experiments.recipe.synthetic_task import write_task
-from opd.config import ConfigError, LoggerConfig, WandbConfig
+from opd.config import LoggerConfig, WandbConfig
 from opd.metric_loggers import MetricLoggers
 from opd.reporting import TrainLog, write_training_curves
 from standins.tiny_checkpoints import tiny_arch

@@ -138,9 +138,9 @@ def test_cli_trains_tiny_models_on_cpu(workspace):
 
 
 @pytest.mark.parametrize("override,shown", [
-    ("batch_size=abc", "error: batch_size: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("batch_size=abc", "error: batch_size must be an integer, got 'abc'"),
     ("rollout.max_turns=0", "error: rollout.max_turns must be an integer >= 1, got 0"),
-    ("+rollout.unknown=1", "error: rollout.unknown: Key 'unknown' not in 'RolloutConfig'"),
+    ("+rollout.unknown=1", "error: unknown setting rollout.unknown"),
     ("data=/nowhere/agent.jsonl", "error: agent data file not found: /nowhere/agent.jsonl"),
 ])
 def test_cli_user_errors_are_one_error_line_without_traceback(workspace, tmp_path, override, shown):

@@ -14,8 +14,9 @@ from collections import Counter
 import pytest
 
 import regen.endpoint_pool as endpoint_pool
-from regen.endpoint_pool import Affinity, EndpointPool, NoLiveEndpoint, parse_endpoint
+from regen.endpoint_pool import Affinity, EndpointPool, NoLiveEndpoint
 from regen.job import RunStopped, run
+from regen.settings import parse_endpoint
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port

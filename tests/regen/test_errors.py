@@ -17,7 +17,8 @@ import urllib.request
 import pytest
 import torch
 
-from common.minimind.model import MiniMindArch, build_model, save_native
+from common.minimind.model import build_model, save_native
+from common.minimind.spec import MiniMindArch
 from tests.helpers.entries import Ran, run_main
 from tests.helpers.paths import REPO_ROOT, small_tmpfs
 from tests.helpers.processes import communicate
@@ -52,7 +53,7 @@ def test_the_readme_command_without_a_model_says_what_to_add(tmp_path):
     assert result.stderr.startswith("error:")  # nothing before it: no server was started, nothing was read
     full = regen_cli("dataset=magpie", "server.dp=4", f"hydra.run.dir={tmp_path / 'h'}",
                      env={**os.environ, "HYDRA_FULL_ERROR": "1"})
-    assert full.returncode == 1 and "Traceback" in full.stderr and "SettingsError: server.model is required" in full.stderr
+    assert full.returncode == 1 and "Traceback" in full.stderr and "ConfigError: server.model is required" in full.stderr
 
 
 @pytest.mark.parametrize("setup,overrides,expected", [

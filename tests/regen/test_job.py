@@ -8,10 +8,10 @@ import os
 
 import pytest
 
+from common.config_schema import ConfigError
 from common.user_errors import UserError
 from regen.detokenizer import TokenizerMismatch
 from regen.job import EndpointsUnusable, run
-from regen.settings import SettingsError
 from standins.vllm_server import Reply
 from tests.helpers.regen_support import EOS, Script, ok, read_jsonl, regen_config, write_jsonl
 
@@ -121,7 +121,7 @@ def test_api_key_is_sent_but_never_written(serve, regen, tmp_path, monkeypatch):
     assert server.server.authorizations == ["Bearer sk-secret-123", "Bearer sk-secret-123"]  # /v1/models, chat
     for name in ("out.jsonl", "out.summary.json"):
         assert "sk-secret" not in (tmp_path / name).read_text()
-    with pytest.raises(SettingsError, match="api_key_env=REGEN_MISSING_KEY: that environment variable is not set"):
+    with pytest.raises(ConfigError, match="api_key_env=REGEN_MISSING_KEY: that environment variable is not set"):
         regen([server.url], [{"prompt": "Hi"}], "api_key_env=REGEN_MISSING_KEY")
 
 

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from regen.conversation import RowError, ToolResult, primary_id_of
-from regen.row_formats import FORMATS, REFUSED_FORMATS, to_conversation
+from regen.row_formats import FORMATS, to_conversation
+from regen.settings import FORMAT_NAMES, REFUSED_FORMATS
 from tests.helpers.configs import compose_config, options
 
 SHAREGPT = {"id": "k3Qz_0", "conversations": [
@@ -76,6 +77,11 @@ def test_every_preset_has_a_known_or_refused_format():
     for preset in options("dataset"):
         block = compose_config("regen", [f"dataset={preset}"] + (["dataset.path=x.jsonl"] if preset == "local" else []), hydra_config=True).dataset
         assert block.format in FORMATS or block.format in REFUSED_FORMATS, preset
+
+
+def test_every_format_the_settings_accept_has_a_reader():
+    """The schema names the formats (it imports no runtime module); this module reads each of them."""
+    assert sorted(FORMATS) == sorted(FORMAT_NAMES)
 
 
 def test_sharegpt_odd_roles_and_tool_blocks():

@@ -10,8 +10,9 @@ import os
 
 import pytest
 
+from common.config_schema import ConfigError
 from regen.main import main
-from regen.settings import RegenSettings, SettingsError
+from regen.settings import RegenSettings
 from standins.vllm_server import Reply
 from tests.helpers.configs import compose_config
 from tests.helpers.entries import run_main
@@ -25,7 +26,7 @@ REFUSED = json.loads((FIXTURES / "error_max_tokens_over_max_model_len.json").rea
 
 def test_max_tokens_above_the_listed_max_model_len_is_refused_before_any_request(serve, regen):
     server = serve(model="tiny-qwen3", models=MODELS)
-    with pytest.raises(SettingsError) as refused:
+    with pytest.raises(ConfigError) as refused:
         regen([server.url], [{"id": "a", "prompt": "Hi"}], "max_tokens=8192")
     assert str(refused.value) == ("max_tokens=8192 is more than the model's max_model_len=2048 (tiny-qwen3 on the "
                                   "endpoints' /v1/models): the server would refuse every request")
@@ -39,7 +40,7 @@ def test_max_tokens_above_the_listed_max_model_len_is_refused_before_any_request
 def test_max_tokens_above_server_max_model_len_is_refused_before_the_server_starts(tmp_path):
     cfg = compose_config("regen", ["server=vllm", "server.model=org/m", "server.max_model_len=2048",
                                    "dataset=sample", f"output={tmp_path / 'o.jsonl'}"], hydra_config=True)
-    with pytest.raises(SettingsError, match="max_tokens=8192 is more than the model's max_model_len=2048 "
+    with pytest.raises(ConfigError, match="max_tokens=8192 is more than the model's max_model_len=2048 "
                                             r"\(server.max_model_len\)"):
         RegenSettings.from_config(cfg)
 

@@ -15,7 +15,8 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from common.minimind.model import MiniMindArch, build_model, save_native
+from common.minimind.model import build_model, save_native
+from common.minimind.spec import MiniMindArch
 from launch.server_process import ServerStartError, probe_models, start_detached, stop_process_group
 from regen.servers import SharedServerCallback, local_command, provide_endpoints, vllm_command
 from regen.settings import RegenSettings
@@ -107,7 +108,8 @@ def test_local_command_serves_the_teacher_preset(tokenizer_path, tmp_path, monke
     assert flags["--served-model-name"] == teacher
     assert flags["--parent-pid"] == str(os.getpid()) and flags["--tool-call-parser"] == "hermes"
     other = server_of("server=local", "model@server=agent_768_moe")
-    assert (other.checkpoint, other.hidden_size, other.use_moe) == ("out/agent_768_moe.pth", 768, True)
+    spec = other.model_spec
+    assert (spec.checkpoint, spec.hidden_size, spec.use_moe) == ("out/agent_768_moe.pth", 768, True)
     assert "--use-moe" in local_command(other)
 
 
@@ -190,8 +192,9 @@ def test_keep_server_leaves_it_running(standin):
 HOLDER = """
 import json, sys, time
 from regen.servers import provide_endpoints
-from regen.settings import server_settings
-with provide_endpoints(server_settings(json.loads(sys.argv[1]))) as endpoints:
+from common.config_schema import parse_config
+from regen.settings import ServerSettings
+with provide_endpoints(parse_config(ServerSettings, json.loads(sys.argv[1]), "server.")) as endpoints:
     print("READY", endpoints[0].base, flush=True)
     time.sleep(120)
 """

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import re
+import subprocess
+import sys
 
 import pytest
 
+import regen.settings
+from common.config_schema import ConfigError
 from regen.job import run
-from regen.settings import RegenSettings, SettingsError, WeightedChoice, string_keys
+from regen.settings import RegenSettings, WeightedChoice, string_keys
 from tests.helpers.configs import compose_config
 from tests.helpers.regen_support import regen_config, write_jsonl
 
@@ -65,7 +70,7 @@ def test_a_composed_config_becomes_typed_settings(settings_of):
      None),
 ])
 def test_bad_values_are_refused_naming_the_key(settings_of, override, message, hint):
-    with pytest.raises(SettingsError, match=re.escape(message)) as refused:
+    with pytest.raises(ConfigError, match=re.escape(message)) as refused:
         settings_of(override)
     assert hint is None or refused.value.hint == hint
 
@@ -81,15 +86,15 @@ def test_bad_values_are_refused_naming_the_key(settings_of, override, message, h
     ("{chat_template_kwargs: {x: nan}}", "extra_request_params.chat_template_kwargs.x is nan: only finite numbers"),
 ])
 def test_request_settings_that_would_break_rows_are_refused_with_the_reason(settings_of, extra, reason):
-    with pytest.raises(SettingsError, match=re.escape(reason)):
+    with pytest.raises(ConfigError, match=re.escape(reason)):
         settings_of(f"extra_request_params={extra}")
 
 
 def test_missing_required_values_say_what_to_add():
-    with pytest.raises(SettingsError, match=r"^server.model is required$") as refused:
+    with pytest.raises(ConfigError, match=r"^server.model is required$") as refused:
         RegenSettings.from_config(compose_config("regen", ["dataset=magpie", "server.dp=4"], hydra_config=True))
     assert refused.value.hint.startswith("add server.model=<hub id or model folder> (e.g. server.model=Qwen/Qwen3-8B)")
-    with pytest.raises(SettingsError, match="dataset.path is required"):
+    with pytest.raises(ConfigError, match="dataset.path is required"):
         RegenSettings.from_config(compose_config("regen", ["dataset=local", "server=external",
                                                            "server.endpoints=[http://h:1]"], hydra_config=True))
 
@@ -101,13 +106,13 @@ def test_server_blocks_are_checked_for_their_kind(tmp_path):
     assert vllm("server.gpus=[0,1]").server.gpus == (0, 1)
     assert vllm("server.dp=4", "server.dp_local=2", "server.dp_address=10.0.0.1", "server.dp_rpc_port=13345"
                 ).server.dp_local == 2
-    with pytest.raises(SettingsError, match="server.dp_local=5 is more than server.dp=4"):
+    with pytest.raises(ConfigError, match="server.dp_local=5 is more than server.dp=4"):
         vllm("server.dp=4", "server.dp_local=5")
-    with pytest.raises(SettingsError, match="needs server.dp_address and server.dp_rpc_port"):
+    with pytest.raises(ConfigError, match="needs server.dp_address and server.dp_rpc_port"):
         vllm("server.dp=4", "server.dp_local=2")
-    with pytest.raises(SettingsError, match=r"server.port must be a TCP port \(1..65535\), got 70000"):
+    with pytest.raises(ConfigError, match=r"server.port must be a TCP port \(1..65535\), got 70000"):
         vllm("server.port=70000")
-    with pytest.raises(SettingsError, match="server.gpus must be GPU indices"):
+    with pytest.raises(ConfigError, match="server.gpus must be GPU indices"):
         vllm("server.gpus=[a]")
     checkpoint = tmp_path / "tiny_teacher.pth"
     checkpoint.write_bytes(b"weights")
@@ -117,8 +122,8 @@ def test_server_blocks_are_checked_for_their_kind(tmp_path):
                                                         hydra_config=True)).server
 
     served = local(f"server.checkpoint={checkpoint}")
-    assert (served.served_model, served.hidden_size, served.port) == (str(checkpoint), 128, 8011)
-    with pytest.raises(SettingsError, match="server.max_batch_size must be an integer >= 1"):
+    assert (served.served_model, served.model_spec.hidden_size, served.port) == (str(checkpoint), 128, 8011)
+    with pytest.raises(ConfigError, match="server.max_batch_size must be an integer >= 1"):
         local(f"server.checkpoint={checkpoint}", "server.max_batch_size=0")
 
 
@@ -134,9 +139,9 @@ def test_the_local_servers_checkpoint_is_checked_with_the_settings(tmp_path, che
     path = checkpoint if checkpoint.startswith("org/") else tmp_path / checkpoint
     cfg = compose_config("regen", ["dataset=sample", "server=local", f"server.checkpoint={path}"], hydra_config=True)
     if refusal is None:
-        assert RegenSettings.from_config(cfg).server.checkpoint == checkpoint
+        assert RegenSettings.from_config(cfg).server.model_spec.checkpoint == checkpoint
         return
-    with pytest.raises(SettingsError) as refused:
+    with pytest.raises(ConfigError) as refused:
         RegenSettings.from_config(cfg)
     assert str(refused.value) == refusal.format(tmp=tmp_path)
     assert refused.value.hint.startswith("point server.checkpoint at")
@@ -144,16 +149,16 @@ def test_the_local_servers_checkpoint_is_checked_with_the_settings(tmp_path, che
 
 def test_dataset_files_are_checked_before_anything_starts(tmp_path, tokenizer_path):
     data = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "Hi"}])
-    with pytest.raises(SettingsError, match=f"dataset file not found: {re.escape(str(tmp_path / 'gone.jsonl'))}"):
+    with pytest.raises(ConfigError, match=f"dataset file not found: {re.escape(str(tmp_path / 'gone.jsonl'))}"):
         run(regen_config(tmp_path, ["http://127.0.0.1:9"], data, tokenizer_path, f"dataset.path={tmp_path / 'gone.jsonl'}"))
-    with pytest.raises(SettingsError, match=r"a local dataset must be a .json \(top-level array\) or .jsonl file"):
+    with pytest.raises(ConfigError, match=r"a local dataset must be a .json \(top-level array\) or .jsonl file"):
         run(regen_config(tmp_path, ["http://127.0.0.1:9"], data, tokenizer_path, f"dataset.path={tmp_path / 'x.csv'}"))
     assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_multimodal_preset_is_refused_with_the_reason():
     cfg = compose_config("regen", ["dataset=sharegpt4v-coco", "server=external", "server.endpoints=[http://127.0.0.1:9]"], hydra_config=True)
-    with pytest.raises(SettingsError, match="dataset sharegpt4v-coco is multimodal .* text-only"):
+    with pytest.raises(ConfigError, match="dataset sharegpt4v-coco is multimodal .* text-only"):
         RegenSettings.from_config(cfg)
 
 
@@ -169,7 +174,19 @@ def test_integer_request_keys_become_strings_as_openai_wants(settings_of):
     ("{logit_bias: {true: 3}}", "extra_request_params.logit_bias has the key True (bool)"),
 ])
 def test_request_keys_that_cannot_be_sent_are_refused(settings_of, extra, reason):
-    with pytest.raises(SettingsError, match=re.escape(reason)):
+    with pytest.raises(ConfigError, match=re.escape(reason)):
         settings_of(f"extra_request_params={extra}")
-    with pytest.raises(SettingsError, match=re.escape("extra_request_params.logit_bias has the key '21' twice")):
+    with pytest.raises(ConfigError, match=re.escape("extra_request_params.logit_bias has the key '21' twice")):
         string_keys("extra_request_params", {"logit_bias": {21: 1, "21": 2}})  # a YAML file can say both
+
+
+def test_the_schema_imports_no_runtime_module():
+    """regen's runtime imports the schema (the endpoint address, the format names), never the other way round; and
+    checking settings loads no torch (``server=local``'s model spec is ``common.minimind.spec``'s)."""
+    tree = ast.parse(open(regen.settings.__file__).read())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not [name for name in imported if name.split(".")[0] in ("regen", "opd", "launch")]
+    loaded = subprocess.run([sys.executable, "-c", "import sys, regen.settings; print('torch' in sys.modules)"],
+                            capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"

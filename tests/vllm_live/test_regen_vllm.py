@@ -18,9 +18,9 @@ import subprocess
 import pytest
 from tokenizers import Tokenizer
 
+from common.config_schema import ConfigError
 from launch.server_process import log_tail, stop_process_group
 from regen.job import EndpointsUnusable, run
-from regen.settings import SettingsError
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port
@@ -236,7 +236,7 @@ def test_without_the_api_key_regen_says_the_server_wants_one(server, tmp_path):
 
 
 def test_max_tokens_above_max_model_len_is_refused_before_any_request(proxy, live_regen, server):
-    with pytest.raises(SettingsError, match=f"max_tokens=8192 is more than the model's max_model_len={MAX_MODEL_LEN}"):
+    with pytest.raises(ConfigError, match=f"max_tokens=8192 is more than the model's max_model_len={MAX_MODEL_LEN}"):
         live_regen(proxy.url, [{"id": "long", "prompt": "Hi"}], {}, "max_tokens=8192")
     assert proxy.exchanges == []
     status, reply = post_chat(server, {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
