@@ -34,7 +34,7 @@ from launch.server_process import (
     stop_process_group,
     wait_until_ready,
 )
-from regen.endpoint_pool import EndpointAddress
+from regen.endpoints.endpoint_pool import EndpointAddress
 from regen.settings import (
     LOCAL_ARCH_KEYS,
     ExternalServer,

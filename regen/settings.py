@@ -32,8 +32,8 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from common.minimind.tokenizer import looks_like_local_path
 from common.user_errors import UserError
-from regen.endpoint_pool import EndpointAddress, parse_endpoint
-from regen.row_formats import FORMATS, REFUSED_FORMATS
+from regen.endpoints.endpoint_pool import EndpointAddress, parse_endpoint
+from regen.rows.formats import FORMATS, REFUSED_FORMATS
 
 LOCAL_SUFFIXES = (".json", ".jsonl")
 # Request keys regen sets itself; extra_request_params may not touch them.

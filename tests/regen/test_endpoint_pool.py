@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
-import regen.endpoint_pool as endpoint_pool
-from regen.endpoint_pool import Affinity, EndpointPool, NoLiveEndpoint, parse_endpoint
+import regen.endpoints.endpoint_pool as endpoint_pool
+from regen.endpoints.endpoint_pool import Affinity, EndpointPool, NoLiveEndpoint, parse_endpoint
 from regen.job import RunStopped, run
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl

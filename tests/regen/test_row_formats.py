@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from regen.conversation import RowError, ToolResult, primary_id_of
-from regen.row_formats import FORMATS, REFUSED_FORMATS, to_conversation
+from regen.rows.conversation import RowError, ToolResult, primary_id_of
+from regen.rows.formats import FORMATS, REFUSED_FORMATS, to_conversation
 from tests.helpers.configs import compose_config, options
 
 SHAREGPT = {"id": "k3Qz_0", "conversations": [

@@ -6,7 +6,7 @@ The expected keys were produced by speculators 0.9.0 itself (``load_input_datase
 speculators CLI writes (``python -m benchmarks.regen_client --parity-only``, and on its whole workload with
 ``--id-less-share 0.25``). The keys of :data:`CASES` (mixed columns, nested objects of different shapes, int/float
 columns, type changes, timestamps) were produced by datasets 5.1.0's ``load_dataset`` as speculators calls it,
-hashed as ``_primary_identifier`` hashes. regen computes them without datasets (``regen.speculators_keys.ArrowView``);
+hashed as ``_primary_identifier`` hashes. regen computes them without datasets (``regen.rows.speculators_keys.ArrowView``);
 the slow tests at the end compare it with the installed ``datasets`` itself, several chunks per file included.
 """
 
@@ -21,11 +21,11 @@ import types
 
 import pytest
 
-from regen import speculators_keys
-from regen.conversation import content_hash
-from regen.row_sources import open_source
+from regen.rows import speculators_keys
+from regen.rows.conversation import content_hash
+from regen.rows.sources import open_source
+from regen.rows.speculators_keys import ArrowView, LocalFileKeys, NotMirrored, mixed_struct_paths
 from regen.settings import DatasetSettings
-from regen.speculators_keys import ArrowView, LocalFileKeys, NotMirrored, mixed_struct_paths
 from tests.helpers.paths import FIXTURES, REPO_ROOT
 
 SPECULATORS_KEYS = [
@@ -196,7 +196,7 @@ def test_keys_come_without_torch_datasets_or_pandas(tmp_path):
     bench_like = tmp_path / "bench.jsonl"
     bench_like.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}], **(
         {"id": f"b{i}"} if i % 4 else {})}) + "\n" for i in range(400)))
-    code = ("import sys; from pathlib import Path; from regen.row_sources import open_source; "
+    code = ("import sys; from pathlib import Path; from regen.rows.sources import open_source; "
             "from regen.settings import DatasetSettings; "
             f"keys = [[r.primary_id for r in open_source(DatasetSettings('local', p, 'auto')).records()] "
             f"for p in ({str(PARITY_FILE)!r}, {str(bench_like)!r})]; "
@@ -322,7 +322,7 @@ def test_a_file_datasets_cannot_read_falls_back_to_the_rows_own_json(tmp_path):
 def test_a_file_whose_rows_all_have_ids_never_loads_datasets(tmp_path):
     path = tmp_path / "ids.jsonl"
     path.write_text('{"id": "a", "prompt": "x"}\n{"uuid": "b", "prompt": "y"}\n')
-    code = ("import sys; from regen.row_sources import open_source; from regen.settings import DatasetSettings; "
+    code = ("import sys; from regen.rows.sources import open_source; from regen.settings import DatasetSettings; "
             f"print([r.primary_id for r in open_source(DatasetSettings('local', {str(path)!r}, 'auto')).records()], "
             "'datasets' in sys.modules, 'pyarrow' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)

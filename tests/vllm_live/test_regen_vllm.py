@@ -19,7 +19,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from launch.server_process import log_tail, stop_process_group
-from regen.job import EndpointsUnusable, run
+from regen.endpoints.served_models import EndpointsUnusable
+from regen.job import run
 from regen.settings import SettingsError
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl

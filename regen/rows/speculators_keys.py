@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from regen.conversation import content_hash, explicit_id
+from regen.rows.conversation import content_hash, explicit_id
 
 CHUNK_BYTES = 10 << 20  # datasets' JsonConfig.chunksize: the file is read (and typed) this much at a time
 # Agent-trace files are decoded by datasets into another schema (with the optional teich package): columns that
