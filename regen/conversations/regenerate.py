@@ -3,9 +3,9 @@
 Each generation (a final answer or a tool call) becomes one training row: ``input_ids`` = the reply's
 ``prompt_token_ids`` + its generated ``token_ids``, ``loss_mask`` 0 over the prompt and 1 over the
 generation. Each generation is appended to the history as the assistant turn the chat template renders
-(``regen.conversations.history_turns``: its answer, and its reasoning only when carried). The k-th regenerated tool call is
-answered with the k-th cached result; the conversation stops early, keeping its rows, when a call cannot be
-paired 1:1 or a generation hits ``max_tokens``. :class:`Regeneration` holds what every conversation of a run
+(``regen.conversations.history_turns``: its answer, and its reasoning only when carried). The k-th regenerated
+tool call is answered with the k-th cached result; the conversation stops early, keeping its rows, when a call
+cannot be paired 1:1 or a generation hits ``max_tokens``. :class:`Regeneration` holds what every conversation of a run
 shares (the client, the request shape and parameters, the row-text tokenizer).
 """
 

@@ -1,9 +1,9 @@
 """Opening a run's output, in one place: lock it, refuse what must be refused, check the manifest, repair a resume.
 
 :func:`output_paths` names the output (``output``, else ``{output_dir}/{dataset}_{model}[_{overrides}].jsonl``);
-``open_output(...)`` takes the one-run-per-output lock, refuses an earlier run's files without ``resume=true``, compares a resume with
-the manifest (and writes it), repairs a resumed file's crashed tail and compacts its error file, and yields the
-:class:`RunOutput` the conversations are written to. It runs before any server starts whenever the model's name
+``open_output(...)`` takes the one-run-per-output lock, refuses an earlier run's files without ``resume=true``,
+compares a resume with the manifest (and writes it), repairs a resumed file's crashed tail and compacts its error
+file, and yields the :class:`RunOutput` the conversations are written to. It runs before any server starts whenever the model's name
 is known (always, except for external endpoints that name it themselves).
 
 The output is the file its path names: a symlink (to it, or to a folder on the way) is followed, and the lock
@@ -38,7 +38,7 @@ from regen.outputs.run_manifest import check_and_record
 from regen.settings import RegenSettings
 
 
-def output_paths(settings: RegenSettings, model: str, overrides: str | None = None) -> OutputPaths:
+def output_paths(settings: RegenSettings, model: str, overrides: str | None) -> OutputPaths:
     """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{overrides}].jsonl``, where the model is
     its last path part, without the ``.pth``/``.pt`` of a MiniMind checkpoint the embedded server serves under its
     path (``out/tiny/tiny_teacher.pth``: ``sample_tiny_teacher.jsonl``), and ``overrides`` names a multirun's job
