@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.regen_client import default_tokenizer
-from regen.vllm_metrics import parse_sample
+from regen.endpoints.vllm_metrics import parse_sample
 from standins.scheduler_model import SchedulerSettings, Workload, fixed_concurrency_rate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

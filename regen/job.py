@@ -13,42 +13,34 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import aiohttp
 from rich.console import Console
 from rich.markup import escape
 
 from common.atomic_write import atomic_write_json
 from common.run_folders import checks_passed
 from common.user_errors import UserError
-from regen.chat_client import ChatClient, OutOfFileDescriptors, RetryPolicy, out_of_descriptors
-from regen.detokenizer import load_detokenizer
-from regen.endpoint_pool import EndpointPool
-from regen.hydra_runtime import scrub_credentials
-from regen.inflight_control import steer
-from regen.output_files import compact_errors
+from regen.conversations.detokenizer import Detokenizer, load_detokenizer
+from regen.conversations.regenerate import Regeneration, RequestShape
+from regen.conversations.request_params import RequestParams
+from regen.endpoints.chat_client import ChatClient, RetryPolicy, client_session, out_of_descriptors
+from regen.endpoints.endpoint_pool import EndpointPool
+from regen.endpoints.inflight_control import steer
+from regen.endpoints.served_models import pick_model, served_models
+from regen.outputs.hydra_runtime import multirun_overrides, scrub_credentials
+from regen.outputs.output_files import compact_errors
+from regen.outputs.progress_view import ProgressView, to_do
+from regen.outputs.run_manifest import run_settings
+from regen.outputs.run_output import open_output, output_paths
+from regen.outputs.run_summary import RunState, print_summary
 from regen.pipeline import Pipeline, SourceRows
-from regen.progress_view import ProgressView, to_do
-from regen.regenerate import Regeneration, RequestShape
-from regen.reply_bodies import read_body, read_head
-from regen.request_params import RequestParams
-from regen.row_sources import Source, open_source
-from regen.run_output import open_output
-from regen.run_summary import RunState, print_summary
+from regen.rows.sources import Source, open_source
 from regen.servers import provide_endpoints
 from regen.settings import ExternalServer, RegenSettings, check_max_tokens_fit
 from regen.stop_signals import StopSignals, stop_signals
-
-MODELS_PAGE_BYTES = 16 << 20  # /v1/models: a list of model cards
-
-
-class EndpointsUnusable(UserError):
-    """No endpoint answers, or none serves the asked model."""
 
 
 class RunStopped(UserError):
@@ -94,16 +86,18 @@ def _run(cfg) -> dict[str, Any]:
         # the output is named after the model: the settings name it, or else the external endpoints do
         model = settings.served_model or served_model(settings, pool, signals)
         detokenizer = load_detokenizer([getattr(settings.server, "model", None), model], explicit=settings.tokenizer)
+        paths = output_paths(settings, model, multirun_overrides())
+        current = run_settings(settings, source.fingerprint, model, detokenizer.fingerprint)
         # checked and locked before any server starts, held to the end
-        with open_output(settings, source, model, detokenizer, warn) as output, provide_endpoints(settings.server):
+        with open_output(settings, paths, current, warn) as output, provide_endpoints(settings.server):
             if settings.served_model:  # the server is up: it serves the model, and max_tokens fits its context
                 model = served_model(settings, pool, signals)
             checks_passed()  # from here on a failure keeps the run's folders (common.run_folders)
-            state = RunState(settings, model, output, pool)
-            announce(state, console)
+            state = RunState(settings, model, output, detokenizer.source)
+            announce(state, pool, console)
             ending: BaseException | None = None
             try:
-                asyncio.run(regenerate_dataset(state, source, signals, console))
+                asyncio.run(regenerate_dataset(state, pool, source, detokenizer, signals, console))
                 signals.raise_if_caught()
                 check_finished(state)
                 state.status = "completed"
@@ -113,23 +107,25 @@ def _run(cfg) -> dict[str, Any]:
                     state.status = f"failed: {type(error).__name__}: {error}"
                 raise
             finally:  # interrupted, failed or completed: the summary says which
-                summary = write_summary(state, console, ending)
+                summary = write_summary(state, pool.counts(), console, ending)
     return summary
 
 
-async def regenerate_dataset(state: RunState, source: Source, signals: StopSignals, console: Console) -> None:
-    """Every conversation of ``source`` through the endpoints into the output, while the progress bar, the probe
-    of taken-out endpoints and (``concurrency=auto``) each endpoint's in-flight steering run beside it; returns
-    at the end of the source, or when a signal stopped it (``signals.caught``)."""
-    settings, pool = state.settings, state.pool
+async def regenerate_dataset(state: RunState, pool: EndpointPool, source: Source, detokenizer: Detokenizer,
+                             signals: StopSignals, console: Console) -> None:
+    """Every conversation of ``source`` through the endpoints of ``pool`` into the output (each row's text written
+    by ``detokenizer``), while the progress bar, the probe of taken-out endpoints and (``concurrency=auto``) each
+    endpoint's in-flight steering run beside it; returns at the end of the source, or when a signal stopped it
+    (``signals.caught``)."""
+    settings = state.settings
     asyncio.get_running_loop().set_exception_handler(unless_out_of_descriptors)
     async with client_session(settings.api_key_env) as session:
         client = ChatClient(session, pool, RetryPolicy(settings.max_retries, settings.retry_backoff_s,
                                                        settings.max_backoff_s),
-                            settings.request_timeout_s, settings.all_endpoints_down_wait_s, state.stats,
+                            settings.request_timeout_s, settings.all_endpoints_down_wait_s,
                             max_reply_bytes=settings.max_reply_bytes)
         regeneration = Regeneration(client, RequestShape(state.model, settings.max_tokens, settings.carry_reasoning),
-                                    RequestParams.from_settings(settings), state.output.detokenizer)
+                                    RequestParams.from_settings(settings), detokenizer)
         rows = SourceRows(source, settings.dataset.format, settings.limit, settings.language_filter)
         pipeline = Pipeline(rows, regeneration, state.output, state.stats, warner(console))
         view = ProgressView(state.stats, pool.endpoints, to_do(rows.count(), len(state.output.resume.done_ids)),
@@ -169,31 +165,31 @@ def check_finished(state: RunState) -> None:
         f"{stats.first_failure}", f"see {errors} for every one; fix the cause, then run again with resume=true")
 
 
-def write_summary(state: RunState, console: Console, ending: BaseException | None = None) -> dict[str, Any]:
-    """Close the output, compact the error file, write ``<stem>.summary.json`` and print the end-of-run lines.
-    When the run is already ending on an error (``ending``), a full disk only costs the summary file (a warning):
-    the run's own error stays the one reported."""
+def write_summary(state: RunState, endpoints: dict[str, dict[str, Any]], console: Console,
+                  ending: BaseException | None = None) -> dict[str, Any]:
+    """Close the output, compact the error file, write ``<stem>.summary.json`` (with the endpoints' counts,
+    ``EndpointPool.counts()``) and print the end-of-run lines. When the run is already ending on an error
+    (``ending``), a full disk only costs the summary file (a warning): the run's own error stays the one reported."""
     state.output.close()
     paths = state.output.paths
     try:
         remaining_errors = compact_errors(paths.errors, state.stats.recovered_ids)
-        summary = state.summary(errors_file_rows=len(remaining_errors))
+        summary = state.summary(len(remaining_errors), endpoints)
         atomic_write_json(paths.summary, summary)
         paths.match_output_mode(paths.summary)
     except OSError as error:
         if ending is None or error.errno != errno.ENOSPC:
             raise
         warner(console)(f"{paths.summary} not written: {error.strerror}")
-        summary = state.summary(errors_file_rows=sum(1 for _ in paths.errors.open("rb")) if paths.errors.is_file()
-                                else 0)
+        summary = state.summary(sum(1 for _ in paths.errors.open("rb")) if paths.errors.is_file() else 0, endpoints)
     print_summary(console, summary, paths)
     return summary
 
 
-def announce(state: RunState, console: Console) -> None:
+def announce(state: RunState, pool: EndpointPool, console: Console) -> None:
     """The run's first line (model, endpoints, dataset, output), and what resume repaired."""
     settings, paths, resume = state.settings, state.output.paths, state.output.resume
-    console.print(f"regen: {escape(state.model)} on {', '.join(e.url for e in state.pool.endpoints)}; dataset "
+    console.print(f"regen: {escape(state.model)} on {', '.join(e.url for e in pool.endpoints)}; dataset "
                   f"{escape(settings.dataset.label)}; output {escape(str(paths.output))}"
                   + (f" (resuming: {len(resume.done_ids)} done)" if settings.resume else ""))
     if resume.removed_duplicate_blocks:
@@ -206,64 +202,13 @@ def warner(console: Console):
     return lambda message: console.print(f"[yellow]warning:[/] {escape(message)}")
 
 
-def client_session(api_key_env: str | None) -> aiohttp.ClientSession:
-    """One HTTP session for a run's requests: no connection limit of its own (the pool bounds them), the API key
-    (``api_key_env``) as bearer token."""
-    headers = {"Authorization": f"Bearer {os.environ[api_key_env]}"} if api_key_env else {}
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers)
-
-
 def served_model(settings: RegenSettings, pool: EndpointPool, signals: StopSignals) -> str:
-    """The model the requests name, from the endpoints' ``/v1/models``: ``server.model`` when they serve it, else
-    the first they list. Endpoints that do not answer are taken out; a ``max_tokens`` above the model's
-    ``max_model_len`` is refused. A signal cancels the requests at an ``await`` and ends the run."""
-    served = asyncio.run(signals.until_signal(_served_models(settings.api_key_env, pool)))
+    """The model the requests name, from the endpoints' ``/v1/models`` (``regen.endpoints.served_models``): endpoints
+    that do not answer are taken out; a ``max_tokens`` above the model's ``max_model_len`` is refused. A signal
+    cancels the requests at an ``await`` and ends the run."""
+    served = asyncio.run(signals.until_signal(served_models(settings.api_key_env, pool)))
     signals.raise_if_caught()
-    wanted = settings.served_model
-    if wanted and wanted in served:
-        model = wanted
-    elif wanted and isinstance(settings.server, ExternalServer):
-        raise EndpointsUnusable(f"server.model={wanted!r} is not served by the endpoints (they serve {list(served)})",
-                                "drop server.model to use what they serve, or point server.endpoints elsewhere")
-    elif not served:
-        raise EndpointsUnusable("the endpoints' /v1/models lists no model")
-    else:
-        model = next(iter(served))
+    model = pick_model(served, settings.served_model, isinstance(settings.server, ExternalServer))
     if served[model] is not None:
         check_max_tokens_fit(settings.max_tokens, served[model], f"{model} on the endpoints' /v1/models")
     return model
-
-
-async def _served_models(api_key_env: str | None, pool: EndpointPool) -> dict[str, int | None]:
-    """Model id -> ``max_model_len`` (the smallest any endpoint reports; None when none does) from every
-    endpoint's ``/v1/models``; endpoints that do not answer are taken out."""
-    served: dict[str, int | None] = {}
-    timeout = aiohttp.ClientTimeout(total=30)
-    async with client_session(api_key_env) as session:
-        for endpoint in pool.endpoints:
-            try:
-                async with session.get(endpoint.address.base + "/v1/models", headers=endpoint.headers,
-                                       timeout=timeout) as reply:
-                    if reply.status != 200:
-                        hint = " (the server wants an API key: set api_key_env=)" if reply.status == 401 else ""
-                        message = (await read_head(reply)).decode("utf-8", "replace")[:300]
-                        raise RuntimeError(f"HTTP {reply.status}{hint}: {message}")
-                    data = json.loads(await read_body(reply, MODELS_PAGE_BYTES))
-                cards = [(str(card["id"]), card.get("max_model_len")) for card in data["data"]]
-            except Exception as error:  # noqa: BLE001 - reported per endpoint, the run goes on with the others
-                if out_of_descriptors(error):
-                    raise OutOfFileDescriptors(f"asking {endpoint.url} for its models") from None
-                endpoint.live, endpoint.taken_out = False, 1
-                endpoint.last_error = f"/v1/models: {type(error).__name__}: {error}"
-                continue
-            for model, length in cards:
-                known = served.get(model)
-                if isinstance(length, int) and not isinstance(length, bool) and length > 0:
-                    served[model] = length if known is None else min(known, length)
-                else:
-                    served.setdefault(model, known)
-    if not any(endpoint.live for endpoint in pool.endpoints):
-        raise EndpointsUnusable("no endpoint answers /v1/models: " + "; ".join(
-            f"{e.url} ({e.last_error})" for e in pool.endpoints),
-            "start the server, or check server.endpoints (and api_key_env)")
-    return served

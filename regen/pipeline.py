@@ -21,15 +21,15 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from regen.chat_client import OutOfFileDescriptors, out_of_descriptors
-from regen.conversation import Conversation, RowError
-from regen.endpoint_pool import Affinity
-from regen.output_files import IdIndex
-from regen.regenerate import ConversationFailed, Regeneration
-from regen.row_formats import to_conversation
-from regen.row_sources import Source, SourceRecord
-from regen.run_output import RunOutput
-from regen.run_stats import RunStats
+from regen.conversations.regenerate import ConversationFailed, Regeneration
+from regen.endpoints.chat_client import OutOfFileDescriptors, Retries, out_of_descriptors
+from regen.endpoints.endpoint_pool import Affinity
+from regen.outputs.output_files import IdIndex
+from regen.outputs.run_output import RunOutput
+from regen.outputs.run_stats import RunStats
+from regen.rows.conversation import Conversation, RowError
+from regen.rows.formats import to_conversation
+from regen.rows.sources import Source, SourceRecord
 
 CHUNK = 256
 ALL_DOWN = "every endpoint is down; conversations not started yet are left for resume=true"
@@ -130,11 +130,13 @@ class Pipeline:
         try:
             outcome = await self.regeneration.conversation(conversation, affinity)
         except ConversationFailed as failure:
+            self._count_retries(failure.retries)
             self.stats.failed += 1
             self._record_error(conversation.primary_id, conversation.idx, where, str(failure), "generation",
                                failure.generations_completed, failure.endpoint)
             return
         self.output.rows.append(outcome.rows)
+        self._count_retries(outcome.retries)
         self.stats.done += 1
         self.stats.rows += len(outcome.rows)
         self.stats.prompt_tokens += outcome.prompt_tokens
@@ -147,6 +149,10 @@ class Pipeline:
         if not self._tokenizer_checked:
             self._tokenizer_checked = True
             self._check_tokenizer(conversation, outcome.rows[0]["text"])
+
+    def _count_retries(self, retries: Retries) -> None:
+        self.stats.retries += retries.count
+        self.stats.retry_wait_s += retries.wait_s
 
     def _check_tokenizer(self, conversation: Conversation, text: str) -> None:
         """Warn once when the decoded prompt does not contain the user's words (likely a wrong tokenizer)."""

@@ -12,7 +12,7 @@ Values that take several shapes are parsed once, into their type, by the field's
 or a number), ``server.endpoints`` (a list of URLs, or one: :class:`EndpointAddress`), ``server.gpus`` (a list,
 one index, or "0,1,2"), ``language_filter`` (a string: OmegaConf would turn ``1`` into ``"1"``),
 ``extra_request_params`` and the weighted draws. The endpoint address and the dataset formats' names live here,
-and the runtime (``endpoint_pool``, ``row_formats``) imports them: the schema imports no runtime module.
+and the runtime (``endpoints.endpoint_pool``, ``rows.formats``) imports them: the schema imports no runtime module.
 
 Every default lives once, in the YAML under ``configs/`` (``regen.yaml`` and the groups), with the key's meaning
 in its comment; the dataclasses hold none, except :class:`DatasetSettings`' optional ``name``/``subset``/``split``
@@ -49,7 +49,7 @@ from common.minimind.spec import ModelSpec
 from common.minimind.tokenizer import looks_like_local_path
 
 LOCAL_SUFFIXES = (".json", ".jsonl")
-# The row formats ``regen.row_formats`` reads (``dataset.format``), and those refused with the reason.
+# The row formats ``regen.rows.formats`` reads (``dataset.format``), and those refused with the reason.
 FORMAT_NAMES = ("auto", "messages", "sharegpt", "hermes_fc", "gsm8k", "nemotron")
 REFUSED_FORMATS = {
     "sharegpt4v": (

@@ -53,3 +53,20 @@ def test_no_module_shadows_stdlib_or_dependencies():
         or (path.is_dir() and path.name.lower() in taken - set(PACKAGES))
     ]
     assert not clashes, f"these would shadow an importable module when a script runs from its folder: {clashes}"
+
+
+def test_regen_readme_opens_with_a_map_of_every_file_and_each_part_says_its_role():
+    """regen/README.md's first section is a table naming each module of regen/ once (relative to regen/), and only
+    modules that exist; each sub-package's ``__init__.py`` is its role in one line."""
+    regen = REPO_ROOT / "regen"
+    readme = (regen / "README.md").read_text()
+    first_section = readme.split("\n## ", 2)[1]
+    assert first_section.startswith("Where things are")
+    mapped = [cell.strip("`") for line in first_section.splitlines() if line.startswith("| `")
+              for cell in line.split(" | ")[0][2:].split(", ")]
+    modules = sorted(str(path.relative_to(regen)) for path in regen.rglob("*.py") if path.name != "__init__.py")
+    assert sorted(name for name in mapped if name.endswith(".py")) == modules
+    for part in (path.parent for path in regen.glob("*/__init__.py")):
+        role = ast.get_docstring(ast.parse((part / "__init__.py").read_text()))
+        assert role and "\n" not in role, part.name
+        assert f"| **`{part.name}/`** |" in first_section, part.name

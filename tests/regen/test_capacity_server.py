@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from regen.vllm_metrics import parse_load
+from regen.endpoints.vllm_metrics import parse_load
 from tests.helpers.paths import REPO_ROOT
 
 

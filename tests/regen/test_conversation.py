@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from regen.conversation import content_hash, explicit_id, primary_id_of
+from regen.rows.conversation import content_hash, explicit_id, primary_id_of
 
 
 def test_primary_id_prefers_id_then_uuid_then_hash():

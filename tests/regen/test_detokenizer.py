@@ -7,7 +7,12 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from regen.detokenizer import Detokenizer, TokenizerMismatch, TokenizerNotFound, load_detokenizer
+from regen.conversations.detokenizer import (
+    Detokenizer,
+    TokenizerMismatch,
+    TokenizerNotFound,
+    load_detokenizer,
+)
 
 TEXTS = ["héllo wörld, ça va? 你好，世界", "def f(x):\n    return x ** 2  # 🙂", "plain ascii text " * 4]
 

@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
-import regen.endpoint_pool as endpoint_pool
-from regen.endpoint_pool import Affinity, EndpointPool, NoLiveEndpoint
+import regen.endpoints.endpoint_pool as endpoint_pool
+from regen.endpoints.endpoint_pool import Affinity, EndpointPool, NoLiveEndpoint
 from regen.job import RunStopped, run
 from regen.settings import parse_endpoint
 from tests.helpers.paths import REPO_ROOT

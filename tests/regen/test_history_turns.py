@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from regen.history_turns import AssistantTurn, assistant_turn, history_message
-from regen.replies import parse_reply
+from regen.conversations.history_turns import AssistantTurn, assistant_turn, history_message
+from regen.conversations.replies import parse_reply
 from standins.vllm_server import Reply
 from tests.helpers.regen_support import tool_call
 from tests.vllm_live.support import FIXTURES

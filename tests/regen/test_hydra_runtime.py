@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from regen.hydra_runtime import strip_credentials
+from regen.outputs.hydra_runtime import strip_credentials
 
 
 def test_credentials_are_stripped_from_every_url_and_nothing_else():

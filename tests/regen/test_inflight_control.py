@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from regen.inflight_control import KV_TARGET, MetricsRule, Observation, ThroughputRule
-from regen.vllm_metrics import ServerLoad
+from regen.endpoints.inflight_control import KV_TARGET, MetricsRule, Observation, ThroughputRule
+from regen.endpoints.vllm_metrics import ServerLoad
 from standins.scheduler_model import Request, SchedulerModel, SchedulerSettings
 from tests.helpers.regen_support import EOS, first_user, ok
 

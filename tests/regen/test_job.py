@@ -10,8 +10,9 @@ import pytest
 
 from common.config_schema import ConfigError
 from common.user_errors import UserError
-from regen.detokenizer import TokenizerMismatch
-from regen.job import EndpointsUnusable, run
+from regen.conversations.detokenizer import TokenizerMismatch
+from regen.endpoints.served_models import EndpointsUnusable
+from regen.job import run
 from standins.vllm_server import Reply
 from tests.helpers.regen_support import EOS, Script, ok, read_jsonl, regen_config, write_jsonl
 

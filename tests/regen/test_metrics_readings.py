@@ -11,10 +11,10 @@ import asyncio
 import aiohttp
 import pytest
 
-from regen.endpoint_pool import EndpointPool
-from regen.inflight_control import EMPTY_READINGS_ALLOWED, steer
+from regen.endpoints.endpoint_pool import EndpointPool
+from regen.endpoints.inflight_control import EMPTY_READINGS_ALLOWED, steer
+from regen.endpoints.vllm_metrics import MetricsNotYet, ServerLoad, parse_load
 from regen.settings import parse_endpoint
-from regen.vllm_metrics import MetricsNotYet, ServerLoad, parse_load
 from standins.vllm_server import Reply, StandinServer
 from tests.helpers.regen_support import EOS, ok
 from tests.vllm_live.support import FIXTURES

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from regen.output_files import (
+from regen.outputs.output_files import (
     DamagedOutput,
     IdIndex,
     LineAppender,

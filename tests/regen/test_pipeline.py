@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from regen.detokenizer import TokenizerMismatch
+from regen.conversations.detokenizer import TokenizerMismatch
 from tests.helpers.regen_support import EOS, Script, ok
 from tests.regen.test_row_sources import HOSTILE
 

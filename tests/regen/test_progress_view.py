@@ -8,10 +8,10 @@ import re
 
 from rich.console import Console
 
+from regen.outputs.progress_view import ProgressView, to_do
+from regen.outputs.run_stats import RunStats
 from regen.pipeline import SourceRows
-from regen.progress_view import ProgressView, to_do
-from regen.row_sources import open_source
-from regen.run_stats import RunStats
+from regen.rows.sources import open_source
 from regen.settings import DatasetSettings
 from tests.helpers.regen_support import EOS, ok, write_jsonl
 

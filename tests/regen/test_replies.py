@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from regen.replies import ReplyError, parse_reply
+from regen.conversations.replies import ReplyError, parse_reply
 from tests.helpers.regen_support import ok
 
 STOP = {"id": "chatcmpl-1a2b", "object": "chat.completion", "created": 1760000000, "model": "Qwen/Qwen3-8B", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Four.", "reasoning": None}, "logprobs": None, "finish_reason": "stop", "stop_reason": None, "token_ids": [9001, 13, 151645]}], "usage": {"prompt_tokens": 5, "total_tokens": 8, "completion_tokens": 3, "prompt_tokens_details": None}, "prompt_token_ids": [151644, 872, 198, 17, 151645]}  # noqa: E501

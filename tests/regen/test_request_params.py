@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from regen.request_params import RequestParams
+from regen.conversations.request_params import RequestParams
 from regen.settings import WeightedChoice
 from tests.helpers.regen_support import EOS, ok
 

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from regen.conversation import RowError, ToolResult, primary_id_of
-from regen.row_formats import FORMATS, to_conversation
+from regen.rows.conversation import RowError, ToolResult, primary_id_of
+from regen.rows.formats import FORMATS, to_conversation
 from regen.settings import FORMAT_NAMES, REFUSED_FORMATS
 from tests.helpers.configs import compose_config, options
 

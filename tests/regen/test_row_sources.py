@@ -11,7 +11,7 @@ import json
 import pytest
 
 from common.chat_records import MAX_LINE_BYTES, json_lines
-from regen.row_sources import SourceError, open_source
+from regen.rows.sources import SourceError, open_source
 from regen.settings import DatasetSettings
 
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from regen.run_manifest import ResumeRefused
+from regen.outputs.run_manifest import ResumeRefused
 from tests.helpers.regen_support import EOS, ok, write_jsonl
 
 ROWS = [{"id": "a", "prompt": "first"}, {"id": "b", "prompt": "second"}]

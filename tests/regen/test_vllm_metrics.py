@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from regen.vllm_metrics import MetricsMissing, ServerLoad, parse_load, read_load
+from regen.endpoints.vllm_metrics import MetricsMissing, ServerLoad, parse_load, read_load
 
 # As vLLM V1 with two data-parallel engines writes it (prometheus_client: counters end in _total, with _created).
 TWO_ENGINES = """\

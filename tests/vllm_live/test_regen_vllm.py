@@ -20,7 +20,8 @@ from tokenizers import Tokenizer
 
 from common.config_schema import ConfigError
 from launch.server_process import log_tail, stop_process_group
-from regen.job import EndpointsUnusable, run
+from regen.endpoints.served_models import EndpointsUnusable
+from regen.job import run
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port

@@ -44,7 +44,7 @@ class RunStats:
         return count / elapsed if elapsed > 0 else 0.0
 
     def summary(self, requests: int) -> dict:
-        """The counts and rates of this run (``regen.run_summary`` adds files, endpoints and settings)."""
+        """The counts and rates of this run (``regen.outputs.run_summary`` adds files, endpoints and settings)."""
         return {
             "conversations_done": self.done,
             "conversations_truncated": sum(self.truncated.values()),

@@ -1,8 +1,8 @@
 """One run's state, and the summary built from it: ``<stem>.summary.json`` and the lines printed at the end.
 
-:class:`RunState` is everything the summary reports: what the run was asked (settings, the served model), the
-output it writes, the endpoints it used (with their counts), what happened (``RunStats``) and how it ended
-(``status``: ``completed``, ``interrupted`` or ``failed: ...``).
+:class:`RunState` is what the summary reports of the run itself: what it was asked (settings, the served model, the
+row-text tokenizer), the output it writes, what happened (``RunStats``) and how it ended (``status``: ``completed``,
+``interrupted`` or ``failed: ...``); the endpoints' counts (``EndpointPool.counts()``) are added when it is written.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from regen.endpoint_pool import EndpointPool
-from regen.output_files import OutputPaths
-from regen.request_params import RequestParams
-from regen.run_output import RunOutput
-from regen.run_stats import RunStats
+from regen.outputs.output_files import OutputPaths
+from regen.conversations.request_params import RequestParams
+from regen.outputs.run_output import RunOutput
+from regen.outputs.run_stats import RunStats
 from regen.settings import RegenSettings
 
 
@@ -28,20 +27,21 @@ class RunState:
     settings: RegenSettings
     model: str
     output: RunOutput
-    pool: EndpointPool
+    tokenizer: str  # where the row-text tokenizer came from (``Detokenizer.source``)
     stats: RunStats = field(default_factory=RunStats)
     status: str = "interrupted"  # until the run ends otherwise
 
-    def summary(self, errors_file_rows: int) -> dict[str, Any]:
-        """The summary, given the rows left in the error file once it is compacted."""
-        settings, paths, resume, endpoints = self.settings, self.output.paths, self.output.resume, self.pool.endpoints
+    def summary(self, errors_file_rows: int, endpoints: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The summary, given the rows left in the error file once it is compacted and each endpoint's counts
+        (URL -> counts, ``EndpointPool.counts()``)."""
+        settings, paths, resume = self.settings, self.output.paths, self.output.resume
         return {
             "status": self.status,
             "conversations_done": self.stats.done,
             "conversations_failed": self.stats.failed,
             "first_failure": self.stats.first_failure,
             "model": self.model,
-            "endpoints_given": [e.url for e in endpoints],
+            "endpoints_given": list(endpoints),
             "dataset": asdict(settings.dataset),
             "output": str(paths.output),
             "errors_file": str(paths.errors),
@@ -53,13 +53,14 @@ class RunState:
             "resume_removed_duplicate_blocks": resume.removed_duplicate_blocks,
             "resume_removed_duplicate_rows": resume.removed_duplicate_rows,
             "recovered_from_errors": len(self.stats.recovered_ids),
-            **self.stats.summary(sum(e.requests for e in endpoints)),
-            "endpoints": self.pool.counts(),
+            **self.stats.summary(sum(counts["requests"] for counts in endpoints.values())),
+            "endpoints": endpoints,
             "sampling_params": RequestParams.from_settings(settings).base,
             "max_tokens": settings.max_tokens,
             "concurrency": settings.concurrency,
-            "concurrency_chosen": None if settings.fixed_concurrency is not None else sum(e.limit for e in endpoints),
-            "tokenizer": self.output.detokenizer.source,
+            "concurrency_chosen": None if settings.fixed_concurrency is not None else sum(
+                counts["in_flight_limit"] for counts in endpoints.values()),
+            "tokenizer": self.tokenizer,
             "tokenizer_warning": self.stats.tokenizer_warning,
         }
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common.chat_records import MESSAGE_COLUMNS
-from regen.conversation import Conversation, RowError, ToolResult, read_messages, read_tools
+from regen.rows.conversation import Conversation, RowError, ToolResult, read_messages, read_tools
 
 Turns = tuple[list[dict[str, str]], list[ToolResult]]
 

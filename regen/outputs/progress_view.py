@@ -17,8 +17,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from regen.endpoint_pool import Endpoint
-from regen.run_stats import RunStats
+from regen.endpoints.endpoint_pool import Endpoint
+from regen.outputs.run_stats import RunStats
 
 
 def endpoint_load(endpoint: Endpoint) -> str:

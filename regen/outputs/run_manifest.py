@@ -19,7 +19,7 @@ from typing import Any
 
 from common.atomic_write import atomic_write_json
 from common.user_errors import UserError
-from regen.output_files import OutputPaths
+from regen.outputs.output_files import OutputPaths
 from regen.settings import RegenSettings
 
 MANIFEST_VERSION = 1

@@ -3,7 +3,7 @@
 ``open_source(dataset)`` opens the source at start, so a file that cannot be read stops the run before
 any server starts: a ``.json`` must be UTF-8 (a BOM is accepted, as in ``.jsonl``), non-empty and one
 top-level array. Rows are then yielded one at a time as :class:`SourceRecord` with their resume key
-(``primary_id``; for id-less local rows the key speculators computes, see ``regen.speculators_keys``).
+(``primary_id``; for id-less local rows the key speculators computes, see ``regen.rows.speculators_keys``).
 A row that cannot be used (a ``.jsonl`` line that is not JSON or over 8 MiB, JSON nested too deep, a lone
 surrogate: ``common.chat_records``) comes as a record with an ``error`` and the run goes on. Every
 source also has a ``fingerprint`` (what the run manifest compares on resume), ``locate(idx)``, which
@@ -24,9 +24,9 @@ from typing import Any
 
 from common.chat_records import TOO_DEEP, json_lines, structure_problem
 from common.user_errors import UserError
-from regen.conversation import primary_id_of
+from regen.rows.conversation import primary_id_of
+from regen.rows.speculators_keys import LocalFileKeys
 from regen.settings import DatasetSettings
-from regen.speculators_keys import LocalFileKeys
 
 Warn = Callable[[str], None]
 

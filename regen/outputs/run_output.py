@@ -1,9 +1,9 @@
 """Opening a run's output, in one place: lock it, refuse what must be refused, check the manifest, repair a resume.
 
-``open_output(...)`` names the output (``output``, else ``{output_dir}/{dataset}_{model}[_{overrides}].jsonl``),
-takes the one-run-per-output lock, refuses an earlier run's files without ``resume=true``, compares a resume with
-the manifest (and writes it), repairs a resumed file's crashed tail and compacts its error file, and yields the
-:class:`RunOutput` the conversations are written to. It runs before any server starts whenever the model's name
+:func:`output_paths` names the output (``output``, else ``{output_dir}/{dataset}_{model}[_{overrides}].jsonl``);
+``open_output(...)`` takes the one-run-per-output lock, refuses an earlier run's files without ``resume=true``,
+compares a resume with the manifest (and writes it), repairs a resumed file's crashed tail and compacts its error
+file, and yields the :class:`RunOutput` the conversations are written to. It runs before any server starts whenever the model's name
 is known (always, except for external endpoints that name it themselves).
 
 The output is the file its path names: a symlink (to it, or to a folder on the way) is followed, and the lock
@@ -21,13 +21,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common.run_folders import note_new_folder
 from common.run_lock import OutputLock
 from common.user_errors import UserError
-from regen.detokenizer import Detokenizer
-from regen.hydra_runtime import multirun_suffix
-from regen.output_files import (
+from regen.outputs.output_files import (
     LineAppender,
     OutputPaths,
     ResumeState,
@@ -35,33 +34,33 @@ from regen.output_files import (
     repair_and_scan,
     sanitize_name,
 )
-from regen.row_sources import Source
-from regen.run_manifest import check_and_record, run_settings
+from regen.outputs.run_manifest import check_and_record
 from regen.settings import RegenSettings
 
 
-def output_paths(settings: RegenSettings, model: str) -> OutputPaths:
-    """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{multirun overrides}].jsonl``, where the
-    model is its last path part, without the ``.pth``/``.pt`` of a MiniMind checkpoint the embedded server serves
-    under its path (``out/tiny/tiny_teacher.pth``: ``sample_tiny_teacher.jsonl``)."""
+def output_paths(settings: RegenSettings, model: str, overrides: str | None) -> OutputPaths:
+    """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{overrides}].jsonl``, where the model is
+    its last path part, without the ``.pth``/``.pt`` of a MiniMind checkpoint the embedded server serves under its
+    path (``out/tiny/tiny_teacher.pth``: ``sample_tiny_teacher.jsonl``), and ``overrides`` names a multirun's job
+    (``regen.outputs.hydra_runtime.multirun_overrides``)."""
     if settings.output:
         path = Path(settings.output)
     else:
         source = settings.dataset.name or Path(settings.dataset.path).stem
         model_short = re.sub(r"\.pth?$", "", model.rstrip("/").split("/")[-1])
-        path = Path(settings.output_dir) / f"{sanitize_name(source)}_{sanitize_name(model_short)}{multirun_suffix(sanitize_name)}.jsonl"
+        suffix = "" if overrides is None else "_" + sanitize_name(overrides)
+        path = Path(settings.output_dir) / f"{sanitize_name(source)}_{sanitize_name(model_short)}{suffix}.jsonl"
     real = Path(os.path.realpath(path))  # through symlinks, to the file itself
     return OutputPaths(real if real != Path(os.path.abspath(path)) else path)
 
 
 @dataclass
 class RunOutput:
-    """The open output of one run: its files, what resume found there, the row-text tokenizer, the appenders."""
+    """The open output of one run: its files, what resume found there, the appenders."""
 
     paths: OutputPaths
     resume: ResumeState  # the conversations already done (empty without resume=true)
     previous_error_ids: frozenset[str]  # the error file's ids at the start
-    detokenizer: Detokenizer
     rows: LineAppender
     errors: LineAppender
 
@@ -103,10 +102,11 @@ def _refuse_earlier_run(paths: OutputPaths) -> None:
 
 
 @contextmanager
-def open_output(settings: RegenSettings, source: Source, model: str, detokenizer: Detokenizer,
+def open_output(settings: RegenSettings, paths: OutputPaths, current: dict[str, Any],
                 warn: Callable[[str], None]) -> Iterator[RunOutput]:
-    """The run's :class:`RunOutput`, held (locked) until the block ends; see the module doc."""
-    paths = output_paths(settings, model)
+    """The run's :class:`RunOutput` at ``paths`` (:func:`output_paths`), held (locked) until the block ends; a resume
+    is checked against the manifest with ``current``, the run's manifest settings
+    (``regen.outputs.run_manifest.run_settings``). See the module doc."""
     _refuse_unsafe_output(paths)
     # a run that stops before its checks pass removes the folder again if it made it (common.run_folders)
     note_new_folder(paths.output.parent, tuple(p.name for p in (paths.output, paths.errors, paths.manifest, paths.lock)))
@@ -123,7 +123,6 @@ def open_output(settings: RegenSettings, source: Source, model: str, detokenizer
         rows = LineAppender(paths.output)  # created first: the siblings copy its permissions
         try:
             paths.match_output_mode(paths.lock)
-            current = run_settings(settings, source.fingerprint, model, detokenizer.fingerprint)
             accepted = check_and_record(paths, current, resuming=settings.resume,
                                         accept_changes=settings.resume_accept_changes, warn=warn)
             for key, (old, new) in accepted.items():
@@ -138,7 +137,7 @@ def open_output(settings: RegenSettings, source: Source, model: str, detokenizer
         except BaseException:
             rows.close()
             raise
-        output = RunOutput(paths, resume, previous, detokenizer, rows, errors)
+        output = RunOutput(paths, resume, previous, rows, errors)
         try:
             yield output
         finally:

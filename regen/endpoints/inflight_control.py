@@ -1,7 +1,7 @@
 """``concurrency=auto``: how many conversations each endpoint gets in flight, adjusted while the run goes.
 
 Every ``concurrency_interval_s`` (a quarter of it while the metrics rule climbs) one loop per endpoint
-(:func:`steer`) reads the server's ``/metrics`` (``regen.vllm_metrics``) and asks the endpoint's rule for its
+(:func:`steer`) reads the server's ``/metrics`` (``regen.endpoints.vllm_metrics``) and asks the endpoint's rule for its
 next limit, within 1..``concurrency_max``. A limit only gates new conversations: one in flight keeps its
 endpoint to the end, so a lower limit takes effect as conversations finish. Past the first probe, both rules
 wait for a change to show before the next step up: "settled" means half the mean time a conversation stays on
@@ -51,8 +51,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from regen.endpoint_pool import Endpoint, EndpointPool
-from regen.vllm_metrics import MetricsMissing, MetricsNotYet, ServerLoad, read_load
+from regen.endpoints.endpoint_pool import Endpoint, EndpointPool
+from regen.endpoints.vllm_metrics import MetricsMissing, MetricsNotYet, ServerLoad, read_load
 
 KV_TARGET = 0.80
 KV_TARGET_ONE_REQUEST = 0.86  # when the endpoint's conversations are one request each

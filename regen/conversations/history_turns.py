@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from regen.detokenizer import THINK_CLOSE
-from regen.replies import Generation
+from regen.conversations.detokenizer import THINK_CLOSE
+from regen.conversations.replies import CheckedReply
 
 PROMPT_TAIL = 8  # ids at the prompt's end searched for the generation prompt's think markers
 
@@ -41,7 +41,7 @@ class AssistantTurn:
     corrected: bool
 
 
-def starts_in_thinking(generation: Generation, think_ids: tuple[int, int]) -> bool:
+def starts_in_thinking(generation: CheckedReply, think_ids: tuple[int, int]) -> bool:
     """The generation starts inside a think block: it begins with ``<think>``, or the last think marker in the
     prompt's last ``PROMPT_TAIL`` ids (the generation prompt) is ``<think>``."""
     open_id, close_id = think_ids
@@ -53,7 +53,7 @@ def starts_in_thinking(generation: Generation, think_ids: tuple[int, int]) -> bo
     return False
 
 
-def assistant_turn(generation: Generation, think_ids: tuple[int, int] | None) -> AssistantTurn:
+def assistant_turn(generation: CheckedReply, think_ids: tuple[int, int] | None) -> AssistantTurn:
     """Split ``generation`` into answer and reasoning by where it started (module doc); the parser's split as it
     is when the tokenizer has no ``<think>``/``</think>`` tokens (``think_ids`` None)."""
     parsed_reasoning, parsed_content = generation.reasoning, generation.content or ""
@@ -70,7 +70,7 @@ def assistant_turn(generation: Generation, think_ids: tuple[int, int] | None) ->
     return AssistantTurn(answer, reasoning or None, corrected=bool(reasoning))
 
 
-def history_message(generation: Generation, turn: AssistantTurn, carry_reasoning: bool) -> dict[str, Any]:
+def history_message(generation: CheckedReply, turn: AssistantTurn, carry_reasoning: bool) -> dict[str, Any]:
     """The assistant message appended to the conversation before the next request."""
     message: dict[str, Any] = {"role": "assistant", "content": turn.answer}
     if generation.tool_calls:

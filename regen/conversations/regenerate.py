@@ -3,9 +3,9 @@
 Each generation (a final answer or a tool call) becomes one training row: ``input_ids`` = the reply's
 ``prompt_token_ids`` + its generated ``token_ids``, ``loss_mask`` 0 over the prompt and 1 over the
 generation. Each generation is appended to the history as the assistant turn the chat template renders
-(``regen.history_turns``: its answer, and its reasoning only when carried). The k-th regenerated tool call is
-answered with the k-th cached result; the conversation stops early, keeping its rows, when a call cannot be
-paired 1:1 or a generation hits ``max_tokens``. :class:`Regeneration` holds what every conversation of a run
+(``regen.conversations.history_turns``: its answer, and its reasoning only when carried). The k-th regenerated
+tool call is answered with the k-th cached result; the conversation stops early, keeping its rows, when a call
+cannot be paired 1:1 or a generation hits ``max_tokens``. :class:`Regeneration` holds what every conversation of a run
 shares (the client, the request shape and parameters, the row-text tokenizer).
 """
 
@@ -16,26 +16,28 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.chat_client import ChatClient, RequestFailed
-from regen.conversation import Conversation
-from regen.detokenizer import Detokenizer
-from regen.endpoint_pool import Affinity
-from regen.history_turns import assistant_turn, history_message
-from regen.replies import Generation, ReplyError, parse_reply
-from regen.request_params import RequestParams
+from regen.conversations.detokenizer import Detokenizer
+from regen.conversations.history_turns import assistant_turn, history_message
+from regen.conversations.replies import CheckedReply, ReplyError, parse_reply
+from regen.conversations.request_params import RequestParams
+from regen.endpoints.chat_client import ChatClient, Reply, RequestFailed, Retries
+from regen.endpoints.endpoint_pool import Affinity
+from regen.rows.conversation import Conversation
 
-# send(payload) -> (decoded JSON reply, endpoint URL that answered)
-Send = Callable[[dict[str, Any]], Awaitable[tuple[Any, str]]]
+# send(payload) -> the reply (its JSON, the endpoint URL that answered, its retries)
+Send = Callable[[dict[str, Any]], Awaitable[Reply]]
 
 
 class ConversationFailed(Exception):
-    """A conversation that could not finish (request or reply error); it writes only an error-file record."""
+    """A conversation that could not finish (request or reply error); it writes only an error-file record.
+    ``retries``: what its requests' retries took, the failed request's included."""
 
-    def __init__(self, cause: Exception, generations_completed: int, endpoint: str | None):
+    def __init__(self, cause: Exception, generations_completed: int, endpoint: str | None, retries: Retries):
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.cause = cause
         self.generations_completed = generations_completed
         self.endpoint = endpoint
+        self.retries = retries
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_corrected: int = 0  # turns whose reasoning/answer split the server's parser got wrong
+    retries: Retries = field(default_factory=Retries)  # what its requests' retries took
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ def _tool_message(call: dict, result_content: str) -> dict[str, Any]:
     return message
 
 
-def _unpairable(generation: Generation, results: deque) -> str | None:
+def _unpairable(generation: CheckedReply, results: deque) -> str | None:
     """Why this tool-call generation cannot be answered from the cached results, or ``None``."""
     if len(generation.tool_calls) > 1:
         return "parallel_tool_calls"
@@ -78,7 +81,7 @@ def _unpairable(generation: Generation, results: deque) -> str | None:
     return None
 
 
-def _row(conversation: Conversation, index: int, generation: Generation, endpoint: str,
+def _row(conversation: Conversation, index: int, generation: CheckedReply, endpoint: str,
          params: dict[str, Any], decode: Callable[[list[int]], str]) -> dict[str, Any]:
     input_ids = generation.prompt_ids + generation.generated_ids
     return {
@@ -116,8 +119,9 @@ async def regenerate(conversation: Conversation, send: Send, shape: RequestShape
                 if conversation.tools:
                     payload["tools"] = conversation.tools
                     payload["tool_choice"] = "auto"
-                data, endpoint = await send(payload)
-                generation = parse_reply(data, shape.max_tokens)
+                reply = await send(payload)
+                endpoint, outcome.retries = reply.endpoint, outcome.retries + reply.retries
+                generation = parse_reply(reply.data, shape.max_tokens)
                 outcome.rows.append(_row(conversation, len(outcome.rows), generation, endpoint, params, tokens.decode))
                 outcome.prompt_tokens += len(generation.prompt_ids)
                 outcome.completion_tokens += len(generation.generated_ids)
@@ -134,8 +138,11 @@ async def regenerate(conversation: Conversation, send: Send, shape: RequestShape
                 break
             if outcome.truncation:
                 break
-    except (ReplyError, RequestFailed) as error:
-        raise ConversationFailed(error, len(outcome.rows), getattr(error, "endpoint", None) or endpoint) from error
+    except ReplyError as error:
+        raise ConversationFailed(error, len(outcome.rows), endpoint, outcome.retries) from error
+    except RequestFailed as error:
+        raise ConversationFailed(error, len(outcome.rows), error.endpoint or endpoint,
+                                 outcome.retries + error.retries) from error
     for row in outcome.rows:
         row["metadata"]["num_generations"] = len(outcome.rows)
     return outcome

@@ -8,7 +8,7 @@ An endpoint may be written ``http://host:port``, ``.../v1`` or ``.../v1/chat/com
 A conversation starts only when :meth:`EndpointPool.claim` finds room for it. With a fixed
 ``concurrency`` the room is that many conversations over all endpoints and a new one goes to the live
 endpoint with the fewest; with ``concurrency=auto`` every endpoint has its own in-flight limit (set by
-``regen.inflight_control``) and a new conversation goes to the live endpoint with the most free slots
+``regen.endpoints.inflight_control``) and a new conversation goes to the live endpoint with the most free slots
 (limit minus conversations on it). A conversation sticks to its endpoint (prefix-cache friendly) until
 that endpoint is taken out, or a request of it times out there while another endpoint is live; then its next
 request goes to the live endpoint with the fewest active conversations (fixed) or the most free slots (auto). An endpoint is taken out after ``max_failures`` connection-level failures in a row (refused, reset, no
@@ -51,7 +51,7 @@ class Endpoint:
     active: int = 0
     last_error: str | None = None
     limit: int | None = None  # conversations allowed in flight here (concurrency=auto); None: fixed
-    control: str = "fixed"  # what sets the limit: fixed, metrics or throughput (regen.inflight_control)
+    control: str = "fixed"  # what sets the limit: fixed, metrics or throughput (regen.endpoints.inflight_control)
     control_reason: str | None = None  # why auto fell back to throughput
     metrics_failures: int = 0  # /metrics readings skipped because they failed
     metrics_last_failure: str | None = None

@@ -1,6 +1,6 @@
 """What regen takes from, and gives back to, the Hydra run it is part of (nothing outside a Hydra app).
 
-``multirun_suffix()`` names a multirun job's output after its overrides. ``scrub_credentials()`` removes
+``multirun_overrides()`` gives a multirun job's overrides, which its output is named after. ``scrub_credentials()`` removes
 ``user:password@`` from the URLs in Hydra's own record of the job (``.hydra/*.yaml``, ``multirun.yaml``),
 which Hydra writes before the job starts, so credentials given in ``server.endpoints`` stay off disk.
 """
@@ -24,16 +24,16 @@ def _hydra_config():
         return None
 
 
-def multirun_suffix(sanitize) -> str:
-    """In a Hydra multirun, ``_`` + this job's overrides made file-name safe by ``sanitize``; else ''."""
+def multirun_overrides() -> str | None:
+    """In a Hydra multirun, this job's overrides (``job{N}`` when it has none); else ``None``."""
     hydra_cfg = _hydra_config()
     if hydra_cfg is None:
-        return ""
+        return None
     from hydra.types import RunMode
 
     if hydra_cfg.mode != RunMode.MULTIRUN:
-        return ""
-    return "_" + sanitize(hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}")
+        return None
+    return hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
 
 
 def strip_credentials(text: str) -> str:

@@ -1,4 +1,4 @@
-"""Reading one vLLM chat-completion reply (``return_token_ids: true``) into a checked :class:`Generation`."""
+"""Reading one vLLM chat-completion reply (``return_token_ids: true``) into a checked :class:`CheckedReply`."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ class ReplyError(ValueError):
 
 
 @dataclass(frozen=True)
-class Generation:
+class CheckedReply:
     """The parts of a reply regen uses: exact token ids, the assistant message and its bookkeeping."""
 
     prompt_ids: list[int]
     generated_ids: list[int]
-    content: str | None  # as the server's parsers split the reply (``regen.history_turns`` checks it)
+    content: str | None  # as the server's parsers split the reply (``regen.conversations.history_turns`` checks it)
     reasoning: str | None
     reasoning_field: str  # the name this server gives reasoning: ``reasoning``, older vLLM ``reasoning_content``
     tool_calls: list[dict]
@@ -38,8 +38,8 @@ def _token_list(value: Any, name: str) -> list[int]:
     return value
 
 
-def parse_reply(data: Any, max_tokens: int | None = None) -> Generation:
-    """Check one reply (to a request with ``max_tokens``) and return its :class:`Generation`; raises
+def parse_reply(data: Any, max_tokens: int | None = None) -> CheckedReply:
+    """Check one reply (to a request with ``max_tokens``) and return its :class:`CheckedReply`; raises
     :class:`ReplyError`: more generated ids than ``max_tokens``, or ``usage`` that disagrees with the ids, is an
     error too."""
     if not isinstance(data, dict):
@@ -75,6 +75,6 @@ def parse_reply(data: Any, max_tokens: int | None = None) -> Generation:
         raise ReplyError("reply message.tool_calls must be a list of objects")
     if not (content and content.strip()) and not tool_calls and not reasoning:
         raise ReplyError("empty generation: the reply has no content, no tool call and no reasoning")
-    return Generation(
+    return CheckedReply(
         prompt_ids, generated_ids, content, reasoning, reasoning_field, tool_calls, choice.get("finish_reason"), usage
     )

@@ -8,7 +8,7 @@ out; a reply slower than ``request_timeout_s`` is retried but says nothing about
 retry after a timeout goes to another live endpoint when there is one, at once (a hung endpoint would
 otherwise hold its conversations for every attempt while the others sit idle); other retries stay on the
 conversation's endpoint after a backoff.
-A reply body is read in bounded memory (``regen.reply_bodies``): one over ``max_reply_bytes`` fails its request
+A reply body is read in bounded memory (``regen.endpoints.reply_bodies``): one over ``max_reply_bytes`` fails its request
 as soon as the limit is passed (not retried: the server would send it again), and an error reply is read only as
 far as its message.
 Running out of file descriptors is this client's problem, not the endpoint's: it stops the run with a
@@ -22,6 +22,7 @@ import asyncio
 import email.utils
 import errno
 import json
+import os
 import random
 import resource
 import time
@@ -32,9 +33,8 @@ import aiohttp
 import orjson
 
 from common.user_errors import UserError
-from regen.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpoint
-from regen.reply_bodies import BodyTooLarge, read_body, read_head
-from regen.run_stats import RunStats
+from regen.endpoints.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpoint
+from regen.endpoints.reply_bodies import BodyTooLarge, read_body, read_head
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 CONNECT_TIMEOUT_S = 30.0
@@ -62,12 +62,34 @@ def out_of_descriptors(error: BaseException | None) -> bool:
     return False
 
 
-class RequestFailed(RuntimeError):
-    """A request that did not get a usable reply; ``endpoint`` is where the last attempt went."""
+@dataclass(frozen=True)
+class Retries:
+    """What retrying one request took: the attempts sent again and the seconds spent backing off before them."""
 
-    def __init__(self, message: str, endpoint: str | None = None):
+    count: int = 0
+    wait_s: float = 0.0
+
+    def __add__(self, other: Retries) -> Retries:
+        return Retries(self.count + other.count, self.wait_s + other.wait_s)
+
+
+class RequestFailed(RuntimeError):
+    """A request that did not get a usable reply; ``endpoint`` is where the last attempt went, ``retries`` what
+    retrying it took before giving up."""
+
+    def __init__(self, message: str, endpoint: str | None = None, retries: Retries | None = None):
         super().__init__(message)
         self.endpoint = endpoint
+        self.retries = retries or Retries()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What one request came to: the decoded JSON reply, the endpoint URL that gave it, and its retries."""
+
+    data: Any
+    endpoint: str
+    retries: Retries
 
 
 class _Retryable(Exception):
@@ -132,11 +154,20 @@ def _completion_tokens(data: Any) -> int:
     return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
 
 
+def client_session(api_key_env: str | None) -> aiohttp.ClientSession:
+    """One HTTP session for a run's requests: no connection limit of its own (the pool bounds them), the API key
+    (``api_key_env``) as bearer token."""
+    headers = {"Authorization": f"Bearer {os.environ[api_key_env]}"} if api_key_env else {}
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers)
+
+
 class ChatClient:
-    """One shared aiohttp session sending chat requests to the pool's endpoints; retries are counted in ``stats``."""
+    """One shared aiohttp session sending chat requests to the pool's endpoints. It keeps the endpoints' counts (in
+    the pool) and returns what each request came to (:class:`Reply`, or :class:`RequestFailed`), its retries
+    included; the run's own counters are the caller's."""
 
     def __init__(self, session: aiohttp.ClientSession, pool: EndpointPool, policy: RetryPolicy,
-                 request_timeout_s: float, all_down_wait_s: float, stats: RunStats, *, max_reply_bytes: int,
+                 request_timeout_s: float, all_down_wait_s: float, *, max_reply_bytes: int,
                  rng: random.Random | None = None):
         self.session = session
         self.max_reply_bytes = max_reply_bytes
@@ -145,7 +176,6 @@ class ChatClient:
         self.all_down_wait_s = all_down_wait_s
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s,
                                              sock_connect=min(CONNECT_TIMEOUT_S, request_timeout_s))
-        self.stats = stats
         self.rng = rng or random.Random()
 
     async def _attempt(self, endpoint: Endpoint, body: bytes) -> Any:
@@ -183,42 +213,42 @@ class ChatClient:
         """Every endpoint has been out for longer than ``all_down_wait_s``."""
         return self.pool.all_down_since is not None and self.pool.down_for_s() >= self.all_down_wait_s
 
-    async def _live_endpoint(self, affinity: Affinity) -> Endpoint:
+    async def _live_endpoint(self, affinity: Affinity, retries: Retries) -> Endpoint:
         """The endpoint for the next attempt, waiting up to ``all_down_wait_s`` for one to come back."""
         while True:
             try:
                 return self.pool.pick(affinity)
             except NoLiveEndpoint as error:
                 if self.gave_up_on_endpoints:
-                    raise RequestFailed(f"{error} (waited {self.all_down_wait_s:g} s)") from None
+                    raise RequestFailed(f"{error} (waited {self.all_down_wait_s:g} s)", retries=retries) from None
             await asyncio.sleep(min(1.0, max(0.01, self.all_down_wait_s - self.pool.down_for_s())))
 
-    async def complete(self, payload: dict[str, Any], affinity: Affinity) -> tuple[Any, str]:
-        """The decoded JSON reply and the endpoint URL that gave it; raises :class:`RequestFailed`."""
+    async def complete(self, payload: dict[str, Any], affinity: Affinity) -> Reply:
+        """The :class:`Reply` to ``payload``, sent on the endpoint ``affinity`` holds; raises :class:`RequestFailed`."""
         try:
             body = orjson.dumps(payload)
         except TypeError as error:  # settings and rows are checked before: a last guard, one error row
             raise RequestFailed(f"the request cannot be sent as JSON: {error}") from None
-        retry_number = 0
+        retries = Retries()
         while True:
-            endpoint = await self._live_endpoint(affinity)
+            endpoint = await self._live_endpoint(affinity, retries)
             try:
                 data = await self._attempt(endpoint, body)
             except RequestFailed as error:
                 self.pool.record_failure(endpoint, str(error), unreachable=False)
+                error.retries = retries
                 raise
             except _Retryable as error:
                 self.pool.record_failure(endpoint, str(error), unreachable=error.unreachable)
-                retry_number += 1
-                if retry_number > self.policy.max_retries:
-                    raise RequestFailed(f"gave up after {retry_number} attempts: {error}", endpoint.url) from None
-                self.stats.retries += 1
+                if retries.count >= self.policy.max_retries:
+                    raise RequestFailed(f"gave up after {retries.count + 1} attempts: {error}", endpoint.url,
+                                        retries) from None
                 # taken out, or timed out with another endpoint live: go to another endpoint now, no wait
                 moved = not endpoint.live or (error.timed_out and self.pool.move_away(affinity, endpoint))
+                wait = 0.0 if moved else self.policy.delay(retries.count + 1, error.retry_after_s, self.rng)
+                retries += Retries(1, wait)
                 if not moved:
-                    wait = self.policy.delay(retry_number, error.retry_after_s, self.rng)
-                    self.stats.retry_wait_s += wait
                     await asyncio.sleep(wait)
                 continue
             self.pool.record_success(endpoint, _completion_tokens(data))
-            return data, endpoint.url
+            return Reply(data, endpoint.url, retries)

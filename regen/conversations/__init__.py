@@ -1,0 +1,1 @@
+"""How a conversation is regenerated: its requests turn by turn, each reply checked and turned into a row."""

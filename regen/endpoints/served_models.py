@@ -1,0 +1,73 @@
+"""Which model the endpoints serve: every endpoint's ``/v1/models`` (its model ids and ``max_model_len``), and the
+model a run's requests name.
+
+Asked before the first request: when the served model names the output (external endpoints without
+``server.model``) before the output is opened, else once a server regen started is up. An endpoint that does not
+answer is taken out; when none answers, or none serves the asked model, the run stops (:class:`EndpointsUnusable`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+
+from common.user_errors import UserError
+from regen.endpoints.chat_client import OutOfFileDescriptors, client_session, out_of_descriptors
+from regen.endpoints.endpoint_pool import EndpointPool
+from regen.endpoints.reply_bodies import read_body, read_head
+
+MODELS_PAGE_BYTES = 16 << 20  # /v1/models: a list of model cards
+
+
+class EndpointsUnusable(UserError):
+    """No endpoint answers, or none serves the asked model."""
+
+
+async def served_models(api_key_env: str | None, pool: EndpointPool) -> dict[str, int | None]:
+    """Model id -> ``max_model_len`` (the smallest any endpoint reports; None when none does) from every
+    endpoint's ``/v1/models``; endpoints that do not answer are taken out."""
+    served: dict[str, int | None] = {}
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with client_session(api_key_env) as session:
+        for endpoint in pool.endpoints:
+            try:
+                async with session.get(endpoint.address.base + "/v1/models", headers=endpoint.headers,
+                                       timeout=timeout) as reply:
+                    if reply.status != 200:
+                        hint = " (the server wants an API key: set api_key_env=)" if reply.status == 401 else ""
+                        message = (await read_head(reply)).decode("utf-8", "replace")[:300]
+                        raise RuntimeError(f"HTTP {reply.status}{hint}: {message}")
+                    data = json.loads(await read_body(reply, MODELS_PAGE_BYTES))
+                cards = [(str(card["id"]), card.get("max_model_len")) for card in data["data"]]
+            except Exception as error:  # noqa: BLE001 - reported per endpoint, the run goes on with the others
+                if out_of_descriptors(error):
+                    raise OutOfFileDescriptors(f"asking {endpoint.url} for its models") from None
+                endpoint.live, endpoint.taken_out = False, 1
+                endpoint.last_error = f"/v1/models: {type(error).__name__}: {error}"
+                continue
+            for model, length in cards:
+                known = served.get(model)
+                if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+                    served[model] = length if known is None else min(known, length)
+                else:
+                    served.setdefault(model, known)
+    if not any(endpoint.live for endpoint in pool.endpoints):
+        raise EndpointsUnusable("no endpoint answers /v1/models: " + "; ".join(
+            f"{e.url} ({e.last_error})" for e in pool.endpoints),
+            "start the server, or check server.endpoints (and api_key_env)")
+    return served
+
+
+def pick_model(served: dict[str, int | None], wanted: str | None, must_serve_wanted: bool) -> str:
+    """The model the requests name: ``wanted`` when the endpoints serve it, else the first they list; with
+    ``must_serve_wanted`` (endpoints given by hand, with ``server.model`` set) a ``wanted`` they do not serve stops
+    the run."""
+    if wanted and wanted in served:
+        return wanted
+    if wanted and must_serve_wanted:
+        raise EndpointsUnusable(f"server.model={wanted!r} is not served by the endpoints (they serve {list(served)})",
+                                "drop server.model to use what they serve, or point server.endpoints elsewhere")
+    if not served:
+        raise EndpointsUnusable("the endpoints' /v1/models lists no model")
+    return next(iter(served))

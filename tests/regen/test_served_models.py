@@ -1,0 +1,25 @@
+"""Which model a run's requests name, from what the endpoints' ``/v1/models`` list (``pick_model``); asking the
+endpoints themselves is tested through ``run`` (``tests/regen/test_job.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from regen.endpoints.served_models import EndpointsUnusable, pick_model
+
+SERVED = {"first/model": 4096, "asked/model": None}
+
+
+def test_the_asked_model_when_served_else_the_first_listed():
+    assert pick_model(SERVED, "asked/model", must_serve_wanted=True) == "asked/model"
+    assert pick_model(SERVED, None, must_serve_wanted=True) == "first/model"
+    # a server regen started (not external endpoints): what it lists
+    assert pick_model(SERVED, "other/model", must_serve_wanted=False) == "first/model"
+
+
+def test_an_asked_model_the_endpoints_do_not_serve_or_no_model_at_all_stops_the_run():
+    with pytest.raises(EndpointsUnusable, match=r"server.model='other' is not served by the endpoints \(they serve "
+                                                r"\['first/model', 'asked/model'\]\)"):
+        pick_model(SERVED, "other", must_serve_wanted=True)
+    with pytest.raises(EndpointsUnusable, match="lists no model"):
+        pick_model({}, None, must_serve_wanted=False)
