@@ -19,27 +19,22 @@ import torch
 from omegaconf import DictConfig
 
 from common.package_files import CONFIG_DIR
-from common.run_folders import discard_unless_checked
-from common.user_errors import exit_on_user_error
 from opd.chat_format import ChatFormat
 from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
-from opd.config import SFTConfig, parse_config
+from opd.config import SFTConfig
 from opd.data_order import Window
 from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.distributed import Ranks
 from opd.episodes import Episode
 from opd.loss import sft_loss_step
 from opd.model_loading import initial_model
-from opd.out_dir import hold_out_dir
+from opd.out_dir import checked_run
 from opd.training_loop import Recipe, TrainingRun
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="sft")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error(), discard_unless_checked():  # stopped at its checks: no folder left behind
-        settings = parse_config(SFTConfig, cfg)
-        with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
-            train(settings)
+    checked_run(SFTConfig, cfg, train)
 
 
 def train(cfg: SFTConfig) -> dict:

@@ -22,11 +22,9 @@ from omegaconf import DictConfig
 
 from common.chat_records import AgentRecord
 from common.package_files import CONFIG_DIR
-from common.run_folders import discard_unless_checked
-from common.user_errors import exit_on_user_error
 from opd.chat_format import ChatFormat
 from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
-from opd.config import OPDConfig, parse_config, register_model_groups
+from opd.config import OPDConfig, register_model_groups
 from opd.data_order import Window, teacher_count
 from opd.demonstrations import demonstration_episode, load_records
 from opd.distributed import Ranks
@@ -34,7 +32,7 @@ from opd.episodes import Episode
 from opd.guidance import Guide
 from opd.loss import distill_loss_step
 from opd.model_loading import load_student_and_teacher
-from opd.out_dir import hold_out_dir
+from opd.out_dir import checked_run
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler
 from opd.teacher_rollouts import cached_teacher_episodes
@@ -45,10 +43,7 @@ register_model_groups()
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="opd")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error(), discard_unless_checked():  # stopped at its checks: no folder left behind
-        settings = parse_config(OPDConfig, cfg)
-        with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
-            train(settings)
+    checked_run(OPDConfig, cfg, train)
 
 
 def train(cfg: OPDConfig) -> dict:
