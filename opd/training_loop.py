@@ -87,7 +87,7 @@ class Update:
     grad_norm: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class Learner:
     """The trained model as this rank updates it: its forward (DDP-wrapped under torchrun) and its optimization."""
 
