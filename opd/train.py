@@ -89,7 +89,8 @@ def train(cfg: OPDConfig) -> dict:
         needed = [i for window in order.windows() for batch in window.batches for i in batch[:teacher_count(batch, share)]]
         fixed = cached_teacher_episodes(cfg, records, needed, teacher, chat_format, signature, run.ranks, run.device)
     rollout = AgentRollout(student, chat_format, sampler, cfg.rollout, autocast=cfg.precision.autocast)
-    return run.fit(student, order, Distillation(cfg, run.ranks, records, fixed, share, rollout, guide, teacher))
+    recipe = Distillation(cfg, run.ranks, records, fixed=fixed, share=share, rollout=rollout, guide=guide, teacher=teacher)
+    return run.fit(student, order, recipe)
 
 
 @dataclass
