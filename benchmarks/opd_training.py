@@ -61,11 +61,10 @@ from opd.chat_format import ChatFormat
 from opd.config import GuidanceConfig, LossConfig, OptimConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes
 from opd.guidance import BehaviourPolicy
-from opd.loss import TargetLogits
+from opd.loss import TargetLogits, distill_loss_step
 from opd.optimization import Optimization
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler
-from opd.train import distill_loss_step
 from standins.scripted_sampler import ScriptedSampler
 from standins.tiny_checkpoints import tiny_arch
 from standins.tokenizer import build_standin_tokenizer

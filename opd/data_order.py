@@ -64,3 +64,9 @@ class DataOrder:
             step += 1
             yield Window(step, cursor.epoch, batches, following)
             cursor = following
+
+
+def teacher_count(batch: list[int], share: float) -> int:
+    """How many episodes of a micro-batch come from the teacher's rollouts (GKD's mixture, the fixed-data baseline):
+    the first ``share`` of it, rounded down."""
+    return math.floor(share * len(batch) + 1e-9)  # 0.29 * 100 is 28.999...: still 29

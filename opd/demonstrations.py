@@ -20,6 +20,7 @@ from common.chat_records import (
     MESSAGE_COLUMNS,
     AgentRecord,
     RecordError,
+    load_agent_records,
     message_column,
     parse_message,
     parse_record,
@@ -63,6 +64,15 @@ def load_demonstrations(path: str | Path) -> tuple[list[Demonstration], str]:
     """All demonstrations of a JSONL file, plus the file's sha256."""
     rows, sha256 = read_rows(path)
     return [parse_demonstration(row, source) for row, source in rows], sha256
+
+
+def load_records(path: str | Path, *, demonstrated: bool) -> tuple[list[AgentRecord], str, list[Demonstration]]:
+    """A data file's prompt records, its sha256, and (when ``demonstrated``) their demonstrations, else none."""
+    if demonstrated:
+        demonstrations, sha256 = load_demonstrations(path)
+        return [demonstration.record for demonstration in demonstrations], sha256, demonstrations
+    records, sha256 = load_agent_records(path)
+    return records, sha256, []
 
 
 def _continuation(before: str, after: str, source: str, where: str) -> str:

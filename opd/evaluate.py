@@ -38,18 +38,17 @@ from omegaconf import DictConfig
 
 from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, RecordError, load_agent_records
-from common.config_schema import parse_config
 from common.minimind.model import load_model
 from common.minimind.spec import ModelSpec, is_native_checkpoint
 from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from common.package_files import CONFIG_DIR
-from common.run_folders import checks_passed, discard_unless_checked
-from common.user_errors import UserError, exit_on_user_error
+from common.run_folders import checks_passed
+from common.user_errors import UserError
 from opd.chat_format import ChatFormat
 from opd.checkpoints import vocabulary_fingerprint
 from opd.config import EvalConfig
 from opd.metric_loggers import MetricLoggers
-from opd.out_dir import hold_out_dir
+from opd.out_dir import checked_run
 from opd.reporting import print_table, progress_bar, require_matplotlib, run_dir_of, show, write_chart
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler, sample_seed
@@ -60,10 +59,7 @@ MIB = 1 << 20
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error(), discard_unless_checked():  # stopped at its checks: no folder left behind
-        settings = parse_config(EvalConfig, cfg)
-        with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
-            evaluate(settings)
+    checked_run(EvalConfig, cfg, evaluate)
 
 
 def evaluate(cfg: EvalConfig) -> dict:

@@ -25,10 +25,12 @@ episodes share its batch, and a resumed run redraws them without any saved state
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from opd.config import GuidanceConfig
-from opd.sampling import derived_seed
+from opd.sampling import TokenSampler, derived_seed
 
 
 def episode_seed(seed: int, step: int, micro_batch: int, position: int) -> int:
@@ -106,3 +108,26 @@ class BehaviourPolicy:
         tokens = proposals.clone()
         tokens[rows] = torch.tensor(replacements, device=tokens.device)
         return tokens, rejected
+
+
+@dataclass(frozen=True)
+class Guide:
+    """The behaviour policy of every guided rollout of a run: the teacher steers as ``settings`` say, its draws seeded
+    per episode by (run seed, step, micro-batch, place in the global micro-batch)."""
+
+    teacher: torch.nn.Module
+    settings: GuidanceConfig
+    sampler: TokenSampler
+    seed: int
+    schedule_steps: int
+
+    def policy(self, step: int, micro_batch: int, positions: list[int]) -> BehaviourPolicy:
+        """The policy of one rollout call: micro-batch ``micro_batch`` of step ``step``, the episodes at
+        ``positions`` of the global micro-batch."""
+        return BehaviourPolicy(self.teacher, self.settings, self.sampler,
+                               [episode_seed(self.seed, step, micro_batch, position) for position in positions],
+                               turn_share=self.turn_share(step))
+
+    def turn_share(self, step: int) -> float | None:
+        """The Guided-OPD turn share of step ``step`` (``turn_share_at``)."""
+        return turn_share_at(self.settings, step, self.schedule_steps)

@@ -25,8 +25,10 @@ import math
 import torch
 
 from common.minimind.model import cache_keyword, prefill_shared_prefix
+from common.minimind.precision import Precision
 from opd.config import LossConfig
-from opd.episodes import PackedBatch
+from opd.distributed import unwrap
+from opd.episodes import Episode, PackedBatch, shared_prefix_length
 
 
 def target_positions(batch: PackedBatch) -> torch.Tensor:
@@ -123,3 +125,43 @@ def router_loss(model: torch.nn.Module, output, attention_mask: torch.Tensor) ->
         load = torch.nn.functional.one_hot(chosen, experts).float().mean(0)  # [top_k, experts]
         total = total + (load * scores.mean(0)).sum() * experts
     return total * config.router_aux_loss_coef
+
+
+def trained_logits(forward: torch.nn.Module, episodes: list[Episode], batch: PackedBatch, precision: Precision, *,
+                   share_prefix: bool = True):
+    """The trained model's fp32 logits at the batch's targets (``forward``: its ``TargetLogits``, DDP-wrapped under
+    torchrun) and its weighted router loss, or None for a dense model. A prompt prefix every episode shares runs once
+    for a dense model unless ``share_prefix`` is off (as under gradient checkpointing); a MoE model runs every token
+    (its router loss averages over all of them)."""
+    model = unwrap(forward)
+    moe = router_aux_coef(model) is not None
+    prefix = shared_prefix_length(episodes) if share_prefix and not moe else 0
+    with precision.autocast():
+        logits, output = forward(batch.input_ids, batch.attention_mask, batch.target_mask, prefix, router_logits=moe)
+    return logits, router_loss(model, output, batch.attention_mask) if moe else None
+
+
+def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module, episodes: list[Episode],
+                      batch: PackedBatch, settings: LossConfig, precision: Precision, *, share_prefix: bool = True):
+    """One micro-batch of distillation: returns (the T²-scaled divergence of the student (``trained_logits``) from the
+    frozen teacher summed over the episodes' targets, the student's weighted router loss or None).
+
+    The teacher's logits are the ones its guided rollouts kept (``Episode.teacher_logits``, in the packed target
+    order: row by row, position by position) when every episode has them; otherwise the teacher runs on the batch,
+    a prompt prefix every episode shares once.
+    """
+    if all(episode.teacher_logits is not None for episode in episodes):
+        teacher_logits = torch.cat([episode.teacher_logits for episode in episodes]).to(batch.input_ids.device)
+    else:
+        with torch.no_grad(), precision.autocast():
+            teacher_logits, _ = logits_at_targets(teacher, batch, shared_prefix_length(episodes))
+    student_logits, router = trained_logits(student_forward, episodes, batch, precision, share_prefix=share_prefix)
+    return token_divergence(student_logits, teacher_logits, settings).sum(), router
+
+
+def sft_loss_step(forward: torch.nn.Module, episodes: list[Episode], batch: PackedBatch, precision: Precision, *,
+                  share_prefix: bool = True):
+    """One micro-batch of fine-tuning: (the cross-entropy of ``trained_logits`` summed over the targets, the weighted
+    router loss of a MoE model or None)."""
+    logits, router = trained_logits(forward, episodes, batch, precision, share_prefix=share_prefix)
+    return target_cross_entropy(logits, batch), router

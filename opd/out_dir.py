@@ -1,5 +1,7 @@
 """One run per ``out_dir``: opd's entries make the folder and lock it before anything loads, for the whole run.
 
+``checked_run`` is every entry's ``main``: its settings parsed and checked, then its work with ``out_dir`` held.
+
 ``hold_out_dir`` takes ``common.run_lock.OutputLock`` on ``{out_dir}/.lock``; the OS lets go when the process
 exits however it exits (``kill -9`` included), and a second run on the same folder (train, sft or evaluate) is
 refused at once with an ``error:`` naming the holder's pid. Making the folder and its lock file is also the check
@@ -13,13 +15,16 @@ on to join the process group, and if rank 0 is refused it exits before joining, 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from common.run_folders import note_new_folder
+from omegaconf import DictConfig
+
+from common.config_schema import parse_config
+from common.run_folders import discard_unless_checked, note_new_folder
 from common.run_lock import OutputLock
-from common.user_errors import UserError
+from common.user_errors import UserError, exit_on_user_error
 
 LOCK_NAME = ".lock"
 
@@ -46,3 +51,12 @@ def hold_out_dir(out_dir: str | Path) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def checked_run(schema: type, cfg: DictConfig, work: Callable) -> None:
+    """An entry's run: ``cfg`` parsed and checked as ``schema``, then ``work(settings)`` with ``out_dir`` held. An
+    error a user can fix ends it with one ``error:`` line; a run stopped at its checks leaves no folder behind."""
+    with exit_on_user_error(), discard_unless_checked():
+        settings = parse_config(schema, cfg)
+        with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
+            work(settings)

@@ -25,7 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.chat_records import AgentRecord
 from opd.chat_format import ChatFormat
-from opd.config import RolloutConfig, SamplingConfig
+from opd.config import OPDConfig, RolloutConfig, SamplingConfig
+from opd.distributed import Ranks
 from opd.episodes import STOP_REASONS, Episode, Turn
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler, derived_seed
@@ -138,3 +139,20 @@ def rollout_cache_key(signature: dict, device: torch.device) -> dict:
            if name in shared or name.startswith(("teacher.", "sampling.", "rollout."))}
     key["device_type"] = device.type
     return key
+
+
+def cached_teacher_episodes(cfg: OPDConfig, records: list[AgentRecord], needed: list[int], teacher: torch.nn.Module,
+                            chat_format: ChatFormat, signature: dict, ranks: Ranks,
+                            device: torch.device) -> dict[int, Episode]:
+    """A training run's teacher episodes of the ``needed`` records (``teacher_episodes``): rank 0 rolls out what the
+    cache lacks and caches it, then every other rank reads the cache."""
+    cache = TeacherRolloutCache(cfg.offline.cache_dir, cfg.data, rollout_cache_key(signature, device))
+
+    def episodes() -> dict[int, Episode]:
+        return teacher_episodes(cache, records, needed, teacher=teacher, chat_format=chat_format, sampling=cfg.sampling,
+                                seed=cfg.seed, limits=cfg.rollout, batch_size=cfg.batch_size, device=device,
+                                autocast=cfg.precision.autocast)
+
+    result = episodes() if ranks.is_main else None
+    ranks.barrier()
+    return result if ranks.is_main else episodes()

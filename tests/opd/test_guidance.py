@@ -11,7 +11,7 @@ from common.config_schema import ConfigError
 from opd.chat_format import ChatFormat
 from opd.config import GuidanceConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes
-from opd.guidance import BehaviourPolicy, episode_seed, turn_share_at
+from opd.guidance import BehaviourPolicy, Guide, episode_seed, turn_share_at
 from opd.loss import logits_at_targets
 from opd.rollout import AgentRollout
 from opd.sampling import TokenSampler
@@ -179,6 +179,16 @@ def test_turn_share_decays_linearly_over_the_schedule():
 def test_episode_seeds_depend_on_step_micro_batch_and_position_only():
     seeds = {episode_seed(0, step, micro, position) for step in (1, 2) for micro in (0, 1) for position in (0, 1)}
     assert len(seeds) == 8 and episode_seed(0, 1, 0, 0) == episode_seed(0, 1, 0, 0) != episode_seed(1, 1, 0, 0)
+
+
+def test_a_run_s_guide_seeds_each_episode_by_its_place_and_schedules_the_turn_share(models):
+    sampler = TokenSampler(SamplingConfig(), "cpu", 0)
+    guide = Guide(models[1], guidance(turn_share=0.8, turn_share_final=0.0), sampler, seed=5, schedule_steps=5)
+    policy = guide.policy(step=3, micro_batch=1, positions=[2, 0])
+    expected = [torch.Generator().manual_seed(episode_seed(5, 3, 1, position)) for position in (2, 0)]
+    assert [torch.rand((), generator=g).item() for g in policy.generators] == [
+        torch.rand((), generator=g).item() for g in expected]
+    assert policy.turn_share == guide.turn_share(3) == pytest.approx(0.4) and policy.sampler is sampler
 
 
 @pytest.mark.parametrize("values,message", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,7 +13,16 @@ from common.minimind.spec import MiniMindArch
 from opd.chat_format import ChatFormat
 from opd.config import LossConfig, RolloutConfig
 from opd.episodes import MIN_SHARED_PREFIX, pack_episodes, shared_prefix_length
-from opd.loss import logits_at_targets, router_aux_coef, router_loss, target_cross_entropy, token_divergence
+from opd.loss import (
+    TargetLogits,
+    distill_loss_step,
+    logits_at_targets,
+    router_aux_coef,
+    router_loss,
+    sft_loss_step,
+    target_cross_entropy,
+    token_divergence,
+)
 from opd.rollout import AgentRollout
 from standins.scripted_sampler import ScriptedSampler
 from tests.helpers.opd_support import TINY_TEACHER, agent_record, call_text, encode, tiny_model
@@ -177,6 +187,28 @@ def test_shared_prefix_forward_gives_the_full_forward_logits_and_gradients(token
     torch.testing.assert_close(split, full, atol=1e-4, rtol=1e-4)
     for a, b in zip(split_grads, full_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
+
+
+def test_the_recipes_loss_steps_are_their_losses_at_the_targets(tokenizer, episodes):
+    """``distill_loss_step`` with the teacher run on the batch or its logits kept from a guided rollout, and
+    ``sft_loss_step``, equal their divergence / cross-entropy of ``logits_at_targets``; a dense model has no router
+    loss."""
+    packed = pack_episodes(episodes, tokenizer.pad_token_id)
+    student, teacher = tiny_model(seed=1), frozen(tiny_model(TINY_TEACHER, seed=2))
+    with torch.no_grad():
+        student_logits, _ = logits_at_targets(student, packed)
+        teacher_logits, _ = logits_at_targets(teacher, packed)
+        expected = token_divergence(student_logits, teacher_logits, FORWARD).sum()
+        run, router = distill_loss_step(TargetLogits(student), teacher, episodes, packed, FORWARD, CPU)
+        counts = [int(packed.target_mask[row].sum()) for row in range(len(episodes))]
+        kept = [replace(episode, teacher_logits=part) for episode, part in
+                zip(episodes, teacher_logits.split(counts), strict=True)]
+        from_rollout, _ = distill_loss_step(TargetLogits(student), None, kept, packed, FORWARD, CPU, share_prefix=False)
+        cross_entropy, no_router = sft_loss_step(TargetLogits(student), episodes, packed, CPU)
+    torch.testing.assert_close(run, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(from_rollout, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cross_entropy, target_cross_entropy(student_logits, packed), atol=1e-4, rtol=1e-5)
+    assert router is None and no_router is None
 
 
 def test_loss_logits_are_fp32_under_bfloat16_autocast(tokenizer, episodes):

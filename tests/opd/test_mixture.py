@@ -10,8 +10,8 @@ import torch
 
 from experiments.recipe.synthetic_task import write_task
 from opd.checkpoints import load_resume
-from opd.data_order import DataOrder
-from opd.train import teacher_count, train
+from opd.data_order import DataOrder, teacher_count
+from opd.train import train
 from tests.helpers.configs import entry_config
 
 
