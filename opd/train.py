@@ -28,6 +28,7 @@ import torch
 from omegaconf import DictConfig
 
 from common.chat_records import AgentRecord, load_agent_records
+from common.generation.sampler import TokenSampler
 from common.minimind.model import enable_activation_checkpointing, load_model
 from common.minimind.precision import Precision
 from common.minimind.tokenizer import check_same_tokenizer
@@ -65,7 +66,6 @@ from opd.optimization import Optimization
 from opd.out_dir import hold_out_dir
 from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler
 from opd.teacher_rollouts import TeacherRolloutCache, rollout_cache_key, teacher_episodes
 
 register_model_groups()

@@ -22,13 +22,13 @@ import torch
 
 from common.atomic_write import atomic_write_json
 from common.chat_records import load_agent_records
+from common.generation.sampler import TokenSampler
 from common.minimind.model import ModelSpec, load_model
 from opd.chat_format import ChatFormat
 from opd.config import LossConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes, shared_prefix_length
 from opd.loss import logits_at_targets, token_divergence
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler
 
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 BATCH = 16

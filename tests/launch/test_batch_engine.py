@@ -11,8 +11,7 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from common.minimind.model import MiniMindArch, build_model
-from launch.batch_engine import BatchEngine
-from launch.sampling import SamplingParams
+from launch.batch_engine import BatchEngine, SamplingParams
 
 EOS = 2
 PROMPT_LENGTHS = (3, 17, 9, 30, 5, 12, 1, 22)
@@ -186,12 +185,16 @@ POISON_POSITION = 100  # beyond every clean prompt + 12 tokens
 
 
 class PoisonedAtPosition(Qwen3ForCausalLM):
-    """A real (random) Qwen3 whose forward fails whenever any row reaches position POISON_POSITION."""
+    """A real (random) Qwen3 whose body fails whenever any row reaches position POISON_POSITION."""
 
-    def forward(self, *args, **kwargs):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model.register_forward_pre_hook(self._poison, with_kwargs=True)
+
+    @staticmethod
+    def _poison(module, args, kwargs):
         if (kwargs["position_ids"] == POISON_POSITION).any():
             raise RuntimeError(f"poisoned position {POISON_POSITION}")
-        return super().forward(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")
