@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from common.minimind.model import MiniMindArch, build_model
 from launch.batch_engine import BatchEngine, SamplingParams
+from tests.helpers.generation_support import random_prompts, small_random_model
 
 EOS = 2
 PROMPT_LENGTHS = (3, 17, 9, 30, 5, 12, 1, 22)
@@ -19,15 +19,12 @@ PROMPT_LENGTHS = (3, 17, 9, 30, 5, 12, 1, 22)
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return build_model(MiniMindArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2)).eval()
+    return small_random_model()
 
 
 @pytest.fixture(scope="module")
 def prompts():
-    generator = torch.Generator().manual_seed(1)
-    return [torch.randint(3, 6400, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+    return random_prompts(PROMPT_LENGTHS)
 
 
 @pytest.fixture

@@ -9,21 +9,19 @@ import torch
 from common.generation.decode_batch import DecodeBatch
 from common.generation.sampler import TokenSampler
 from common.minimind.model import MiniMindArch, build_model
+from tests.helpers.generation_support import random_prompts, small_random_model
 
 PAD = 0
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return build_model(MiniMindArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2)).eval()
+    return small_random_model()
 
 
 @pytest.fixture(scope="module")
 def prompts():
-    generator = torch.Generator().manual_seed(1)
-    return [torch.randint(3, 6400, (n,), generator=generator).tolist() for n in (3, 17, 9, 30, 1)]
+    return random_prompts((3, 17, 9, 30, 1))
 
 
 def full_forward_logits(model, ids: list[int]) -> torch.Tensor:
