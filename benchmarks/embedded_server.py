@@ -26,7 +26,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 MODELS = {  # name -> (teacher preset giving the architecture, seed)
-    "tiny": ("tiny", 0),
+    "tiny": ("tiny_teacher", 0),
     "768x8": ("agent_768", 1),
 }
 TOPICS = ["tides", "volcanoes", "prime numbers", "the printing press", "photosynthesis", "glaciers",

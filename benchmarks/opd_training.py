@@ -48,6 +48,7 @@ from transformers import DynamicCache
 
 from common.atomic_write import atomic_write_json
 from common.chat_records import AgentRecord
+from common.generation.sampler import TokenSampler
 from common.minimind.model import (
     MiniMindArch,
     build_model,
@@ -64,7 +65,6 @@ from opd.guidance import BehaviourPolicy
 from opd.loss import TargetLogits, distill_loss_step
 from opd.optimization import Optimization
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler
 from standins.scripted_sampler import ScriptedSampler
 from standins.tiny_checkpoints import tiny_arch
 from standins.tokenizer import build_standin_tokenizer

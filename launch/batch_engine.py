@@ -1,10 +1,11 @@
 """Continuous batching for the embedded server: many requests share every forward pass.
 
-One worker thread owns the model. At each step boundary it admits waiting requests (up to
-``max_batch_size`` running, ``max_prefill_tokens`` padded prompt tokens per prefill pass), prefills them
-together, merges them into the running left-padded batch (``PaddedBatch``) and runs one decode step for
-every running sequence. Finished and cancelled sequences leave at the next boundary. Forward passes are
-counted so callers can see the batching happen.
+The generation itself is the shared engine's (``common.generation``: a ``DecodeBatch`` on one carried KV cache, a
+``TokenSampler`` per request); this module adds continuous admission on top. One worker thread owns the model. At
+each step boundary it admits waiting requests (up to ``max_batch_size`` running, ``max_prefill_tokens`` padded
+prompt tokens per prefill pass), prefills them together in a batch of their own, merges it into the running batch
+and runs one decode step for every running sequence. Finished and cancelled sequences leave at the next boundary.
+Forward passes are counted so callers can see the batching happen.
 
 No request can fail the others: a sequence whose sampling fails gets the error and leaves; when a shared
 forward pass fails, every sequence in it is run again on its own (a prefill of its tokens so far, which
@@ -14,6 +15,7 @@ they are submitted (``launch.chat_request``); this is the net for what still goe
 
 from __future__ import annotations
 
+import random
 import threading
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
@@ -21,9 +23,42 @@ from dataclasses import dataclass, field
 
 import torch
 
-from common.minimind.model import cache_keyword
-from launch.padded_batch import PaddedBatch, prefill_inputs
-from launch.sampling import SamplingParams, TokenSampler
+from common.generation.decode_batch import DecodeBatch
+from common.generation.sampler import GREEDY_EPS, Penalties, TokenSampler
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What one request asks of generation (already validated), with vLLM's meanings: temperature below
+    ``GREEDY_EPS`` is greedy; ``top_k`` 0 or -1, ``top_p`` 1 and ``min_p`` 0 are off; ``repetition_penalty`` looks at
+    prompt and output, ``presence_penalty``/``frequency_penalty`` at the output only; a request draws from its own
+    generator, seeded by ``seed`` when given, so a seeded request gives the same tokens whatever shares its batch."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def penalties(self) -> Penalties:
+        return Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+
+    @property
+    def plain_greedy(self) -> bool:
+        """True when the next token is just the argmax (the engine then picks it for the whole batch at once)."""
+        return self.temperature < GREEDY_EPS and not self.penalties.active
+
+    def sampler(self) -> TokenSampler:
+        """A sampler for one request: its own generator, seeded by ``seed`` or at random."""
+        seed = self.seed if self.seed is not None else random.SystemRandom().getrandbits(63)
+        return TokenSampler(self, "cpu", seed)
 
 
 @dataclass(frozen=True)
@@ -75,10 +110,9 @@ class BatchEngine:
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.pad_token_id = pad_token_id
-        self._cache_keyword = cache_keyword(model)
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
-        self._batch = PaddedBatch()
+        self._batch = self._new_batch(0)  # refuses models that are not full-attention
         self._wake = threading.Condition()
         self._stopping = False
         self._stats = EngineStats()
@@ -105,7 +139,7 @@ class BatchEngine:
         max_new = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         if not prompt_ids or max_new < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in {self.max_model_len}")
-        sequence = _Sequence(list(prompt_ids), params, max_new, Future(), TokenSampler(params, list(prompt_ids)))
+        sequence = _Sequence(list(prompt_ids), params, max_new, Future(), params.sampler())
         with self._wake:
             if self._stopping:
                 raise RuntimeError("the server is shutting down")
@@ -139,7 +173,7 @@ class BatchEngine:
                 except Exception as error:  # not one request's fault (e.g. out of memory): fails what runs
                     for sequence in self._running:
                         _fail(sequence.future, error)
-                    self._running, self._batch = [], PaddedBatch()
+                    self._running, self._batch = [], self._new_batch(0)
 
     def _take_admissible(self) -> list[_Sequence]:
         taken: list[_Sequence] = []
@@ -157,10 +191,13 @@ class BatchEngine:
             width = new_width
         return taken
 
-    def _forward(self, inputs: dict, cache) -> torch.Tensor:
-        output = self.model(**inputs, **{self._cache_keyword: cache}, use_cache=True, logits_to_keep=1)
+    def _new_batch(self, rows: int) -> DecodeBatch:
+        return DecodeBatch([self.model], rows, self.pad_token_id)
+
+    def _forward(self, batch: DecodeBatch, feeds: list[list[int]]) -> torch.Tensor:
+        (logits,) = batch.step(feeds)
         self._stats.forward_passes += 1
-        return output.logits[:, -1, :]
+        return logits
 
     def _prefill_isolated(self, group: list[_Sequence]) -> None:
         """Prefill ``group`` together; if that pass fails, each sequence alone (only the failing ones fail)."""
@@ -179,45 +216,43 @@ class BatchEngine:
         try:
             self._decode_step()
         except Exception:
-            running, self._running, self._batch = self._running, [], PaddedBatch()
+            running, self._running, self._batch = self._running, [], self._new_batch(0)
             for sequence in running:
                 self._prefill_isolated([sequence])
 
     def _prefill(self, group: list[_Sequence]) -> None:
         """Run ``group``'s tokens so far (prompt, plus output when recomputing) and pick each next token."""
-        from transformers import DynamicCache
-
-        inputs = prefill_inputs([s.prompt_ids + s.output_ids for s in group], self.pad_token_id)
-        cache = DynamicCache()
-        logits = self._forward(inputs, cache)
+        batch = self._new_batch(len(group))
+        logits = self._forward(batch, [s.prompt_ids + s.output_ids for s in group])
         self._stats.prefill_passes += 1
         self._stats.prompt_tokens += sum(len(s.prompt_ids) for s in group if not s.output_ids)
-        tokens = self._choose(group, logits)
-        self._batch.add(cache, inputs["attention_mask"], tokens)
+        self._choose(group, logits)
+        self._batch.extend(batch)
         self._running.extend(group)
         self._stats.peak_running = max(self._stats.peak_running, len(self._running))
         self._retire_finished()
 
     def _decode_step(self) -> None:
-        logits = self._forward(self._batch.decode_inputs(), self._batch.cache)
+        logits = self._forward(self._batch, [[s.output_ids[-1]] for s in self._running])
         self._stats.decode_passes += 1
-        self._batch.advance(self._choose(self._running, logits))
+        self._choose(self._running, logits)
         self._retire_finished()
 
-    def _choose(self, sequences: list[_Sequence], logits: torch.Tensor) -> torch.Tensor:
-        """Pick every sequence's next token (argmax for the whole batch, samplers where needed); a sampler
+    def _choose(self, sequences: list[_Sequence], logits: torch.Tensor) -> None:
+        """Append every sequence's next token (argmax for the whole batch, samplers where needed); a sampler
         that fails marks its sequence failed (it keeps the argmax so the batch keeps its shape)."""
         tokens = logits.argmax(-1)
         for row, sequence in enumerate(sequences):
-            if not sequence.sampler.plain_greedy:
+            if not sequence.params.plain_greedy:
                 try:
-                    tokens[row] = sequence.sampler.choose(logits[row], sequence.output_ids)
+                    scores = sequence.params.penalties.apply(logits[row:row + 1], sequence.prompt_ids,
+                                                             sequence.output_ids)
+                    tokens[row] = sequence.sampler(scores)[0]
                 except Exception as error:  # this request's sampling only
                     sequence.error = error
         for sequence, token in zip(sequences, tokens.tolist(), strict=True):
             sequence.output_ids.append(token)
         self._stats.generated_tokens += len(sequences)
-        return tokens
 
     def _retire_finished(self) -> None:
         keep = []

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from launch.sampling import SamplingParams
+from launch.batch_engine import SamplingParams
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_DEPTH = 64  # objects/arrays inside each other; real chat requests (tool schemas included) stay far below

@@ -27,10 +27,9 @@ from aiohttp import web
 from jinja2 import TemplateError
 
 from common.entry_help import program_name
-from launch.batch_engine import BatchEngine
+from launch.batch_engine import BatchEngine, SamplingParams
 from launch.chat_reply import REASONING_PARSERS, TOOL_CALL_PARSERS, build_reply
 from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, decode_body, parse_chat_request
-from launch.sampling import SamplingParams
 
 SERVICE_KEY = web.AppKey("chat_service", object)
 MAX_BODY_BYTES = 64 * 1024 * 1024

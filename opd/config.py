@@ -8,7 +8,7 @@ objects, whose ``__post_init__`` checks ranges and choices with that module's he
 (MiniMind-3's, from ``MiniMindArch``) and the sampling keys (null = not set).
 
 Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollout.AgentRollout``, ``sampling`` →
-``opd.sampling.TokenSampler``, ``guidance`` → ``opd.guidance.BehaviourPolicy``, ``loss`` → ``opd.loss.token_divergence``, ``optim`` → ``opd.optimization.Optimization``,
+``common.generation.sampler.TokenSampler``, ``guidance`` → ``opd.guidance.BehaviourPolicy``, ``loss`` → ``opd.loss.token_divergence``, ``optim`` → ``opd.optimization.Optimization``,
 ``logger`` → ``opd.metric_loggers.MetricLoggers``,
 ``teacher``/``student``/``model``/``models.NAME`` (``common.minimind.spec.ModelSpec``) →
 ``common.minimind.model.load_model``.

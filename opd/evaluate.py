@@ -51,7 +51,7 @@ from opd.metric_loggers import MetricLoggers
 from opd.out_dir import checked_run
 from opd.reporting import print_table, progress_bar, require_matplotlib, run_dir_of, show, write_chart
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler, sample_seed
+from opd.sampling import record_sampler, sample_seed
 from opd.scoring import aggregate, expected_outcomes, score_episode
 
 MIB = 1 << 20
@@ -143,8 +143,8 @@ def evaluate_checkpoint(name: str, spec: ModelSpec, cfg: EvalConfig, *, isolated
         for sample in range(cfg.samples_per_prompt):  # a batch never holds one record twice (generators by source)
             for start in range(0, len(records), cfg.batch_size):
                 chunk = records[start:start + cfg.batch_size]
-                sampler = TokenSampler.per_record(cfg.sampling, precision.device,
-                                                  {record.source: sample_seed(seed, record, sample) for record in chunk})
+                sampler = record_sampler(cfg.sampling, precision.device,
+                                         {record.source: sample_seed(seed, record, sample) for record in chunk})
                 batch = AgentRollout(model, chat_format, sampler, cfg.rollout, autocast=precision.autocast).run(chunk)
                 for index, episode in enumerate(batch, start):
                     done[index, sample] = score_episode(episode, chat_format), episode

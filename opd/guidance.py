@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
+from common.generation.sampler import TokenSampler
 from opd.config import GuidanceConfig
-from opd.sampling import TokenSampler, derived_seed
+from opd.sampling import derived_seed
 
 
 def episode_seed(seed: int, step: int, micro_batch: int, position: int) -> int:

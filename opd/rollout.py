@@ -1,19 +1,17 @@
-"""Batched multi-turn tool-use rollouts of a causal LM on one carried KV cache.
+"""Batched multi-turn tool-use rollouts of a causal LM on the shared generation engine.
 
-All episodes of a batch share one KV cache (``opd.decode_cache``: appended in place). Every forward feeds each live row the ids it has not fed
-yet, right-aligned in a ``[rows, width]`` block: a decoding row feeds its last sampled token, a row whose
-turn just ended with tool calls feeds its observation (prefilled onto its own cache, never re-running the
-prefix). Columns a row does not use are holes with attention mask 0, and explicit position ids count only
-a row's real tokens, so every row computes exactly what a forward on its own unpadded sequence computes.
+All episodes of a batch are the rows of one ``common.generation.decode_batch.DecodeBatch``: one carried KV cache,
+every forward feeding each live row the ids it has not fed yet (its last sampled token, or the observation of the
+tools its turn just called, prefilled onto its own cache without re-running the prefix). This module adds the tool
+world on top: when a turn ends with EOS its tool calls run against the record's declared tools and the observation
+joins the episode; limits end episodes; finished rows leave the batch.
 
 A row whose tools ran waits (feeding nothing) while others decode; waiting observations are prefilled
-together once no row is decoding or at least half of the live rows wait. Finished rows leave the cache.
-A prompt prefix every row shares (system prompt, tool list) is prefilled once (``prefill_shared_prefix``).
+together once no row is decoding or at least half of the live rows wait. A prompt prefix every row shares (system
+prompt, tool list) is prefilled once. Logits are fp32 even when the model body runs under bf16/fp16 autocast (the
+log-probabilities kept are those of the loss: ``opd.loss.logits_at_targets``).
 
-The model body may run under bf16/fp16 autocast; the output projection whose logits are sampled from (and
-whose log-probabilities are kept) runs in fp32, as the loss's does (``opd.loss.logits_at_targets``).
-
-A guided rollout (``run(records, policy)``, ``opd.guidance``) runs the frozen teacher in the same loop: every forward
+A guided rollout (``run(records, policy)``, ``opd.guidance``) runs the frozen teacher in the same batch: every forward
 feeds the teacher the same block on a KV cache of its own (shared prefix, observation prefills and finished rows
 leaving included), the policy picks each token from both models' logits, the episode records which model wrote each
 token, and the teacher's fp32 logits at every generated position are kept (``Episode.teacher_logits``) so that the
@@ -29,10 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from common.chat_records import AgentRecord
-from common.minimind.model import cache_keyword, prefill_shared_prefix
+from common.generation.decode_batch import DecodeBatch
 from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig
-from opd.decode_cache import decode_cache
 from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn, shared_prefix_length
 from opd.guidance import BehaviourPolicy
 from tools.tool_calls import split_tool_calls
@@ -45,7 +42,6 @@ Sampler = Callable[[torch.Tensor, list[Episode]], torch.Tensor]
 class _Row:
     episode: Episode
     index: int  # the record's position in the rollout call
-    fed: int = 0  # ids already in the KV cache
     pending: list[int] | None = None  # observation ids waiting to be prefilled
     teacher_turn: bool = False  # a guided rollout's current turn is the teacher's
     teacher_logits: list[torch.Tensor] | None = None  # a guided rollout's teacher logits, one per generated id
@@ -53,12 +49,6 @@ class _Row:
     @property
     def done(self) -> bool:
         return self.episode.stop_reason is not None
-
-
-def fp32_output_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """The model's output projection of ``hidden`` in fp32, outside any autocast region."""
-    with torch.autocast(hidden.device.type, enabled=False):
-        return model.lm_head(hidden.float())
 
 
 class AgentRollout:
@@ -107,37 +97,20 @@ class AgentRollout:
 
     def _decode(self, live: list[_Row], models: list[torch.nn.Module], policy: BehaviourPolicy | None) -> None:
         """The batched decode loop; ``models`` is the student, then (guided) the teacher, each on its own cache."""
-        device = next(self.model.parameters()).device
+        batch = DecodeBatch(models, len(live), self.chat_format.pad_token_id)
         prefix = shared_prefix_length([row.episode for row in live])
-        caches = [decode_cache(model.config) for model in models]
-        keywords = [cache_keyword(model.model) for model in models]
         if prefix:
-            for model, cache in zip(models, caches, strict=True):
-                prefill_shared_prefix(model, live[0].episode.ids[:prefix], len(live), cache)
-            for row in live:
-                row.fed = prefix
-        attention = torch.ones((len(live), prefix), dtype=torch.long, device=device)
+            batch.prefill_shared_prefix(live[0].episode.ids[:prefix])
         while live:
             waiting = [row for row in live if row.pending is not None]
             if waiting and 2 * len(waiting) >= len(live):
                 for row in waiting:
                     self._release(row)
                     self._start_turn(row, policy)
-            feeds = [row.episode.ids[row.fed:] if row.pending is None else [] for row in live]
-            width = max(len(feed) for feed in feeds)
-            block_ids, block_mask, positions = [], [], []
-            for row, feed in zip(live, feeds, strict=True):
-                holes = width - len(feed)
-                block_ids.append([self.chat_format.pad_token_id] * holes + feed)
-                block_mask.append([0] * holes + [1] * len(feed))
-                positions.append([row.fed] * holes + list(range(row.fed, row.fed + len(feed))))
-            attention = torch.cat([attention, torch.tensor(block_mask, device=device)], dim=1)
-            block = {"input_ids": torch.tensor(block_ids, device=device), "attention_mask": attention,
-                     "position_ids": torch.tensor(positions, device=device), "use_cache": True}
+            feeds = [row.episode.ids[fed:] if row.pending is None else [] for row, fed in zip(live, batch.lengths,
+                                                                                              strict=True)]
+            student_logits, *teacher = batch.step(feeds)
             fed_rows = [index for index, feed in enumerate(feeds) if feed]
-            student_logits, *teacher = [fp32_output_logits(model, model.model(
-                **block, **{keyword: cache}).last_hidden_state[:, -1])[fed_rows]
-                for model, cache, keyword in zip(models, caches, keywords, strict=True)]
             episodes = [live[index].episode for index in fed_rows]
             if policy:
                 teacher_logits = teacher[0]
@@ -149,17 +122,12 @@ class AgentRollout:
             logprobs = torch.log_softmax(student_logits, dim=-1).gather(1, tokens[:, None])[:, 0]
             for n, (index, token, logprob) in enumerate(zip(fed_rows, tokens.tolist(), logprobs.tolist(), strict=True)):
                 row = live[index]
-                row.fed += len(feeds[index])
                 if policy:
                     row.teacher_logits.append(teacher_logits[n])
                 self._append(row, token, logprob, by_teacher[n])
             keep = [index for index, row in enumerate(live) if not row.done]
-            if len(keep) < len(live):
-                if keep:
-                    for cache in caches:
-                        cache.batch_select_indices(torch.tensor(keep, device=device))
-                    attention = attention[keep]
-                live = [live[index] for index in keep]
+            batch.keep(keep)
+            live = [live[index] for index in keep]
 
     def _append(self, row: _Row, token: int, logprob: float, by_teacher: bool) -> None:
         episode, limits = row.episode, self.limits

@@ -1,11 +1,9 @@
-"""Choosing the next token of each rollout row: seeded temperature / top-k / top-p / min-p sampling.
+"""The seeds of opd's sampling, and samplers whose rows are episodes.
 
-``TokenSampler`` samples the batch from one seeded ``torch.Generator`` (the training rollout), or each row
-from its own record's generator (``TokenSampler.per_record``: cached teacher rollouts, whose episodes must
-not depend on which records shared a batch; evaluation's k samples of a prompt, each seeded by ``sample_seed``). The
-embedded server has its own per-request sampler
-(``launch/sampling.py``): it follows vLLM's request semantics row by row (penalties, per-request seeds),
-which a training rollout does not need.
+The sampler itself is the shared one (``common.generation.sampler.TokenSampler``): the training rollout draws the
+batch from one generator seeded by the run (``TokenSampler(settings, device, seed)``); cached teacher rollouts and
+evaluation's k samples of a prompt draw each episode from its record's own generator (``record_sampler``), so that
+an episode depends on neither which records shared its batch nor their order.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from collections.abc import Mapping
 import torch
 
 from common.chat_records import AgentRecord
-from opd.config import SamplingConfig
+from common.generation.sampler import SamplingSettings, TokenSampler
 from opd.episodes import Episode
 
 
@@ -38,53 +36,10 @@ def sample_seed(seed: int, record: AgentRecord, sample: int) -> int:
     return derived_seed(seed, prompt_key(record), sample)
 
 
-class TokenSampler:
-    """Samples one token per row from filtered softmax probabilities (temperature 0: argmax)."""
+def _record_source(episode: Episode) -> str:
+    return episode.record.source
 
-    def __init__(self, settings: SamplingConfig, device: torch.device | str, seed: int) -> None:
-        """``seed`` seeds the generator (callers resolve it: ``settings.seed_or(run_seed)``)."""
-        self.settings = settings
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
-        self.record_generators: dict[str, torch.Generator] | None = None
 
-    @classmethod
-    def per_record(cls, settings: SamplingConfig, device: torch.device | str, seeds: Mapping[str, int]) -> TokenSampler:
-        """A sampler whose row for record ``source`` draws from a generator seeded with ``seeds[source]``."""
-        sampler = cls(settings, device, 0)
-        sampler.record_generators = {source: torch.Generator(device=device).manual_seed(seed)
-                                     for source, seed in seeds.items()}
-        return sampler
-
-    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distribution sampled from, ``[rows, vocab]`` fp32 (unnormalized after top-p / min-p cuts)."""
-        s = self.settings
-        scaled = logits.float() / s.temperature
-        if 0 < s.top_k < scaled.shape[-1]:
-            kth = torch.topk(scaled, s.top_k, dim=-1).values[:, -1:]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        if s.top_p < 1:
-            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-            mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-            sorted_probs = sorted_probs.masked_fill(mass_before >= s.top_p, 0.0)
-            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-        if s.min_p > 0:
-            probs = probs.masked_fill(probs < s.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-        return probs
-
-    def __call__(self, logits: torch.Tensor, episodes: list[Episode]) -> torch.Tensor:
-        if self.settings.temperature == 0:
-            return logits.argmax(dim=-1)
-        probabilities = self.probabilities(logits)
-        if self.record_generators is None:
-            return torch.multinomial(probabilities, 1, generator=self.generator).squeeze(1)
-        return torch.cat([torch.multinomial(probabilities[row:row + 1], 1,
-                                            generator=self.record_generators[episode.record.source])[0]
-                          for row, episode in enumerate(episodes)])
-
-    def get_state(self) -> torch.Tensor:
-        return self.generator.get_state()
-
-    def set_state(self, state: torch.Tensor) -> None:
-        self.generator.set_state(state)
+def record_sampler(settings: SamplingSettings, device: torch.device | str, seeds: Mapping[str, int]) -> TokenSampler:
+    """A sampler whose row for the episode of record ``source`` draws from a generator seeded with ``seeds[source]``."""
+    return TokenSampler.per_row(settings, device, seeds, key=_record_source)

@@ -29,7 +29,7 @@ from opd.config import OPDConfig, RolloutConfig, SamplingConfig
 from opd.distributed import Ranks
 from opd.episodes import STOP_REASONS, Episode, Turn
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler, derived_seed
+from opd.sampling import derived_seed, record_sampler
 from tools.tool_environment import CallOutcome
 
 CACHE_FORMAT = "opd-teacher-rollouts/1"
@@ -122,7 +122,7 @@ def teacher_episodes(cache: TeacherRolloutCache, records: list[AgentRecord], nee
         task = progress.add_task("rollouts", total=len(missing))
         for start in range(0, len(missing), batch_size):
             chunk = missing[start:start + batch_size]
-            sampler = TokenSampler.per_record(sampling, device, {records[i].source: derived_seed(base_seed, i) for i in chunk})
+            sampler = record_sampler(sampling, device, {records[i].source: derived_seed(base_seed, i) for i in chunk})
             rolled = AgentRollout(teacher, chat_format, sampler, limits, autocast=autocast, teacher_model=True).run(
                 [records[i] for i in chunk])
             cache.append(list(zip(chunk, rolled, strict=True)))

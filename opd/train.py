@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from common.chat_records import AgentRecord
+from common.generation.sampler import TokenSampler
 from common.package_files import CONFIG_DIR
 from opd.chat_format import ChatFormat
 from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
@@ -34,7 +35,6 @@ from opd.loss import distill_loss_step
 from opd.model_loading import load_student_and_teacher
 from opd.out_dir import checked_run
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler
 from opd.teacher_rollouts import cached_teacher_episodes
 from opd.training_loop import Recipe, TrainingRun
 

@@ -33,7 +33,7 @@ from experiments.study.divergence import model_spec
 from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig, SamplingConfig
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler, sample_seed
+from opd.sampling import record_sampler, sample_seed
 from opd.scoring import BROKEN_JSON, CALL_ERRORS, score_episode
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import execute_call
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         limits = RolloutConfig(budget, args.max_gen_len, args.max_total_len, False)
         for start in range(0, len(prefixes), args.batch_size):
             chunk = prefixes[start:start + args.batch_size]
-            sampler = TokenSampler.per_record(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, _ in chunk})
+            sampler = record_sampler(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, _ in chunk})
             episodes = AgentRollout(model, chat_format, sampler, limits).run([record for record, _ in chunk])
             for episode, (_, kind) in zip(episodes, chunk, strict=True):
                 continued[kind] += 1

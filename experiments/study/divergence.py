@@ -22,6 +22,7 @@ import torch
 
 from common.atomic_write import atomic_write_json
 from common.chat_records import load_agent_records
+from common.generation.sampler import TokenSampler
 from common.minimind.model import load_model
 from common.minimind.spec import ModelSpec
 from opd.chat_format import ChatFormat
@@ -29,7 +30,6 @@ from opd.config import LossConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes, shared_prefix_length
 from opd.loss import logits_at_targets, token_divergence
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler
 
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 BATCH = 16

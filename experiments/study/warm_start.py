@@ -25,12 +25,12 @@ import torch
 
 from common.atomic_write import atomic_write_json
 from common.chat_records import load_agent_records
+from common.generation.sampler import TokenSampler
 from common.minimind.model import load_model
 from experiments.study.divergence import model_spec
 from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig, SamplingConfig
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler
 from opd.scoring import score_episode
 
 BATCH = 64

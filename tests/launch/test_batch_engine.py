@@ -10,10 +10,8 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from common.minimind.model import build_model
-from common.minimind.spec import MiniMindArch
-from launch.batch_engine import BatchEngine
-from launch.sampling import SamplingParams
+from launch.batch_engine import BatchEngine, SamplingParams
+from tests.helpers.generation_support import random_prompts, small_random_model
 
 EOS = 2
 PROMPT_LENGTHS = (3, 17, 9, 30, 5, 12, 1, 22)
@@ -21,15 +19,12 @@ PROMPT_LENGTHS = (3, 17, 9, 30, 5, 12, 1, 22)
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return build_model(MiniMindArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2)).eval()
+    return small_random_model()
 
 
 @pytest.fixture(scope="module")
 def prompts():
-    generator = torch.Generator().manual_seed(1)
-    return [torch.randint(3, 6400, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+    return random_prompts(PROMPT_LENGTHS)
 
 
 @pytest.fixture
@@ -187,12 +182,16 @@ POISON_POSITION = 100  # beyond every clean prompt + 12 tokens
 
 
 class PoisonedAtPosition(Qwen3ForCausalLM):
-    """A real (random) Qwen3 whose forward fails whenever any row reaches position POISON_POSITION."""
+    """A real (random) Qwen3 whose body fails whenever any row reaches position POISON_POSITION."""
 
-    def forward(self, *args, **kwargs):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model.register_forward_pre_hook(self._poison, with_kwargs=True)
+
+    @staticmethod
+    def _poison(module, args, kwargs):
         if (kwargs["position_ids"] == POISON_POSITION).any():
             raise RuntimeError(f"poisoned position {POISON_POSITION}")
-        return super().forward(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -30,19 +30,28 @@ USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 class ScriptedQwen3(Qwen3ForCausalLM):
     """A real (random) Qwen3 whose next tokens are forced: after a prompt of ``script_start`` tokens, the
-    k-th generated token is ``script[k]``; past the script the model's own logits decide."""
+    k-th generated token is ``script[k]``; past the script the model's own logits decide. The engine runs the body
+    (``model.model``, whose position ids say where each row is) and then the output projection, whose logits are
+    forced."""
 
     script_start: int = 0
     script: list[int] = []
 
-    def forward(self, *args, **kwargs):
-        output = super().forward(*args, **kwargs)
-        for row, position in enumerate(kwargs["position_ids"][:, -1].tolist()):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model.register_forward_pre_hook(self._note_positions, with_kwargs=True)
+        self.lm_head.register_forward_hook(self._force)
+
+    def _note_positions(self, module, args, kwargs):
+        self.positions = kwargs["position_ids"][:, -1].tolist()
+
+    def _force(self, module, args, logits):
+        for row, position in enumerate(self.positions):
             k = position + 1 - self.script_start
             if 0 <= k < len(self.script):
-                output.logits[row, -1] = float("-inf")
-                output.logits[row, -1, self.script[k]] = 0.0
-        return output
+                logits[row] = float("-inf")
+                logits[row, self.script[k]] = 0.0
+        return logits
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from common.config_schema import ConfigError
+from common.generation.sampler import TokenSampler
 from opd.chat_format import ChatFormat
 from opd.config import GuidanceConfig, RolloutConfig, SamplingConfig
 from opd.episodes import pack_episodes
 from opd.guidance import BehaviourPolicy, Guide, episode_seed, turn_share_at
 from opd.loss import logits_at_targets
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler
 from standins.scripted_sampler import ScriptedSampler
 from tests.helpers.opd_support import TINY_TEACHER, agent_record, call_text, encode, tiny_model
 

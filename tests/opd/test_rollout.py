@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from common.generation.sampler import TokenSampler
 from opd.chat_format import ChatFormat, PromptTooLongError
 from opd.config import RolloutConfig, SamplingConfig
 from opd.episodes import (
@@ -20,7 +21,6 @@ from opd.episodes import (
     shared_prefix_length,
 )
 from opd.rollout import AgentRollout
-from opd.sampling import TokenSampler
 from standins.scripted_sampler import ScriptedSampler
 from tests.helpers.opd_support import agent_record, call_text, encode, observation_text, tiny_model
 

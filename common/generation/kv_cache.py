@@ -4,7 +4,9 @@ transformers' ``DynamicLayer`` grows by ``torch.cat``, copying a layer's whole c
 CPU that copy was the largest single cost of a rollout (36% of decode time for 25 rows). ``GrowingKVLayer``
 keeps keys and values in a buffer with spare capacity (doubled when full) and hands attention a view of the
 filled part, so a step copies only its new columns. It holds the same values as a ``DynamicLayer``, so the
-attention it feeds computes the same numbers.
+attention it feeds computes the same numbers. Rows leave (``batch_select_indices``), columns that no row uses any
+more are cut from the left (``drop_leading_columns``), and another batch's rows join right-aligned
+(``extend_rows``): what ``common.generation.decode_batch.DecodeBatch`` does to its rows.
 
 For decoding without autograd only: a later step writes into the buffer that earlier steps' views read, which
 autograd would reject. Training forwards (``opd.loss``) keep the ``DynamicCache`` they build.
@@ -66,6 +68,32 @@ class GrowingKVLayer(DynamicLayer):
             self._key_buffer = self._key_buffer[indices]
             self._value_buffer = self._value_buffer[indices]
             self._expose()
+
+    def drop_leading_columns(self, columns: int) -> None:
+        """Forget the first ``columns`` columns of every row (the rest keep their values)."""
+        if columns:
+            self._key_buffer = self._key_buffer[..., columns:, :]
+            self._value_buffer = self._value_buffer[..., columns:, :]
+            self.length -= columns
+            self._expose()
+
+    def extend_rows(self, other: GrowingKVLayer) -> None:
+        """Append ``other``'s rows below these, right-aligned: the side with fewer columns gets zero columns on its
+        left (the attention mask must hide them)."""
+        width = max(self.length, other.length)
+        capacity = max(2 * width, MIN_CAPACITY)
+
+        def stacked(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+            rows = mine.shape[0]
+            fresh = mine.new_zeros((rows + theirs.shape[0], *mine.shape[1:-2], capacity, mine.shape[-1]))
+            fresh[:rows, ..., width - self.length:width, :] = mine[..., :self.length, :]
+            fresh[rows:, ..., width - other.length:width, :] = theirs[..., :other.length, :]
+            return fresh
+
+        self._key_buffer = stacked(self._key_buffer, other._key_buffer)
+        self._value_buffer = stacked(self._value_buffer, other._value_buffer)
+        self.length = width
+        self._expose()
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("GrowingKVLayer is for forward-only decoding; it is never cropped")

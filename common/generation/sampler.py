@@ -1,0 +1,118 @@
+"""Choosing each row's next token: temperature / top-k / top-p / min-p sampling from seeded generators.
+
+``TokenSampler`` draws every row from one seeded ``torch.Generator`` (opd's training rollout, whose generator state
+a resume file keeps), or each row from a generator of its own (``TokenSampler.per_row``; the embedded server's
+requests, opd's cached teacher rollouts and evaluation samples), so that a row's tokens do not depend on which rows
+share its batch. A temperature below ``GREEDY_EPS`` is greedy (argmax; vLLM's threshold); ``top_k`` 0 or -1,
+``top_p`` 1 and ``min_p`` 0 are off. ``Penalties`` are the embedded server's repetition / presence / frequency
+penalties (vLLM's meanings), applied to a row's logits before it is sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+GREEDY_EPS = 1e-5  # vLLM's threshold: a smaller temperature means greedy decoding
+
+
+class SamplingSettings(Protocol):
+    """What a ``TokenSampler`` reads from its settings (opd's ``SamplingConfig``, the server's ``SamplingParams``)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+
+
+class TokenSampler:
+    """Samples one token per row from filtered softmax probabilities (a temperature below ``GREEDY_EPS``: argmax).
+
+    ``TokenSampler(settings, device, seed)`` draws the whole batch from one generator seeded with ``seed``;
+    ``per_row`` gives each row a generator of its own.
+    """
+
+    def __init__(self, settings: SamplingSettings, device: torch.device | str, seed: int) -> None:
+        self.settings = settings
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.row_generators: Mapping[Hashable, torch.Generator] | None = None
+        self.row_key: Callable[[object], Hashable] = lambda row: row
+
+    @classmethod
+    def per_row(cls, settings: SamplingSettings, device: torch.device | str, seeds: Mapping[Hashable, int],
+                key: Callable[[object], Hashable] = lambda row: row) -> TokenSampler:
+        """A sampler whose row ``row`` (what a call names it by) draws from a generator seeded with
+        ``seeds[key(row)]``."""
+        sampler = cls(settings, device, 0)
+        sampler.row_generators = {name: torch.Generator(device=device).manual_seed(seed) for name, seed in seeds.items()}
+        sampler.row_key = key
+        return sampler
+
+    @property
+    def greedy(self) -> bool:
+        return self.settings.temperature < GREEDY_EPS
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution sampled from, ``[rows, vocab]`` fp32 (unnormalized after top-p / min-p cuts)."""
+        s = self.settings
+        scaled = logits.float() / s.temperature
+        if 0 < s.top_k < scaled.shape[-1]:
+            kth = torch.topk(scaled, s.top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if s.top_p < 1:
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+            mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+            sorted_probs = sorted_probs.masked_fill(mass_before >= s.top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        if s.min_p > 0:
+            probs = probs.masked_fill(probs < s.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        return probs
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence = ()) -> torch.Tensor:
+        """The next token of each row of ``logits`` (``[rows, vocab]``); ``rows`` names the rows for ``per_row``."""
+        if self.greedy:
+            return logits.argmax(dim=-1)
+        probabilities = self.probabilities(logits)
+        if self.row_generators is None:
+            return torch.multinomial(probabilities, 1, generator=self.generator).squeeze(1)
+        return torch.cat([torch.multinomial(probabilities[index:index + 1], 1,
+                                            generator=self.row_generators[self.row_key(row)])[0]
+                          for index, row in enumerate(rows)])
+
+    def get_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """vLLM's penalties: ``repetition`` scales the logits of every id seen (prompt and output; a positive logit is
+    divided, a negative one multiplied), ``presence`` and ``frequency`` subtract for ids in the output (once; per
+    occurrence)."""
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+
+    def apply(self, logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+        """One row's fp32 ``[1, vocab]`` logits with the penalties applied (a new tensor)."""
+        vocab = logits.shape[-1]
+        if (self.presence or self.frequency) and output_ids:
+            counts = torch.bincount(torch.tensor(output_ids), minlength=vocab)[:vocab].to(logits.device)
+            logits = logits - self.frequency * counts - self.presence * (counts > 0)
+        if self.repetition != 1.0:
+            seen = torch.tensor([prompt_ids + output_ids], dtype=torch.long, device=logits.device)
+            scores = logits.gather(1, seen)
+            scores = torch.where(scores < 0, scores * self.repetition, scores / self.repetition)
+            logits = logits.scatter(1, seen, scores)
+        return logits
