@@ -1,5 +1,6 @@
-"""The layout: product packages import only product code, regen and launch nothing of opd, and no module shadows
-another when a script runs from its folder (`python regen/main.py` puts regen/ first on sys.path)."""
+"""The layout: product packages import only product code, regen and launch nothing of opd, each package's README
+opens with a map of its modules, and no module shadows another when a script runs from its folder
+(`python regen/main.py` puts regen/ first on sys.path)."""
 
 from __future__ import annotations
 
@@ -55,17 +56,24 @@ def test_no_module_shadows_stdlib_or_dependencies():
     assert not clashes, f"these would shadow an importable module when a script runs from its folder: {clashes}"
 
 
-def test_regen_readme_opens_with_a_map_of_every_file_and_each_part_says_its_role():
-    """regen/README.md's first section is a table naming each module of regen/ once (relative to regen/), and only
-    modules that exist; each sub-package's ``__init__.py`` is its role in one line."""
-    regen = REPO_ROOT / "regen"
-    readme = (regen / "README.md").read_text()
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_readme_opens_with_a_map_of_every_module(package):
+    """A product package's README.md opens with a section "Where things are" whose table names each of its modules
+    once (relative to the package; a row may name several, comma-separated), and only modules that exist."""
+    root = REPO_ROOT / package
+    readme = (root / "README.md").read_text()
     first_section = readme.split("\n## ", 2)[1]
-    assert first_section.startswith("Where things are")
+    assert first_section.startswith("Where things are"), package
     mapped = [cell.strip("`") for line in first_section.splitlines() if line.startswith("| `")
               for cell in line.split(" | ")[0][2:].split(", ")]
-    modules = sorted(str(path.relative_to(regen)) for path in regen.rglob("*.py") if path.name != "__init__.py")
+    modules = sorted(str(path.relative_to(root)) for path in root.rglob("*.py") if path.name != "__init__.py")
     assert sorted(name for name in mapped if name.endswith(".py")) == modules
+
+
+def test_each_part_of_regen_says_its_role_in_one_line():
+    """Each sub-package of regen/ has a bold row in the map and an ``__init__.py`` that is its role in one line."""
+    regen = REPO_ROOT / "regen"
+    first_section = (regen / "README.md").read_text().split("\n## ", 2)[1]
     for part in (path.parent for path in regen.glob("*/__init__.py")):
         role = ast.get_docstring(ast.parse((part / "__init__.py").read_text()))
         assert role and "\n" not in role, part.name
