@@ -24,16 +24,23 @@ substring of the answer, and the bare "1" would be found in "The result is 11.".
 
 Noise-injected demonstrations (DART: the robust teacher and the ``kd_dart`` arm) hold the errors a student makes,
 each followed by the recovery. Before each call, with probability ``value_noise``, a *confused* call is written first:
-one number replaced, either the input value (another of 0..19: a misread observation) or k (another k of the
-operation: a misread question), drawn half and half, always with a result other than the correct one; it runs, and its
-real observation follows. Then, with probability ``syntax_noise`` instead, a *corrupted* call: its expression cut
-before the modulus, ``"(v op k) %"``, or missing its closing parenthesis, ``"(v op k % 20"``: both invalid, so
-MiniMind's tool world answers ``{"error": "unknown tool or invalid arguments"}``. Either way the correct call follows:
-the step again from the last correct value, so a wrong value is visible (the call's expression sits in the context
-beside the question and the previous observation) and fixable (a retry from the last correct value is the right
-move), and every episode still has H correct calls. The noise turn has ``"weight": 0``: it is context, never a
-target (``opd.demonstrations``), and the retry is learned. Broken JSON is not injected: MiniMind's tool world gives it
-no observation and the episode ends there, so there is nothing to recover in a demonstration.
+one number replaced, either k (another k of the operation: a misread question) with probability ``operand_share``,
+or else the input value (another of 0..19: a misread start or observation), always with a result other than the
+correct one; it runs, and its real observation follows. Then, with probability ``syntax_noise`` instead, a
+*corrupted* call: its expression cut before the modulus, ``"(v op k) %"``, or missing its closing parenthesis,
+``"(v op k % 20"``: both invalid, so MiniMind's tool world answers ``{"error": "unknown tool or invalid arguments"}``.
+The three rates are set from the warm students' own errors at temperature 1
+(``experiments.study.gates.student_error_rates``): almost all of their wrong values copy a wrong input.
+
+Either way the correct call follows: the step again from the last correct value, so a wrong value is visible (the
+call's expression sits in the context beside the question and the previous observation) and fixable (a retry from
+the last correct value is the right move), and every episode still has H correct calls. The noise turn has
+``"weight": 0``: it is context, never a target (``opd.demonstrations``); the retry is learned. The retry turn says
+so before its call (``RETRY_NOTE``, as an agent states what it noticed): noticing the wrong value and choosing which
+observation to copy are then decisions at two different tokens. A bare retry asks both of one token, which the
+pilot's 2-layer teacher did not learn (``experiments/study/README.md``, "Pilot"). Broken JSON is not injected:
+MiniMind's tool world gives it no observation and the episode ends there, so there is nothing to recover in a
+demonstration.
 
 Splits are disjoint by triple: a fixed hash of the triple (seed independent) puts it in ``heldout`` (below
 ``heldout_share``), ``distill`` (below ``heldout_share + distill_share``) or ``train``, with all its horizons. The
@@ -63,7 +70,7 @@ NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 
 OPERATIONS = {"+": ("Add", tuple(range(1, 10))), "-": ("Subtract", tuple(range(1, 10))), "*": ("Multiply by", (3, 7, 9))}
 SPLITS = ("train", "distill", "heldout")
 CORRUPTIONS = ("truncated", "unbalanced")
-CONFUSIONS = ("input", "operand")  # which number of a confused call is wrong
+RETRY_NOTE = "That call was wrong; redoing the step."  # the content of a retry turn, before its call
 
 
 def all_triples() -> list[tuple[int, str, int]]:
@@ -95,12 +102,12 @@ def corrupted(value: int, op: str, k: int, kind: str) -> str:
     return f"({value} {op} {k}) %" if kind == "truncated" else f"({value} {op} {k} % {MODULUS}"
 
 
-def confused(value: int, op: str, k: int, rng: random.Random) -> str:
-    """A valid expression for the same step with one number wrong (see the module doc); its result is never the
-    correct one."""
+def confused(value: int, op: str, k: int, rng: random.Random, operand_share: float) -> str:
+    """A valid expression for the same step with one number wrong, k with probability ``operand_share``, else the
+    input value (see the module doc); its result is never the correct one."""
     ks = OPERATIONS[op][1]
     while True:
-        if rng.choice(CONFUSIONS) == "input":
+        if rng.random() >= operand_share:
             wrong_value, wrong_k = rng.choice([v for v in range(MODULUS) if v != value]), k
         elif len(ks) > 1:
             wrong_value, wrong_k = value, rng.choice([other for other in ks if other != k])
@@ -110,8 +117,8 @@ def confused(value: int, op: str, k: int, rng: random.Random) -> str:
             return expression(wrong_value, op, wrong_k)
 
 
-def _call_turn(text: str, *, weight: int | None = None) -> dict:
-    turn = {"role": "assistant", "content": "",
+def _call_turn(text: str, *, weight: int | None = None, note: str = "") -> dict:
+    turn = {"role": "assistant", "content": note,
             "tool_calls": [{"type": "function", "function": {"name": "calculate_math", "arguments": {"expression": text}}}]}
     if weight is not None:
         turn["weight"] = weight
@@ -124,30 +131,33 @@ def _observe(text: str) -> tuple[str, dict | None]:
 
 
 def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.0, syntax_noise: float = 0.0,
-          rng: random.Random | None = None) -> tuple[list[dict], str, dict[str, int]]:
+          operand_share: float = 0.0, rng: random.Random | None = None) -> tuple[list[dict], str, dict[str, int]]:
     """The demonstration's turns after the prompt, the final answer's ``gt`` and the noise calls injected by kind
     (``confused``, ``corrupted``).
 
     Observations are exactly what the rollout's tool world returns; a noise call (probability ``value_noise`` a
     confused one, ``syntax_noise`` a corrupted one, per call, drawn from ``rng``) comes first, with weight 0, then its
-    observation, then the correct call from the last correct value.
+    observation, then the retry: ``RETRY_NOTE`` and the correct call from the last correct value.
     """
     value, (_, op, k), turns = triple[0], triple, []
     noise = {"confused": 0, "corrupted": 0}
     for _ in range(horizon):
         draw = rng.random() if value_noise or syntax_noise else 1.0
+        note = ""
         if draw < value_noise + syntax_noise:
             kind = "confused" if draw < value_noise else "corrupted"
-            wrong = confused(value, op, k, rng) if kind == "confused" else corrupted(value, op, k, rng.choice(CORRUPTIONS))
+            wrong = (confused(value, op, k, rng, operand_share) if kind == "confused"
+                     else corrupted(value, op, k, rng.choice(CORRUPTIONS)))
             observation, result = _observe(wrong)
             if (result is None) != (kind == "corrupted"):
                 raise RuntimeError(f"the tool world answered the {kind} call {wrong!r} with {observation}")
             turns += [_call_turn(wrong, weight=0), {"role": "tool", "content": observation}]
             noise[kind] += 1
+            note = RETRY_NOTE
         observation, result = _observe(expression(value, op, k))
         if result is None or int(result["result"]) != _step(value, op, k):
             raise RuntimeError(f"the tool world did not compute {expression(value, op, k)!r}: {observation}")
-        turns += [_call_turn(expression(value, op, k)), {"role": "tool", "content": observation}]
+        turns += [_call_turn(expression(value, op, k), note=note), {"role": "tool", "content": observation}]
         value = _step(value, op, k)
     turns.append({"role": "assistant", "content": f"The result is {value}."})
     return turns, str(value), noise
@@ -158,11 +168,12 @@ def _step(value: int, op: str, k: int) -> int:
 
 
 def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bool, value_noise: float = 0.0,
-                syntax_noise: float = 0.0, rng: random.Random | None = None) -> dict:
+                syntax_noise: float = 0.0, operand_share: float = 0.0, rng: random.Random | None = None) -> dict:
     """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, then the turns (a
     demonstration) or the gold calls as ``expected_calls`` (a prompt: the evaluation classifies every call against
     them, ``opd.scoring``)."""
-    turns, gt, noise = solve(triple, horizon, value_noise=value_noise, syntax_noise=syntax_noise, rng=rng)
+    turns, gt, noise = solve(triple, horizon, value_noise=value_noise, syntax_noise=syntax_noise,
+                             operand_share=operand_share, rng=rng)
     conversation = [{"role": "system", "content": SYSTEM_PROMPT, "tools": json.dumps(tool_schemas(list(TOOLS)))},
                     {"role": "user", "content": question(triple, horizon)}]
     row = {"conversations": conversation + (turns if demonstration else []), "gt": [f"result is {gt}."],
@@ -192,7 +203,8 @@ PARTS = ("task", "noisy")  # what write_task writes: the task's files, or the no
 
 def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, horizons: tuple[int, ...] = HORIZONS,
                warm_horizons: tuple[int, ...] = (1,), part: str = "task", value_noise: float = 0.2,
-               syntax_noise: float = 0.05, heldout_share: float = 0.4, distill_share: float = 0.2) -> dict:
+               syntax_noise: float = 0.05, operand_share: float = 0.05, heldout_share: float = 0.4,
+               distill_share: float = 0.2) -> dict:
     """Write one ``part`` of the task into ``out_dir`` (listed in the summary it returns and writes,
     ``{part}_summary.json``).
 
@@ -210,6 +222,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     if not (0 <= value_noise and 0 <= syntax_noise and value_noise + syntax_noise < 1):
         raise ValueError(f"value_noise >= 0, syntax_noise >= 0 and their sum < 1 are required, got {value_noise} and "
                          f"{syntax_noise}")
+    if not 0 <= operand_share <= 1:
+        raise ValueError(f"operand_share must be in [0, 1], got {operand_share}")
     if not warm_horizons or not set(warm_horizons) <= set(horizons):
         raise ValueError(f"warm horizons must be among the horizons {list(horizons)}, got {list(warm_horizons)}")
     out, rng, noise_rng = Path(out_dir), random.Random(seed), random.Random(f"noise-{seed}")
@@ -231,7 +245,7 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         if part == "noisy":
             write(f"{split}_noisy_demonstrations", [
                 make_record(t, h, demonstration=True, value_noise=value_noise, syntax_noise=syntax_noise,
-                            rng=noise_rng) for t, h in drawn])
+                            operand_share=operand_share, rng=noise_rng) for t, h in drawn])
             continue
         gold = [make_record(t, h, demonstration=True) for t, h in drawn]
         write(f"{split}_demonstrations", gold)
@@ -243,7 +257,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     if part == "task":
         write("heldout_prompts", [make_record(t, h, demonstration=False) for t, h in heldout])
     summary = {"part": part, "seed": seed, "horizons": list(horizons), "warm_horizons": list(warm_horizons),
-               **({"value_noise": value_noise, "syntax_noise": syntax_noise} if part == "noisy" else {}),
+               **({"value_noise": value_noise, "syntax_noise": syntax_noise, "operand_share": operand_share}
+                  if part == "noisy" else {}),
                "heldout_share": heldout_share, "distill_share": distill_share, "modulus": MODULUS,
                "tools": list(TOOLS), "triples": {split: len(found) for split, found in triples.items()},
                "records": {"train": train * len(horizons), "distill": distill * len(horizons),
@@ -265,11 +280,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="noisy files: probability of a confused call (one number wrong) before each call")
     parser.add_argument("--syntax-noise", type=float, default=0.05,
                         help="noisy files: probability of a corrupted call (an invalid expression) before each call")
+    parser.add_argument("--operand-share", type=float, default=0.05,
+                        help="noisy files: of the confused calls, the share with k wrong (else the input value)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         summary = write_task(args.out, train=args.train, distill=args.distill, seed=args.seed, part=args.part,
                              value_noise=args.value_noise, syntax_noise=args.syntax_noise,
+                             operand_share=args.operand_share,
                              horizons=tuple(int(h) for h in args.horizons.split(",")),
                              warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:

@@ -30,13 +30,14 @@ TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "warm_demons
 
 @dataclass
 class ChainData:
-    """``data``: the chain task's seed, records per horizon and split, and the noise rates of the noisy files."""
+    """``data``: the chain task's seed, records per horizon and split, and the noise of the noisy files."""
 
     seed: int
     train: int
     distill: int
     value_noise: float
     syntax_noise: float
+    operand_share: float
 
     def __post_init__(self) -> None:
         check_integers("data.", self, ("train", "distill"))
@@ -44,6 +45,7 @@ class ChainData:
             require(0 <= getattr(self, key) < 1, f"data.{key}", "in [0, 1)", getattr(self, key))
         require(self.value_noise + self.syntax_noise < 1, "data.syntax_noise",
                 f"below 1 - data.value_noise = {1 - self.value_noise:g}", self.syntax_noise)
+        require(0 <= self.operand_share <= 1, "data.operand_share", "in [0, 1]", self.operand_share)
 
 
 @dataclass

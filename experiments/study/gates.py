@@ -18,11 +18,12 @@ value against a threshold stated before the full study (``configs/study.yaml`` `
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
 from opd.scoring import BROKEN_JSON, CALL_ERRORS, CORRECT, FAILED_CALL, WRONG_OPERATION, WRONG_VALUE
-from tools.tool_calls import split_tool_calls
+from tools.tool_calls import MalformedToolCall, ToolCall, split_tool_calls
 
 AT_MOST = ("G5_kd_recovery",)
 ALL = "all"  # the report's group of every horizon
@@ -53,28 +54,60 @@ def _gate(name: str, value: float | None, threshold: float, detail: str) -> dict
             "passed": passed, "detail": detail}
 
 
+STEP = re.compile(r"^\((\d+) ([-+*]) (\d+)\) % \d+$")  # a chain task call's expression: (input op k) % modulus
+
+
+def _step_numbers(call: ToolCall | MalformedToolCall) -> tuple[str, str] | None:
+    """(input, k) of a chain task call, None for any other expression."""
+    found = STEP.match(str(call.arguments.get("expression", ""))) if isinstance(call, ToolCall) else None
+    return (found[1], found[3]) if found else None
+
+
+def wrong_number(row: dict, expected: list[dict], position: int) -> str | None:
+    """Which number of the episode's first wrong value is wrong, against the gold call at ``position`` (the correct
+    calls before it): ``k`` (k alone), ``input`` (the input value, k right or not), None when unreadable."""
+    wrong = next((call for kind, call in zip(row["call_types"], _calls(row), strict=True) if kind in CALL_ERRORS), None)
+    said = _step_numbers(wrong) if wrong else None
+    want = (_step_numbers(ToolCall(expected[position]["name"], expected[position]["arguments"]))
+            if position < len(expected) else None)
+    if said is None or want is None:
+        return None
+    return "k" if said[0] == want[0] else "input"
+
+
+def _calls(row: dict) -> list[ToolCall | MalformedToolCall]:
+    return [call for text in row["turn_texts"] for call in split_tool_calls(text)[1]]
+
+
 def student_error_rates(cfg, paths) -> dict:
     """What the noise-injected demonstrations are matched to: the warm students' first call errors at temperature 1
     per call at risk (a call made while every earlier call of its episode was right: where a demonstration injects
     its noise), by type, pooled over seeds, beside the configured rates. ``value_noise`` matches wrong values and
     operations (a confused call), ``syntax_noise`` failed calls (a corrupted one); broken JSON is reported, not
-    injected (MiniMind gives it no observation)."""
-    at_risk, first = 0, Counter()
+    injected (MiniMind gives it no observation). ``wrong_k_share``: of the first wrong values, the share with only k
+    wrong (the rest have a wrong input), which ``operand_share`` matches."""
+    prompts = _rows(paths.file("heldout_prompts"))
+    at_risk, first, numbers = 0, Counter(), Counter()
     for seed in cfg.seeds:
         for row in _rows(paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl"):
-            for kind in row["call_types"]:
+            for position, kind in enumerate(row["call_types"]):
                 at_risk += 1
                 if kind in CALL_ERRORS:
                     first[kind] += 1
+                    if kind == WRONG_VALUE:
+                        line = int(row["source"].rsplit(":", 1)[1])
+                        numbers[wrong_number(row, prompts[line - 1]["expected_calls"], position)] += 1
                     break
 
     def rate(*kinds: str) -> float | None:
         return sum(first[kind] for kind in kinds) / at_risk if at_risk else None
 
+    readable = numbers["k"] + numbers["input"]
     return {"calls_at_risk": at_risk, "confused": rate(WRONG_VALUE, WRONG_OPERATION), "wrong_value": rate(WRONG_VALUE),
             "wrong_operation": rate(WRONG_OPERATION), "failed_call": rate(FAILED_CALL),
-            "broken_json": rate(BROKEN_JSON), "value_noise": cfg.data.value_noise,
-            "syntax_noise": cfg.data.syntax_noise}
+            "broken_json": rate(BROKEN_JSON), "wrong_k_share": numbers["k"] / readable if readable else None,
+            "value_noise": cfg.data.value_noise, "syntax_noise": cfg.data.syntax_noise,
+            "operand_share": cfg.data.operand_share}
 
 
 def gate_values(cfg, paths, report: dict) -> dict:

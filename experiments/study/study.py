@@ -5,18 +5,19 @@
 
 1. ``data``: the chain task (``python -m experiments.study.chain_task``): horizons of dependent calculator calls,
    gold demonstrations, distillation prompts, every held-out problem at every horizon; three splits disjoint by
-   problem. ``noisy-data``: the same problems as noise-injected (DART) demonstrations at ``data.value_noise`` and
-   ``data.syntax_noise`` (a stage of its own, so that setting the rates from the pilot reruns nothing else).
-2. ``teacher-gold-sft``: SFT (``opd/sft.py``) of a seeded random init of the teacher's architecture on the gold
-   demonstrations, keeping its weights every ``teacher_pick.check_every`` steps; ``teacher-gold``: the first of them
-   whose greedy validation accuracy reaches ``teacher_pick.min_accuracy`` (``experiments.study.warm_start``: the
-   task is learnt at a cliff whose step varies; the pilot's teacher was still short of it after 1000 steps);
+   problem. ``noisy-data``: the same problems as noise-injected (DART) demonstrations at ``data.value_noise``,
+   ``data.syntax_noise`` and ``data.operand_share`` (a stage of its own, so that setting them from the pilot reruns
+   nothing else).
+2. ``teacher-gold``: SFT (``opd/sft.py``) of a seeded random init of the teacher's architecture on the gold
+   demonstrations, keeping its weights every ``teacher_pick.check_every`` steps, run by
+   ``experiments.study.warm_start``, which stops it at the first of them whose greedy validation accuracy reaches
+   ``teacher_pick.min_accuracy`` (the task is learnt at a cliff whose step varies with the seed);
    ``teacher-robust``: that teacher continued by SFT on the noise-injected demonstrations (noise
    calls are context, never targets: it learns the retry after a wrong or failed call). The teachers the arms
    distil are evaluated on the held-out problems under every decoding.
 3. Per seed: ``student``: SFT of the much smaller student architecture from the seed's init on the gold
-   demonstrations of ``warm.horizons``, keeping its weights every ``warm.check_every`` steps; ``warm``: the first of
-   them whose greedy accuracy on validation prompts reaches ``warm.min_accuracy`` is the warm student every arm of
+   demonstrations of ``warm.horizons``, keeping its weights every ``warm.check_every`` steps, stopped at the first of
+   them whose greedy accuracy on validation prompts reaches ``warm.min_accuracy``: the warm student every arm of
    the seed starts from (``python -m experiments.study.warm_start``); it is evaluated under every decoding (every
    arm's step 0); ``divergence``: its KL and top-k overlap against each teacher on its own temperature-1 episodes;
    ``continuation``: the robust teacher continuing its temperature-1 held-out episodes after their first call error
@@ -195,15 +196,17 @@ def _eval_stages(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int | Non
     return stages
 
 
-def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeModel, pick, out: Path) -> list[str]:
-    """``experiments.study.warm_start``: the first kept checkpoint of the SFT ``run`` whose greedy accuracy on the
-    first ``pick.prompts`` distillation prompts reaches ``pick.min_accuracy``, copied to ``out``."""
+def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeModel, pick, out: Path,
+                  sft: list[str]) -> list[str]:
+    """``experiments.study.warm_start`` running the SFT command ``sft`` (final weights ``run``): the first
+    checkpoint it keeps whose greedy accuracy on the first ``pick.prompts`` distillation prompts reaches
+    ``pick.min_accuracy`` is copied to ``out``, and the SFT is stopped there."""
     d = cfg.distill
     return [sys.executable, "-m", "experiments.study.warm_start", "--run-dir", str(run.parent), "--stem", run.stem,
             "--arch", _arch_flag(block), "--data", str(paths.file("distill_prompts")), "--tokenizer", str(cfg.tokenizer),
             "--prompts", str(pick.prompts), "--min-accuracy", str(pick.min_accuracy), "--max-turns", str(d.max_turns),
             "--max-gen-len", str(d.max_gen_len), "--max-total-len", str(d.max_total_len), "--out", str(out),
-            "--role", "teacher" if block is cfg.teacher else "student"]
+            "--role", "teacher" if block is cfg.teacher else "student", "--", *sft]
 
 
 def study_stages(cfg: StudyConfig) -> list[Stage]:
@@ -215,14 +218,14 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--warm-horizons", ",".join(map(str, cfg.warm.horizons))]
     stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES]),
               Stage("noisy-data", [*task, "--part", "noisy", "--value-noise", str(data.value_noise),
-                                   "--syntax-noise", str(data.syntax_noise)], [paths.file(name) for name in NOISY_FILES])]
+                                   "--syntax-noise", str(data.syntax_noise), "--operand-share", str(data.operand_share)],
+                                  [paths.file(name) for name in NOISY_FILES])]
     evaluations = []
-    stages.append(Stage("teacher-gold-sft", _sft_command(
-        cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_demonstrations"), paths.teacher_sft().parent,
-        "teacher_gold_sft", keep_every=cfg.teacher_pick.check_every), [paths.teacher_sft()], ("data",)))
+    gold_sft = _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_demonstrations"),
+                            paths.teacher_sft().parent, "teacher_gold_sft", keep_every=cfg.teacher_pick.check_every)
     stages.append(Stage("teacher-gold", _pick_command(cfg, paths, paths.teacher_sft(), cfg.teacher, cfg.teacher_pick,
-                                                      paths.teacher("gold")), [paths.teacher("gold")],
-                        ("teacher-gold-sft",)))
+                                                      paths.teacher("gold"), gold_sft), [paths.teacher("gold")],
+                        ("data",)))
     stages.append(Stage("teacher-robust", _sft_command(
         cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_noisy_demonstrations"),
         paths.teacher("robust").parent, "teacher_robust", start=paths.teacher("gold")),
@@ -235,12 +238,11 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     w, d, e = cfg.warm, cfg.distill, cfg.evaluation
     for seed in cfg.seeds:
         prefix = f"seed{seed}"
-        stages.append(Stage(f"{prefix}-student-sft", _sft_command(
-            cfg, cfg.student, "student", seed, paths.file("warm_demonstrations"), paths.student_sft(seed).parent,
-            "student_sft", keep_every=w.check_every), [paths.student_sft(seed)], ("data",)))
+        student_sft = _sft_command(cfg, cfg.student, "student", seed, paths.file("warm_demonstrations"),
+                                   paths.student_sft(seed).parent, "student_sft", keep_every=w.check_every)
         stages.append(Stage(f"{prefix}-student", _pick_command(cfg, paths, paths.student_sft(seed), cfg.student, w,
-                                                               paths.student(seed)),
-                            [paths.student(seed)], (f"{prefix}-student-sft",)))
+                                                               paths.student(seed), student_sft),
+                            [paths.student(seed)], ("data",)))
         evaluations += _eval_stages(cfg, paths, "student", seed, {"student": (paths.student(seed), cfg.student)},
                                     (f"{prefix}-student",))
         evaluations.append(Stage(f"{prefix}-divergence", [

@@ -11,6 +11,10 @@ every few steps (``{stem}_step{N}.pth``), and this picks, in step order, the fir
 ``--prompts`` validation prompts (the distillation split, never the held-out one) is at least ``--min-accuracy``;
 it copies those weights to ``--out`` and writes every accuracy it measured to ``{out}.json``. It fails, naming the
 best step, when none reaches the threshold.
+
+With the SFT command after ``--`` (``... --out seed0/student/warm.pth -- python opd/sft.py ...``), it runs that SFT
+itself, measures each kept checkpoint as soon as it is written, and stops the SFT (SIGTERM) at the first that
+reaches the threshold: the same pick, without training the steps after it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -34,6 +40,7 @@ from opd.rollout import AgentRollout
 from opd.scoring import score_episode
 
 BATCH = 64
+POLL_S = 1.0  # how often a followed SFT's folder is looked at for a new kept checkpoint
 
 
 def kept_checkpoints(run_dir: Path, stem: str) -> list[tuple[int, Path]]:
@@ -53,8 +60,37 @@ def greedy_accuracy(model, chat_format: ChatFormat, records, limits: RolloutConf
     return correct / len(records)
 
 
+def followed_checkpoints(run_dir: Path, stem: str, command: list[str]):
+    """Run the SFT ``command`` and yield (step, path) of each checkpoint it keeps, in step order, as it is written;
+    the SFT is stopped when the caller stops asking (``close``). Raises ``RuntimeError`` when the SFT fails. Kept
+    files older than this SFT (an earlier run's, which ``overwrite=true`` replaces only step by step) are not its."""
+    started = time.time()
+    child, seen = subprocess.Popen(command), 0
+    try:
+        while True:
+            finished = child.poll() is not None  # looked at before the folder: no checkpoint can be missed
+            for step, path in kept_checkpoints(run_dir, stem) if run_dir.is_dir() else []:
+                if step > seen and path.stat().st_mtime >= started:
+                    seen = step
+                    yield step, path
+            if finished:
+                if child.returncode:
+                    raise RuntimeError(f"the SFT ({' '.join(command[:2])} ...) exited with status {child.returncode}")
+                return
+            time.sleep(POLL_S)
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            child.wait()
+            print(f"stopped the SFT at its pick (step {seen} kept last)", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[argv.index("--") + 1:] if "--" in argv else None
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s [options] [-- SFT command to run and stop at the pick]")
     parser.add_argument("--run-dir", required=True, type=Path, help="the SFT run's out_dir (its kept step weights)")
     parser.add_argument("--stem", required=True, help="the weights' stem, e.g. student_warm_64")
     parser.add_argument("--arch", required=True, help="hidden_size,layers,heads,kv_heads")
@@ -71,15 +107,23 @@ def main(argv: list[str] | None = None) -> None:
     records = load_agent_records(args.data)[0][:args.prompts]
     limits = RolloutConfig(args.max_turns, args.max_gen_len, args.max_total_len, False)
     measured, chosen = [], None
-    for step, path in kept_checkpoints(args.run_dir, args.stem):
-        torch.manual_seed(0)
-        model, tokenizer = load_model(model_spec(str(path), args.arch, args.tokenizer, "student"), role="student")
-        accuracy = greedy_accuracy(model.eval(), ChatFormat(tokenizer), records, limits)
-        measured.append({"step": step, "checkpoint": str(path), "accuracy": accuracy})
-        print(f"step {step}: validation accuracy {accuracy:.3f}", flush=True)
-        if accuracy >= args.min_accuracy:
-            chosen = measured[-1]
-            break
+    checkpoints = (followed_checkpoints(args.run_dir, args.stem, command) if command
+                   else iter(kept_checkpoints(args.run_dir, args.stem)))
+    try:
+        for step, path in checkpoints:
+            torch.manual_seed(0)
+            model, tokenizer = load_model(model_spec(str(path), args.arch, args.tokenizer, "student"), role="student")
+            accuracy = greedy_accuracy(model.eval(), ChatFormat(tokenizer), records, limits)
+            measured.append({"step": step, "checkpoint": str(path), "accuracy": accuracy})
+            print(f"step {step}: validation accuracy {accuracy:.3f}", flush=True)
+            if accuracy >= args.min_accuracy:
+                chosen = measured[-1]
+                break
+    except RuntimeError as error:
+        sys.exit(f"error: {error}; see its lines above")
+    finally:
+        if command:
+            checkpoints.close()
     report = {"min_accuracy": args.min_accuracy, "prompts": len(records), "measured": measured, "chosen": chosen}
     atomic_write_json(args.out.with_suffix(".json"), report)
     if chosen is None:

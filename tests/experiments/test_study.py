@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import pytest
 
@@ -58,14 +59,18 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert set(cfg.arm_settings) == {"kd", "kd_dart", "opd", "opd_rkl", "opd_greedy"}
     robust = stages["teacher-robust"]
     assert argument(robust.command, "data") == str(paths.file("train_noisy_demonstrations"))
-    gold = stages["teacher-gold-sft"]
-    assert argument(gold.command, "data") == str(paths.file("train_demonstrations"))
-    # the gold teacher: the first kept SFT checkpoint past the threshold on validation prompts
-    assert argument(gold.command, "save_interval") == str(cfg.teacher_pick.check_every)
+    # the gold teacher: its SFT, run by the pick, which stops it at the first kept checkpoint past the threshold
     pick = stages["teacher-gold"].command
+    gold = SimpleNamespace(command=pick[pick.index("--") + 1:])
+    assert gold.command[:2] == [sys.executable, "opd/sft.py"]
+    assert argument(gold.command, "data") == str(paths.file("train_demonstrations"))
+    assert argument(gold.command, "save_interval") == str(cfg.teacher_pick.check_every)
     assert pick[pick.index("--min-accuracy") + 1] == str(cfg.teacher_pick.min_accuracy) == "0.95"
     assert pick[pick.index("--run-dir") + 1] == str(paths.teacher_sft().parent)
-    assert stages["teacher-gold"].outputs == [paths.teacher("gold")] and stages["teacher-gold"].needs == ("teacher-gold-sft",)
+    assert argument(gold.command, "out_dir") == str(paths.teacher_sft().parent)
+    assert stages["teacher-gold"].outputs == [paths.teacher("gold")] and stages["teacher-gold"].needs == ("data",)
+    student = stages["seed1-student"].command
+    assert argument(student[student.index("--") + 1:], "data") == str(paths.file("warm_demonstrations"))
     # the robust teacher continues the gold one: the same architecture and schedule, its own steps and data
     assert robust.needs == ("teacher-gold", "noisy-data")
     assert argument(robust.command, "model.checkpoint") == str(paths.teacher("gold"))
@@ -107,7 +112,7 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
     assert {"seed2-kd", "seed2-opd", "seed2-kd-eval-t1", "seed2-opd-eval-greedy"} <= names
     assert not any(name.startswith("seed0") for name in names)
     assert {name for name in names if name.startswith("seed2-") and "-eval-" not in name} == {
-        "seed2-kd", "seed2-opd", "seed2-student-sft", "seed2-student", "seed2-divergence", "seed2-continuation"}
+        "seed2-kd", "seed2-opd", "seed2-student", "seed2-divergence", "seed2-continuation"}
     data = next(stage for stage in study_stages(cfg) if stage.name == "data")
     assert data.command[data.command.index("--horizons") + 1] == "4"
 
@@ -240,7 +245,8 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     # two and two: 13 calls at risk (none after a first error), 5 first errors
     assert report["noise_match"] == pytest.approx({"calls_at_risk": 13, "confused": 0.0, "wrong_value": 0.0,
                                                    "wrong_operation": 0.0, "failed_call": 5 / 13, "broken_json": 0.0,
-                                                   "value_noise": 0.21, "syntax_noise": 0.005})
+                                                   "wrong_k_share": None, "value_noise": 0.21, "syntax_noise": 0.005,
+                                                   "operand_share": 0.05})
     rows = summary_results(report)
     assert {(row["arm"], row["horizon"], row["decoding"]) for row in rows} == {
         (a, h, d) for a in ("kd", "opd") for h in (1, 2) for d in ("t1", "greedy")}
@@ -418,11 +424,27 @@ def test_the_noise_is_matched_to_first_errors_per_call_at_risk(tmp_path):
     paths = StudyPaths(cfg)
     episodes = paths.evaluation(0, "student", "t1")
     episodes.mkdir(parents=True)
-    rows = [["correct", "wrong_value", "wrong_value", "wrong_value"],  # 2 at risk, one first error
-            ["correct", "correct", "failed_call", "correct"],  # 3 at risk, a failed call
-            ["broken_json"],  # 1 at risk
-            ["correct", "correct"]]  # 2 at risk, no error
-    (episodes / "episodes_student.jsonl").write_text("".join(json.dumps({"call_types": r}) + "\n" for r in rows))
+    gold = ["(13 - 6) % 20", "(7 - 6) % 20", "(1 - 6) % 20", "(15 - 6) % 20"]  # start 13, subtract six
+    paths.data.mkdir(parents=True)
+    paths.file("heldout_prompts").write_text(json.dumps({"expected_calls": [
+        {"name": "calculate_math", "arguments": {"expression": text}} for text in gold]}) + "\n")
+
+    def row(types: list[str], said: list[str]) -> dict:
+        texts = [f'<tool_call>\n{{"name": "calculate_math", "arguments": {{"expression": "{text}"}}}}\n</tool_call>'
+                 for text in said]
+        return {"call_types": types, "source": "heldout_prompts.jsonl:1", "turn_texts": texts}
+
+    rows = [row(["correct", "wrong_value", "wrong_value", "wrong_value"],  # 2 at risk, one first error: the input
+                [gold[0], "(8 - 6) % 20", "(2 - 6) % 20", "(16 - 6) % 20"]),
+            row(["correct", "correct", "failed_call", "correct"],  # 3 at risk, a failed call
+                [gold[0], gold[1], "(1 - 6) %", gold[2]]),
+            row(["broken_json"], []),  # 1 at risk
+            row(["correct", "correct"], gold[:2]),  # 2 at risk, no error
+            row(["wrong_value", "wrong_value"], ["(13 - 5) % 20", "(8 - 6) % 20"]),  # 1 at risk: k alone
+            row(["wrong_value"], ["(12 - 5) % 20"])]  # 1 at risk: the input (and k)
+    rows[2]["turn_texts"] = ["<tool_call>\n{broken\n</tool_call>"]
+    (episodes / "episodes_student.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert student_error_rates(cfg, paths) == pytest.approx({
-        "calls_at_risk": 8, "confused": 1 / 8, "wrong_value": 1 / 8, "wrong_operation": 0.0, "failed_call": 1 / 8,
-        "broken_json": 1 / 8, "value_noise": 0.21, "syntax_noise": 0.005})
+        "calls_at_risk": 10, "confused": 3 / 10, "wrong_value": 3 / 10, "wrong_operation": 0.0, "failed_call": 1 / 10,
+        "broken_json": 1 / 10, "wrong_k_share": 1 / 3, "value_noise": 0.21, "syntax_noise": 0.005,
+        "operand_share": 0.05})

@@ -12,6 +12,7 @@ from common.chat_records import load_agent_records
 from experiments.study.chain_task import (
     HORIZONS,
     MODULUS,
+    RETRY_NOTE,
     SPLITS,
     all_triples,
     make_record,
@@ -124,18 +125,23 @@ def test_a_prompt_carries_its_gold_calls_for_the_evaluations_classifier(tmp_path
     assert "expected_calls" not in make_record((13, "-", 6), 4, demonstration=True)
 
 
-def test_a_noise_call_is_a_confused_or_corrupted_step_then_the_retry_from_the_last_correct_value():
-    """A confused call runs (one number wrong: the input value or k) and returns a wrong result; a corrupted call gets
-    the tool world's error; either is followed by the correct call from the last correct value, so the weight-1
-    calls are exactly the gold episode's; the rates are those asked for."""
-    rng, counts, calls_made = random.Random(0), {"confused": 0, "corrupted": 0}, 0
+def test_a_noise_call_is_a_confused_or_corrupted_step_then_the_noted_retry_from_the_last_correct_value():
+    """A confused call runs (one number wrong: k at the operand share, else the input value) and returns a wrong
+    result; a corrupted call gets the tool world's error; either is followed by the retry, which alone says
+    RETRY_NOTE, with the correct call from the last correct value, so the weight-1 calls are exactly the gold
+    episode's; the rates are those asked for."""
+    rng, counts, calls_made = random.Random(0), {"confused": 0, "corrupted": 0, "k": 0}, 0
     for triple in all_triples():
         for horizon in (2, 6):
-            turns, gt, noise = solve(triple, horizon, value_noise=0.3, syntax_noise=0.1, rng=rng)
+            turns, gt, noise = solve(triple, horizon, value_noise=0.3, syntax_noise=0.1, operand_share=0.25, rng=rng)
             gold, gold_gt, _ = solve(triple, horizon)
             calls, weights = replay(turns), [turn.get("weight", 1) for turn in turns[:-1:2]]
             assert [call for call, weight in zip(calls, weights, strict=True) if weight == 1] == replay(gold)
             assert gt == gold_gt and weights.count(0) == sum(noise.values())
+            notes = [turn["content"] for turn in turns[:-1:2]]
+            assert [note == RETRY_NOTE for note in notes] == [index > 0 and weights[index - 1] == 0
+                                                             for index in range(len(notes))]
+            assert set(notes) <= {"", RETRY_NOTE}
             for index, ((expression, observation), weight) in enumerate(zip(calls, weights, strict=True)):
                 if weight == 1:
                     continue
@@ -146,12 +152,15 @@ def test_a_noise_call_is_a_confused_or_corrupted_step_then_the_retry_from_the_la
                 else:  # confused: a valid expression, one number other than the retry's, another result
                     wrong, right = expression.replace("(", " ").replace(")", " ").split(), retry.replace(
                         "(", " ").replace(")", " ").split()
-                    assert len(wrong) == len(right) and sum(a != b for a, b in zip(wrong, right, strict=True)) == 1
+                    differ = [position for position, (a, b) in enumerate(zip(wrong, right, strict=True)) if a != b]
+                    assert len(wrong) == len(right) and len(differ) == 1 and differ[0] in (0, 2)  # input or k
+                    counts["k"] += differ[0] == 2
                     assert json.loads(observation)["result"] != json.loads(calls[index + 1][1])["result"]
-            for kind in counts:
+            for kind in ("confused", "corrupted"):
                 counts[kind] += noise[kind]
             calls_made += horizon
     assert 0.27 < counts["confused"] / calls_made < 0.33 and 0.08 < counts["corrupted"] / calls_made < 0.12
+    assert 0.2 < counts["k"] / counts["confused"] < 0.3
 
 
 def test_a_noise_call_is_context_and_its_retry_a_target(task, tokenizer):
@@ -168,3 +177,6 @@ def test_a_noise_call_is_context_and_its_retry_a_target(task, tokenizer):
         targets = [tokenizer.decode(episode.ids[turn.start:turn.end]) for turn in episode.turns if turn.trained]
         assert len(skipped) == len(wrong) and all(expression in text for expression, text in zip(wrong, skipped, strict=True))
         assert all(') % 20"' in text or text.startswith("The result is") for text in targets)
+        retries = [target for index, target in enumerate(targets)
+                   if index < len(targets) - 1 and target.startswith(RETRY_NOTE + "\n<tool_call>")]
+        assert len(retries) == len(wrong)  # a note before exactly the retried calls, rendered before the call
