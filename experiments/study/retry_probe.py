@@ -12,6 +12,9 @@ reports how often the argmax of the turn's first token and of its whole turn equ
 probability of the note's first token there: a model that notices a wrong call says the note after a noise call and
 nowhere else; one that learned only how often retries come says it everywhere at about that rate. For retries it
 also reports how often the argmax call's input number is the demonstration's (the copy from the last correct value).
+``starts_like_note`` is the share of a kind's turns that themselves begin with the note's first token: 0 with the
+MiniMind tokenizer, where "That" starts nothing else; a tokenizer that splits finer (a byte-level one) may give the
+answers' "The" the same first token, and then P(note) there counts the answer too.
 """
 
 from __future__ import annotations
@@ -65,8 +68,8 @@ def _confusion(noise: str, retry: str) -> str:
 
 
 def probe(model, chat_format: ChatFormat, demonstrations: list[Demonstration], max_total_len: int) -> dict:
-    """Per turn kind: ``turns``, ``first_token_right``, ``whole_turn_right``, ``note_probability`` (means over its
-    turns), and for retries ``input_right``; plus the demonstrations probed."""
+    """Per turn kind: ``turns``, ``first_token_right``, ``whole_turn_right``, ``note_probability``,
+    ``starts_like_note`` (means over its turns), and for retries ``input_right``; plus the demonstrations probed."""
     note_token = chat_format.encode(RETRY_NOTE)[0]
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     probed = 0
@@ -88,6 +91,7 @@ def probe(model, chat_format: ChatFormat, demonstrations: list[Demonstration], m
             row["first_token_right"] += bool(said[0] == wanted[0])
             row["whole_turn_right"] += bool(torch.equal(said, wanted))
             row["note_probability"] += float(probabilities[turn.start - 1, note_token])
+            row["starts_like_note"] += bool(wanted[0] == note_token)
             if kind.startswith("retry"):
                 numbers = [INPUT_NUMBER.search(chat_format.decode(tokens.tolist())) for tokens in (said, wanted)]
                 row["input_right"] += bool(numbers[0] and numbers[1] and numbers[0][1] == numbers[1][1])

@@ -14,6 +14,7 @@ from experiments.study.retry_probe import probe, turn_kinds
 from opd.chat_format import ChatFormat
 from opd.demonstrations import demonstration_episode, parse_demonstration
 from tests.helpers.opd_support import tiny_model
+from tests.helpers.paths import real_tokenizer_path
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +26,16 @@ def demonstrations():
 
 
 class Oracle:
-    """Logits that put all mass on the demonstration's own next token, or, ``noticing=False``, on the call instead of
-    the note wherever the note comes next."""
+    """Logits that put all mass on the demonstration's own next token, except, for a model that does not notice, the
+    call's first token instead of the note where a retry turn starts (``blind``: episode ids -> those positions)."""
 
-    def __init__(self, vocab: int, note_token: int, call_token: int, noticing: bool):
-        self.vocab, self.note_token, self.call_token, self.noticing = vocab, note_token, call_token, noticing
+    def __init__(self, vocab: int, call_token: int, blind: dict[tuple, list[int]] | None = None):
+        self.vocab, self.call_token, self.blind = vocab, call_token, blind or {}
 
     def __call__(self, ids: torch.Tensor):
         following = torch.cat([ids[0, 1:], ids[0, -1:]])
-        if not self.noticing:
-            following = torch.where(following == self.note_token, self.call_token, following)
+        for position in self.blind.get(tuple(ids[0].tolist()), []):
+            following[position] = self.call_token
         return SimpleNamespace(logits=torch.nn.functional.one_hot(following, self.vocab)[None].float() * 50)
 
 
@@ -61,25 +62,34 @@ def test_a_model_that_notices_says_the_note_after_noise_calls_only_and_one_that_
     chat_format = ChatFormat(tokenizer)
     note_token, call_token = chat_format.encode(RETRY_NOTE)[0], chat_format.encode("<tool_call>")[0]
     noisy = [d for d in demonstrations if None in turn_kinds(d)]
-    retry_starts = {demonstration_episode(d, chat_format).ids[turn.start]
-                    for d in noisy for kind, turn in zip(turn_kinds(d), demonstration_episode(d, chat_format).turns,
-                                                         strict=True) if kind and kind.startswith("retry")}
+    retry_starts, blind_at = set(), {}
+    for demonstration in noisy:
+        episode = demonstration_episode(demonstration, chat_format)
+        starts = [turn.start for kind, turn in zip(turn_kinds(demonstration), episode.turns, strict=True)
+                  if kind and kind.startswith("retry")]
+        retry_starts |= {episode.ids[start] for start in starts}
+        blind_at[tuple(episode.ids)] = [start - 1 for start in starts]
     assert retry_starts == {note_token}  # the note's first token in context is its first token alone
     vocab = len(tokenizer)
-    noticing = probe(Oracle(vocab, note_token, call_token, True), chat_format, demonstrations, 4096)
-    blind = probe(Oracle(vocab, note_token, call_token, False), chat_format, demonstrations, 4096)
+    noticing = probe(Oracle(vocab, call_token), chat_format, demonstrations, 4096)
+    blind = probe(Oracle(vocab, call_token, blind_at), chat_format, demonstrations, 4096)
     assert noticing["demonstrations"] == blind["demonstrations"] == len(noisy)
     turns = sum(kind is not None for d in noisy for kind in turn_kinds(d))
     assert sum(row["turns"] for row in noticing["kinds"].values()) == turns
     for kind, row in noticing["kinds"].items():
         retry = kind.startswith("retry")
         assert row["first_token_right"] == row["whole_turn_right"] == 1.0
-        assert row["note_probability"] == pytest.approx(1.0 if retry else 0.0, abs=1e-6)
+        if retry:
+            assert row["starts_like_note"] == 1.0
+        # the note after a noise call; elsewhere only as far as a turn itself starts with the note's first token
+        assert row["note_probability"] == pytest.approx(row["starts_like_note"], abs=1e-6)
         if retry:
             assert row["input_right"] == 1.0
         blind_row = blind["kinds"][kind]
         assert blind_row["first_token_right"] == blind_row["whole_turn_right"] == (0.0 if retry else 1.0)
-        assert blind_row["note_probability"] == pytest.approx(0.0, abs=1e-6)
+        assert blind_row["note_probability"] == pytest.approx(0.0 if retry else row["starts_like_note"], abs=1e-6)
+    if real_tokenizer_path():  # MiniMind's tokenizer: "That" starts nothing but the note
+        assert all(noticing["kinds"][kind]["starts_like_note"] == 0.0 for kind in ("call", "answer"))
 
 
 def test_a_real_model_gives_shares_and_probabilities(demonstrations, tokenizer):
