@@ -54,6 +54,7 @@ import argparse
 import hashlib
 import json
 import random
+import re
 from pathlib import Path
 
 from common.atomic_write import atomic_write_json, atomic_write_text
@@ -95,6 +96,15 @@ def question(triple: tuple[int, str, int], horizon: int) -> str:
 
 def expression(value: int, op: str, k: int) -> str:
     return f"({value} {op} {k}) % {MODULUS}"
+
+
+STEP = re.compile(r"^\((\d+) ([-+*]) (\d+)\) % (\d+)$")  # what ``expression`` writes
+
+
+def step_numbers(text: str) -> tuple[int, str, int] | None:
+    """(input, op, k) of an expression shaped as ``expression`` writes it (any modulus), None for any other text."""
+    found = STEP.match(text)
+    return (int(found[1]), found[2], int(found[3])) if found else None
 
 
 def corrupted(value: int, op: str, k: int, kind: str) -> str:

@@ -18,10 +18,10 @@ value against a threshold stated before the full study (``configs/study.yaml`` `
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from pathlib import Path
 
+from experiments.study.chain_task import step_numbers
 from opd.scoring import BROKEN_JSON, CALL_ERRORS, CORRECT, FAILED_CALL, WRONG_OPERATION, WRONG_VALUE
 from tools.tool_calls import MalformedToolCall, ToolCall, split_tool_calls
 
@@ -54,13 +54,9 @@ def _gate(name: str, value: float | None, threshold: float, detail: str) -> dict
             "passed": passed, "detail": detail}
 
 
-STEP = re.compile(r"^\((\d+) ([-+*]) (\d+)\) % \d+$")  # a chain task call's expression: (input op k) % modulus
-
-
-def _step_numbers(call: ToolCall | MalformedToolCall) -> tuple[str, str] | None:
-    """(input, k) of a chain task call, None for any other expression."""
-    found = STEP.match(str(call.arguments.get("expression", ""))) if isinstance(call, ToolCall) else None
-    return (found[1], found[3]) if found else None
+def _step_numbers(call: ToolCall | MalformedToolCall) -> tuple[int, str, int] | None:
+    """(input, op, k) of a chain task call, None for any other call."""
+    return step_numbers(str(call.arguments.get("expression", ""))) if isinstance(call, ToolCall) else None
 
 
 def wrong_number(row: dict, expected: list[dict], position: int) -> str | None:
@@ -72,7 +68,7 @@ def wrong_number(row: dict, expected: list[dict], position: int) -> str | None:
             if position < len(expected) else None)
     if said is None or want is None:
         return None
-    return "k" if said[0] == want[0] else "input"
+    return "k" if said[0] == want[0] else "input"  # a wrong value with the right input: k
 
 
 def _calls(row: dict) -> list[ToolCall | MalformedToolCall]:

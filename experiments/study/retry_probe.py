@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,12 +29,11 @@ import torch
 from common.atomic_write import atomic_write_json
 from common.minimind.model import load_model
 from common.user_errors import exit_on_user_error
-from experiments.study.chain_task import RETRY_NOTE
+from experiments.study.chain_task import RETRY_NOTE, step_numbers
 from experiments.study.divergence import model_spec
 from opd.chat_format import ChatFormat
 from opd.demonstrations import Demonstration, demonstration_episode, load_demonstrations
-
-INPUT_NUMBER = re.compile(r'"expression": "\((\d+) ')
+from tools.tool_calls import ToolCall, split_tool_calls
 
 
 def turn_kinds(demonstration: Demonstration) -> list[str | None]:
@@ -60,11 +58,17 @@ def turn_kinds(demonstration: Demonstration) -> list[str | None]:
 
 def _confusion(noise: str, retry: str) -> str:
     """Which number of the noise call differs from the retry's: ``input``, ``k``, or ``corrupted`` (not a step)."""
-    step = re.compile(r"^\((\d+) [-+*] (\d+)\) % \d+$")
-    wrong, right = step.match(noise), step.match(retry)
+    wrong, right = step_numbers(noise), step_numbers(retry)
     if wrong is None or right is None:
         return "corrupted"
-    return "input" if wrong[1] != right[1] else "k"
+    return "input" if wrong[0] != right[0] else "k"
+
+
+def _input_number(text: str) -> int | None:
+    """The input of the first call of a turn's text, when it is a chain step."""
+    calls = [call for call in split_tool_calls(text)[1] if isinstance(call, ToolCall)]
+    step = step_numbers(str(calls[0].arguments.get("expression", ""))) if calls else None
+    return step[0] if step else None
 
 
 def probe(model, chat_format: ChatFormat, demonstrations: list[Demonstration], max_total_len: int) -> dict:
@@ -93,8 +97,8 @@ def probe(model, chat_format: ChatFormat, demonstrations: list[Demonstration], m
             row["note_probability"] += float(probabilities[turn.start - 1, note_token])
             row["starts_like_note"] += bool(wanted[0] == note_token)
             if kind.startswith("retry"):
-                numbers = [INPUT_NUMBER.search(chat_format.decode(tokens.tolist())) for tokens in (said, wanted)]
-                row["input_right"] += bool(numbers[0] and numbers[1] and numbers[0][1] == numbers[1][1])
+                numbers = [_input_number(chat_format.decode(tokens.tolist())) for tokens in (said, wanted)]
+                row["input_right"] += numbers[1] is not None and numbers[0] == numbers[1]
         probed += 1
     return {"demonstrations": probed, "kinds": {
         kind: {"turns": int(row["turns"]), **{key: value / row["turns"] for key, value in row.items() if key != "turns"}}

@@ -9,15 +9,18 @@ import random
 import pytest
 
 from common.chat_records import load_agent_records
+from experiments.study import chain_task
 from experiments.study.chain_task import (
     HORIZONS,
     MODULUS,
     RETRY_NOTE,
     SPLITS,
     all_triples,
+    corrupted,
     make_record,
     solve,
     split_of,
+    step_numbers,
     write_task,
 )
 from opd.chat_format import ChatFormat
@@ -180,3 +183,11 @@ def test_a_noise_call_is_context_and_its_retry_a_target(task, tokenizer):
         retries = [target for index, target in enumerate(targets)
                    if index < len(targets) - 1 and target.startswith(RETRY_NOTE + "\n<tool_call>")]
         assert len(retries) == len(wrong)  # a note before exactly the retried calls, rendered before the call
+
+
+def test_a_step_expression_reads_back_and_nothing_else_does():
+    for triple in all_triples():
+        start, op, k = triple
+        assert step_numbers(chain_task.expression(start, op, k)) == triple
+        assert all(step_numbers(corrupted(start, op, k, kind)) is None for kind in ("truncated", "unbalanced"))
+    assert step_numbers("(13 - 6) % 20 + 1") is None and step_numbers("13 - 6") is None
