@@ -127,6 +127,7 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
     (["arm_settings.kd.teacher=none"], "arm_settings.kd.teacher must be none for an sft arm and gold or robust"),
     (["data.value_noise=1.0"], "data.value_noise must be in [0, 1), got 1.0"),
     (["data.value_noise=0.6", "data.syntax_noise=0.5"], "data.syntax_noise must be below 1 - data.value_noise = 0.4"),
+    (["data.operand_share=1.5"], "data.operand_share must be in [0, 1], got 1.5"),
     (["endpoint.arm=kd"], "endpoint.arm must be an arm other than the baseline (kd)"),
     (["endpoint.horizon=3"], "endpoint.horizon must be one of [1, 2, 4, 6]"),
     (["endpoint.decoding=beam"], "endpoint.decoding must be one of t1, greedy"),
