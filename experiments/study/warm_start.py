@@ -45,7 +45,11 @@ POLL_S = 1.0  # how often a followed SFT's folder is looked at for a new kept ch
 
 def kept_checkpoints(run_dir: Path, stem: str) -> list[tuple[int, Path]]:
     """(step, path) of every ``{stem}_step{N}.pth`` in ``run_dir``, in step order."""
-    pattern = re.compile(rf"{re.escape(stem)}_step(\d+)\.pth")
+    return _kept(run_dir, re.escape(stem))
+
+
+def _kept(run_dir: Path, stem_pattern: str) -> list[tuple[int, Path]]:
+    pattern = re.compile(rf"{stem_pattern}_step(\d+)\.pth")
     found = [(int(match.group(1)), path) for path in run_dir.iterdir() if (match := pattern.fullmatch(path.name))]
     return sorted(found)
 
@@ -62,8 +66,9 @@ def greedy_accuracy(model, chat_format: ChatFormat, records, limits: RolloutConf
 
 def followed_checkpoints(run_dir: Path, stem: str, command: list[str]):
     """Run the SFT ``command`` and yield (step, path) of each checkpoint it keeps, in step order, as it is written;
-    the SFT is stopped when the caller stops asking (``close``). Raises ``RuntimeError`` when the SFT fails. Kept
-    files older than this SFT (an earlier run's, which ``overwrite=true`` replaces only step by step) are not its."""
+    the SFT is stopped when the caller stops asking (``close``). Raises ``RuntimeError`` when the SFT fails, or when
+    it keeps step weights under another stem than ``stem`` (none would ever be measured). Kept files older than this
+    SFT (an earlier run's, which ``overwrite=true`` replaces only step by step) are not its."""
     started = time.time()
     child, seen = subprocess.Popen(command), 0
     try:
@@ -73,6 +78,13 @@ def followed_checkpoints(run_dir: Path, stem: str, command: list[str]):
                 if step > seen and path.stat().st_mtime >= started:
                     seen = step
                     yield step, path
+            if not seen and run_dir.is_dir():
+                ours = {path for _, path in kept_checkpoints(run_dir, stem)}  # written since the loop above
+                others = [path.name for _, path in _kept(run_dir, r"\w+")
+                          if path not in ours and path.stat().st_mtime >= started]
+                if others:
+                    raise RuntimeError(f"the SFT keeps {others[0]} in {run_dir}, not {stem}_step<N>.pth: --stem must "
+                                       f"be the stem of its weights")
             if finished:
                 if child.returncode:
                     raise RuntimeError(f"the SFT ({' '.join(command[:2])} ...) exited with status {child.returncode}")

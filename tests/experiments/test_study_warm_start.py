@@ -64,3 +64,14 @@ def test_a_failed_sft_is_an_error_after_its_checkpoints(tmp_path):
     assert next(checkpoints)[0] == 10
     with pytest.raises(RuntimeError, match="exited with status 3"):
         next(checkpoints)
+
+
+def test_an_sft_keeping_weights_under_another_stem_is_an_error_naming_them(tmp_path):
+    """A wrong ``--stem`` would otherwise wait through the whole SFT and measure nothing."""
+    (tmp_path / "go10").touch()
+    checkpoints = followed_checkpoints(tmp_path, "sft_64", _command(tmp_path, 40))
+    with pytest.raises(RuntimeError, match=r"keeps sft_step10.pth in .*, not sft_64_step<N>.pth: --stem must be"):
+        next(checkpoints)
+    checkpoints.close()
+    with pytest.raises(ProcessLookupError):  # and the SFT was stopped
+        os.kill(int((tmp_path / "pid").read_text()), 0)
