@@ -19,6 +19,18 @@ and count its calls. Measured (batch 16, lr 3e-3, greedy held-out accuracy over 
 student goes from chance (0.04 at 400 steps) to 1.0 at 600 steps, a 32-wide one stays at chance after 800 steps.
 The start is the only number of the question, k a number word, 0..19 are single tokens of MiniMind's tokenizer.
 
+**Checked problems** (``--checked``): the question also states a check of its start, "Start with 13, which is 2
+minus 9 modulo 20.", and every call asserts its input before it steps: ``"1 // 0 ** ((2 - 9 - 13) % 20) * (13 - 6) %
+20"`` for the first (the check), ``"1 // 0 ** ((13 - 6 - 7) % 20) * (7 - 6) % 20"`` for the next (the step before it,
+as the previous call wrote it, and that call's result). The guard is 1 when the input is the guarded step's result and
+``1 // 0`` otherwise, so a wrong input, the students' commonest error, gets MiniMind's error observation instead of a
+plausible result: an error the model sees, where an unchecked wrong input can only be noticed by comparing two
+numbers, which the study's small teachers did not learn (``experiments/study/README.md``). A wrong k still runs. The
+observations and answers are those of the unchecked problem. The check's n (1..9) is drawn per record (its own
+generator, ``task.check_key``), so the same problem comes with several checks: the check must be read from the
+question, not remembered with the problem (with n a fixed hash of the problem, the pilot's teacher learnt the training
+problems' checks by heart and missed the held-out ones).
+
 ``gt`` is the phrase of the answer (``"result is 9."``), not the bare number: MiniMind's check finds a gt item as a
 substring of the answer, and the bare "1" would be found in "The result is 11.".
 
@@ -88,33 +100,57 @@ def split_of(triple: tuple[int, str, int], heldout_share: float, distill_share: 
     return "distill" if position < heldout_share + distill_share else "train"
 
 
-def question(triple: tuple[int, str, int], horizon: int) -> str:
+CHECK_KEYS = tuple(range(1, 10))  # n of a checked problem's start: start = (check - n) % MODULUS
+
+
+def question(triple: tuple[int, str, int], horizon: int, *, key: int | None = None) -> str:
+    """The user's question; with a check ``key`` n, it states the start's check too."""
     start, op, k = triple
-    return (f"Start with {start}. {OPERATIONS[op][0]} {NUMBER_WORDS[k]}, {TIMES[horizon]}, keeping the remainder after "
+    stated = (f"Start with {start}." if key is None
+              else f"Start with {start}, which is {(start + key) % MODULUS} minus {key} modulo {MODULUS}.")
+    return (f"{stated} {OPERATIONS[op][0]} {NUMBER_WORDS[k]}, {TIMES[horizon]}, keeping the remainder after "
             f"dividing by {MODULUS} each time. What is the result?")
 
 
-def expression(value: int, op: str, k: int) -> str:
-    return f"({value} {op} {k}) % {MODULUS}"
+Guard = tuple[int, str, int]  # (a, op, b): the step whose result the input must be, (a op b) % MODULUS
 
 
-STEP = re.compile(r"^\((\d+) ([-+*]) (\d+)\) % (\d+)$")  # what ``expression`` writes
+def expression(value: int, op: str, k: int, guard: Guard | None = None) -> str:
+    """``(value op k) % MODULUS``; with a ``guard``, preceded by a factor that fails unless ``value`` is its result:
+    ``1 // 0 ** ((a op b - value) % MODULUS) * (value op k) % MODULUS`` (``0 ** 0`` is 1, ``0 ** x`` is 0 for x > 0,
+    and ``1 // 0`` fails)."""
+    step = f"({value} {op} {k}) % {MODULUS}"
+    if guard is None:
+        return step
+    a, guard_op, b = guard
+    return f"1 // 0 ** (({a} {guard_op} {b} - {value}) % {MODULUS}) * {step}"
+
+
+# what ``expression`` writes, without and with a guard
+STEP = re.compile(r"^\((\d+) ([-+*]) (\d+)\) % (\d+)$")
+GUARDED_STEP = re.compile(r"^1 // 0 \*\* \(\((\d+) ([-+*]) (\d+) - (\d+)\) % (\d+)\) \* \((\d+) ([-+*]) (\d+)\) % (\d+)$")
 
 
 def step_numbers(text: str) -> tuple[int, str, int] | None:
-    """(input, op, k) of an expression shaped as ``expression`` writes it (any modulus), None for any other text."""
+    """(input, op, k) of an expression shaped as ``expression`` writes it (any modulus; of a guarded one, its step's),
+    None for any other text."""
     found = STEP.match(text)
-    return (int(found[1]), found[2], int(found[3])) if found else None
+    if found:
+        return int(found[1]), found[2], int(found[3])
+    found = GUARDED_STEP.match(text)
+    return (int(found[6]), found[7], int(found[8])) if found else None
 
 
-def corrupted(value: int, op: str, k: int, kind: str) -> str:
+def corrupted(value: int, op: str, k: int, kind: str, guard: Guard | None = None) -> str:
     """An invalid expression a careless model could write for the same step (see the module doc)."""
-    return f"({value} {op} {k}) %" if kind == "truncated" else f"({value} {op} {k} % {MODULUS}"
+    text = expression(value, op, k, guard)
+    return text.rsplit(" ", 1)[0] if kind == "truncated" else text[::-1].replace(")", "", 1)[::-1]
 
 
-def confused(value: int, op: str, k: int, rng: random.Random, operand_share: float) -> str:
+def confused(value: int, op: str, k: int, rng: random.Random, operand_share: float, guard: Guard | None = None) -> str:
     """A valid expression for the same step with one number wrong, k with probability ``operand_share``, else the
-    input value (see the module doc); its result is never the correct one."""
+    input value, in the step and in the guard alike (see the module doc); its result is never the correct one, and
+    with a guard a wrong input fails it."""
     ks = OPERATIONS[op][1]
     while True:
         if rng.random() >= operand_share:
@@ -124,7 +160,7 @@ def confused(value: int, op: str, k: int, rng: random.Random, operand_share: flo
         else:
             continue
         if _step(wrong_value, op, wrong_k) != _step(value, op, k):
-            return expression(wrong_value, op, wrong_k)
+            return expression(wrong_value, op, wrong_k, guard)
 
 
 def _call_turn(text: str, *, weight: int | None = None, note: str = "") -> dict:
@@ -141,33 +177,39 @@ def _observe(text: str) -> tuple[str, dict | None]:
 
 
 def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.0, syntax_noise: float = 0.0,
-          operand_share: float = 0.0, rng: random.Random | None = None) -> tuple[list[dict], str, dict[str, int]]:
+          operand_share: float = 0.0, rng: random.Random | None = None,
+          key: int | None = None) -> tuple[list[dict], str, dict[str, int]]:
     """The demonstration's turns after the prompt, the final answer's ``gt`` and the noise calls injected by kind
     (``confused``, ``corrupted``).
 
     Observations are exactly what the rollout's tool world returns; a noise call (probability ``value_noise`` a
     confused one, ``syntax_noise`` a corrupted one, per call, drawn from ``rng``) comes first, with weight 0, then its
-    observation, then the retry: ``RETRY_NOTE`` and the correct call from the last correct value.
+    observation, then the retry: ``RETRY_NOTE`` and the correct call from the last correct value. With a check ``key``:
+    every call is guarded (``expression``), the first by the question's check, every later one by the step before it.
     """
     value, (_, op, k), turns = triple[0], triple, []
+    guard = None if key is None else ((value + key) % MODULUS, "-", key)
     noise = {"confused": 0, "corrupted": 0}
     for _ in range(horizon):
         draw = rng.random() if value_noise or syntax_noise else 1.0
         note = ""
         if draw < value_noise + syntax_noise:
             kind = "confused" if draw < value_noise else "corrupted"
-            wrong = (confused(value, op, k, rng, operand_share) if kind == "confused"
-                     else corrupted(value, op, k, rng.choice(CORRUPTIONS)))
+            wrong = (confused(value, op, k, rng, operand_share, guard) if kind == "confused"
+                     else corrupted(value, op, k, rng.choice(CORRUPTIONS), guard))
             observation, result = _observe(wrong)
-            if (result is None) != (kind == "corrupted"):
+            ran = result is not None
+            if ran and (kind == "corrupted" or int(result["result"]) == _step(value, op, k)):
                 raise RuntimeError(f"the tool world answered the {kind} call {wrong!r} with {observation}")
             turns += [_call_turn(wrong, weight=0), {"role": "tool", "content": observation}]
             noise[kind] += 1
             note = RETRY_NOTE
-        observation, result = _observe(expression(value, op, k))
+        right = expression(value, op, k, guard)
+        observation, result = _observe(right)
         if result is None or int(result["result"]) != _step(value, op, k):
-            raise RuntimeError(f"the tool world did not compute {expression(value, op, k)!r}: {observation}")
-        turns += [_call_turn(expression(value, op, k), note=note), {"role": "tool", "content": observation}]
+            raise RuntimeError(f"the tool world did not compute {right!r}: {observation}")
+        turns += [_call_turn(right, note=note), {"role": "tool", "content": observation}]
+        guard = None if key is None else (value, op, k)
         value = _step(value, op, k)
     turns.append({"role": "assistant", "content": f"The result is {value}."})
     return turns, str(value), noise
@@ -178,16 +220,18 @@ def _step(value: int, op: str, k: int) -> int:
 
 
 def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bool, value_noise: float = 0.0,
-                syntax_noise: float = 0.0, operand_share: float = 0.0, rng: random.Random | None = None) -> dict:
+                syntax_noise: float = 0.0, operand_share: float = 0.0, rng: random.Random | None = None,
+                key: int | None = None) -> dict:
     """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, then the turns (a
     demonstration) or the gold calls as ``expected_calls`` (a prompt: the evaluation classifies every call against
-    them, ``opd.scoring``)."""
+    them, ``opd.scoring``); ``key``: a checked problem's, kept as ``task.check_key``."""
     turns, gt, noise = solve(triple, horizon, value_noise=value_noise, syntax_noise=syntax_noise,
-                             operand_share=operand_share, rng=rng)
+                             operand_share=operand_share, rng=rng, key=key)
     conversation = [{"role": "system", "content": SYSTEM_PROMPT, "tools": json.dumps(tool_schemas(list(TOOLS)))},
-                    {"role": "user", "content": question(triple, horizon)}]
+                    {"role": "user", "content": question(triple, horizon, key=key)}]
     row = {"conversations": conversation + (turns if demonstration else []), "gt": [f"result is {gt}."],
-           "task": {"triple": list(triple), "horizon": horizon, **({"noise_calls": noise} if demonstration else {})}}
+           "task": {"triple": list(triple), "horizon": horizon, **({} if key is None else {"check_key": key}),
+                    **({"noise_calls": noise} if demonstration else {})}}
     if not demonstration:  # the calls that are learned (weight-0 corrupted calls are not)
         row["expected_calls"] = [call["function"] for turn in turns if turn.get("weight", 1)
                                  for call in turn.get("tool_calls", [])]
@@ -214,7 +258,7 @@ PARTS = ("task", "noisy")  # what write_task writes: the task's files, or the no
 def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, horizons: tuple[int, ...] = HORIZONS,
                warm_horizons: tuple[int, ...] = (1,), part: str = "task", value_noise: float = 0.2,
                syntax_noise: float = 0.05, operand_share: float = 0.05, heldout_share: float = 0.4,
-               distill_share: float = 0.2) -> dict:
+               distill_share: float = 0.2, checked: bool = False) -> dict:
     """Write one ``part`` of the task into ``out_dir`` (listed in the summary it returns and writes,
     ``{part}_summary.json``).
 
@@ -223,7 +267,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     ``warm_horizons`` (the study's warm start); the held-out file, every held-out triple once per horizon.
     ``noisy``: the ``*_noisy_demonstrations`` files, the same problems in the same order as the gold ones (the draws
     depend on ``seed`` alone), with noise calls injected from a generator of their own: the noise rates change these
-    two files and nothing else.
+    two files and nothing else. ``checked``: every problem states a check of its start and every call is guarded
+    (``expression``), so a wrong input fails in the tool world.
     """
     if part not in PARTS:
         raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
@@ -237,6 +282,7 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     if not warm_horizons or not set(warm_horizons) <= set(horizons):
         raise ValueError(f"warm horizons must be among the horizons {list(horizons)}, got {list(warm_horizons)}")
     out, rng, noise_rng = Path(out_dir), random.Random(seed), random.Random(f"noise-{seed}")
+    key_rng = random.Random(f"check-{seed}")  # the checks' own generator: the problems drawn are the unchecked task's
     out.mkdir(parents=True, exist_ok=True)
     triples = split_triples(heldout_share, distill_share)
     files = {}
@@ -245,28 +291,32 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         files[name] = str(out / f"{name}.jsonl")
         atomic_write_text(out / f"{name}.jsonl", _jsonl(rows))
 
-    def draw(split: str, per_horizon: int) -> list[tuple[tuple[int, str, int], int]]:
+    def keyed(problems: list[tuple[tuple[int, str, int], int]]) -> list[tuple[tuple[int, str, int], int, int | None]]:
+        return [(triple, horizon, key_rng.choice(CHECK_KEYS) if checked else None) for triple, horizon in problems]
+
+    def draw(split: str, per_horizon: int) -> list[tuple[tuple[int, str, int], int, int | None]]:
         drawn = [(rng.choice(triples[split]), horizon) for horizon in horizons for _ in range(per_horizon)]
         rng.shuffle(drawn)
-        return drawn
+        return keyed(drawn)
 
     for split, count in (("train", train), ("distill", distill)):
         drawn = draw(split, count)
         if part == "noisy":
             write(f"{split}_noisy_demonstrations", [
                 make_record(t, h, demonstration=True, value_noise=value_noise, syntax_noise=syntax_noise,
-                            operand_share=operand_share, rng=noise_rng) for t, h in drawn])
+                            operand_share=operand_share, rng=noise_rng, key=key) for t, h, key in drawn])
             continue
-        gold = [make_record(t, h, demonstration=True) for t, h in drawn]
+        gold = [make_record(t, h, demonstration=True, key=key) for t, h, key in drawn]
         write(f"{split}_demonstrations", gold)
         if split == "train":
             write("warm_demonstrations", [row for row in gold if row["task"]["horizon"] in warm_horizons])
-        write(f"{split}_prompts", [make_record(t, h, demonstration=False) for t, h in drawn])
+        write(f"{split}_prompts", [make_record(t, h, demonstration=False, key=key) for t, h, key in drawn])
     heldout = [(triple, horizon) for horizon in horizons for triple in triples["heldout"]]
     rng.shuffle(heldout)
+    heldout = keyed(heldout)
     if part == "task":
-        write("heldout_prompts", [make_record(t, h, demonstration=False) for t, h in heldout])
-    summary = {"part": part, "seed": seed, "horizons": list(horizons), "warm_horizons": list(warm_horizons),
+        write("heldout_prompts", [make_record(t, h, demonstration=False, key=key) for t, h, key in heldout])
+    summary = {"part": part, "seed": seed, "checked": checked, "horizons": list(horizons), "warm_horizons": list(warm_horizons),
                **({"value_noise": value_noise, "syntax_noise": syntax_noise, "operand_share": operand_share}
                   if part == "noisy" else {}),
                "heldout_share": heldout_share, "distill_share": distill_share, "modulus": MODULUS,
@@ -292,12 +342,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="noisy files: probability of a corrupted call (an invalid expression) before each call")
     parser.add_argument("--operand-share", type=float, default=0.05,
                         help="noisy files: of the confused calls, the share with k wrong (else the input value)")
+    parser.add_argument("--checked", action="store_true",
+                        help="every problem states a check of its start and every call is guarded by it or the step before")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         summary = write_task(args.out, train=args.train, distill=args.distill, seed=args.seed, part=args.part,
                              value_noise=args.value_noise, syntax_noise=args.syntax_noise,
-                             operand_share=args.operand_share,
+                             operand_share=args.operand_share, checked=args.checked,
                              horizons=tuple(int(h) for h in args.horizons.split(",")),
                              warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:

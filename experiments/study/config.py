@@ -30,11 +30,13 @@ TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "warm_demons
 
 @dataclass
 class ChainData:
-    """``data``: the chain task's seed, records per horizon and split, and the noise of the noisy files."""
+    """``data``: the chain task's seed, records per horizon and split, whether its calls are checked, and the noise
+    of the noisy files."""
 
     seed: int
     train: int
     distill: int
+    checked: bool
     value_noise: float
     syntax_noise: float
     operand_share: float

@@ -44,6 +44,9 @@ def intermediate_calls(row: dict, max_turns: int) -> list[tuple[str, bool]]:
     return found
 
 
+GUARD_FAILED = "guard_failed"  # a checked task's failed call whose step reads back: a wrong number the guard caught
+
+
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -78,10 +81,12 @@ def _calls(row: dict) -> list[ToolCall | MalformedToolCall]:
 def student_error_rates(cfg, paths) -> dict:
     """What the noise-injected demonstrations are matched to: the warm students' first call errors at temperature 1
     per call at risk (a call made while every earlier call of its episode was right: where a demonstration injects
-    its noise), by type, pooled over seeds, beside the configured rates. ``value_noise`` matches wrong values and
-    operations (a confused call), ``syntax_noise`` failed calls (a corrupted one); broken JSON is reported, not
-    injected (MiniMind gives it no observation). ``wrong_k_share``: of the first wrong values, the share with only k
-    wrong (the rest have a wrong input), which ``operand_share`` matches."""
+    its noise), by type, pooled over seeds, beside the configured rates. ``value_noise`` matches the confused calls:
+    wrong values and operations, and in a checked task the failed calls whose step reads back (a guard that failed:
+    a wrong number, ``guard_failed``); ``syntax_noise`` the other failed calls (a corrupted one); broken JSON is
+    reported, not injected (MiniMind gives it no observation). ``wrong_k_share``: of the first confused calls whose
+    numbers read back, the share with only k wrong (the rest have a wrong input; a failed guard counts as one), which
+    ``operand_share`` matches."""
     prompts = _rows(paths.file("heldout_prompts"))
     at_risk, first, numbers = 0, Counter(), Counter()
     for seed in cfg.seeds:
@@ -89,7 +94,9 @@ def student_error_rates(cfg, paths) -> dict:
             for position, kind in enumerate(row["call_types"]):
                 at_risk += 1
                 if kind in CALL_ERRORS:
-                    first[kind] += 1
+                    guard_failed = kind == FAILED_CALL and _step_numbers(_calls(row)[position]) is not None
+                    first[GUARD_FAILED if guard_failed else kind] += 1
+                    numbers["input"] += guard_failed
                     if kind == WRONG_VALUE:
                         line = int(row["source"].rsplit(":", 1)[1])
                         numbers[wrong_number(row, prompts[line - 1]["expected_calls"], position)] += 1
@@ -99,11 +106,11 @@ def student_error_rates(cfg, paths) -> dict:
         return sum(first[kind] for kind in kinds) / at_risk if at_risk else None
 
     readable = numbers["k"] + numbers["input"]
-    return {"calls_at_risk": at_risk, "confused": rate(WRONG_VALUE, WRONG_OPERATION), "wrong_value": rate(WRONG_VALUE),
-            "wrong_operation": rate(WRONG_OPERATION), "failed_call": rate(FAILED_CALL),
-            "broken_json": rate(BROKEN_JSON), "wrong_k_share": numbers["k"] / readable if readable else None,
-            "value_noise": cfg.data.value_noise, "syntax_noise": cfg.data.syntax_noise,
-            "operand_share": cfg.data.operand_share}
+    return {"calls_at_risk": at_risk, "confused": rate(WRONG_VALUE, WRONG_OPERATION, GUARD_FAILED),
+            "wrong_value": rate(WRONG_VALUE), "wrong_operation": rate(WRONG_OPERATION),
+            "guard_failed": rate(GUARD_FAILED), "failed_call": rate(FAILED_CALL), "broken_json": rate(BROKEN_JSON),
+            "wrong_k_share": numbers["k"] / readable if readable else None, "value_noise": cfg.data.value_noise,
+            "syntax_noise": cfg.data.syntax_noise, "operand_share": cfg.data.operand_share}
 
 
 def gate_values(cfg, paths, report: dict) -> dict:

@@ -117,6 +117,13 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
     assert data.command[data.command.index("--horizons") + 1] == "4"
 
 
+def test_a_checked_task_reaches_both_data_stages():
+    for checked in (False, True):
+        cfg = study_config("/tmp/unused", f"data.checked={str(checked).lower()}")
+        for stage in study_stages(cfg)[:2]:
+            assert stage.name in ("data", "noisy-data") and ("--checked" in stage.command) == checked
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["arms=[nope]"], "arms must be a list of arm names among kd, kd_dart"),
     (["horizons=[1,9]"], "horizons must be a non-empty list of distinct horizons among [1, 2, 3, 4, 5, 6]"),
@@ -128,6 +135,7 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
     (["data.value_noise=1.0"], "data.value_noise must be in [0, 1), got 1.0"),
     (["data.value_noise=0.6", "data.syntax_noise=0.5"], "data.syntax_noise must be below 1 - data.value_noise = 0.4"),
     (["data.operand_share=1.5"], "data.operand_share must be in [0, 1], got 1.5"),
+    (["data.checked=maybe"], "data.checked must be true or false, got 'maybe'"),
     (["endpoint.arm=kd"], "endpoint.arm must be an arm other than the baseline (kd)"),
     (["endpoint.horizon=3"], "endpoint.horizon must be one of [1, 2, 4, 6]"),
     (["endpoint.decoding=beam"], "endpoint.decoding must be one of t1, greedy"),
@@ -146,11 +154,13 @@ def test_each_bad_setting_stops_the_study_at_start_naming_its_key(tmp_path, over
 
 def write_episodes(directory, name: str, outcomes: dict[int, tuple[bool, list[str]]], data) -> None:
     """An evaluation of one checkpoint, its rows as opd/evaluate.py writes them: line -> (correct, call statuses);
-    no expected calls, so a call that ran is unchecked and a failed one a failed call."""
+    no expected calls, so a call that ran is unchecked and a failed one a failed call (its expression no step)."""
     directory.mkdir(parents=True, exist_ok=True)
+    call = '<tool_call>\n{{"name": "calculate_math", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
     rows = [{**asdict(EpisodeScore(f"{data}:{line}", "answer", "", correct, 1, 1, 0, statuses,
                                    ["unchecked" if status == "ok" else "failed_call" for status in statuses])),
-             "sample": 0} for line, (correct, statuses) in outcomes.items()]
+             "sample": 0, "turn_texts": [call.format("1" if status == "ok" else "1 +") for status in statuses]}
+            for line, (correct, statuses) in outcomes.items()]
     (directory / f"episodes_{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
@@ -245,7 +255,8 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     # the students' T=1 calls: seed 0 one right episode (1 call) and three wrong (2 calls, the second failed), seed 1
     # two and two: 13 calls at risk (none after a first error), 5 first errors
     assert report["noise_match"] == pytest.approx({"calls_at_risk": 13, "confused": 0.0, "wrong_value": 0.0,
-                                                   "wrong_operation": 0.0, "failed_call": 5 / 13, "broken_json": 0.0,
+                                                   "wrong_operation": 0.0, "guard_failed": 0.0, "failed_call": 5 / 13,
+                                                   "broken_json": 0.0,
                                                    "wrong_k_share": None, "value_noise": 0.21, "syntax_noise": 0.005,
                                                    "operand_share": 0.05})
     rows = summary_results(report)
@@ -442,10 +453,12 @@ def test_the_noise_is_matched_to_first_errors_per_call_at_risk(tmp_path):
             row(["broken_json"], []),  # 1 at risk
             row(["correct", "correct"], gold[:2]),  # 2 at risk, no error
             row(["wrong_value", "wrong_value"], ["(13 - 5) % 20", "(8 - 6) % 20"]),  # 1 at risk: k alone
-            row(["wrong_value"], ["(12 - 5) % 20"])]  # 1 at risk: the input (and k)
+            row(["wrong_value"], ["(12 - 5) % 20"]),  # 1 at risk: the input (and k)
+            # a checked task's call whose guard failed (the input 12 is not 2 - 9): 1 at risk, a confused call
+            row(["failed_call"], ["1 // 0 ** ((2 - 9 - 12) % 20) * (12 - 6) % 20"])]
     rows[2]["turn_texts"] = ["<tool_call>\n{broken\n</tool_call>"]
     (episodes / "episodes_student.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert student_error_rates(cfg, paths) == pytest.approx({
-        "calls_at_risk": 10, "confused": 3 / 10, "wrong_value": 3 / 10, "wrong_operation": 0.0, "failed_call": 1 / 10,
-        "broken_json": 1 / 10, "wrong_k_share": 1 / 3, "value_noise": 0.21, "syntax_noise": 0.005,
-        "operand_share": 0.05})
+        "calls_at_risk": 11, "confused": 4 / 11, "wrong_value": 3 / 11, "wrong_operation": 0.0,
+        "guard_failed": 1 / 11, "failed_call": 1 / 11, "broken_json": 1 / 11, "wrong_k_share": 1 / 4,
+        "value_noise": 0.21, "syntax_noise": 0.005, "operand_share": 0.05})

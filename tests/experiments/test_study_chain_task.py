@@ -13,6 +13,7 @@ from experiments.study import chain_task
 from experiments.study.chain_task import (
     HORIZONS,
     MODULUS,
+    OPERATIONS,
     RETRY_NOTE,
     SPLITS,
     all_triples,
@@ -191,3 +192,88 @@ def test_a_step_expression_reads_back_and_nothing_else_does():
         assert step_numbers(chain_task.expression(start, op, k)) == triple
         assert all(step_numbers(corrupted(start, op, k, kind)) is None for kind in ("truncated", "unbalanced"))
     assert step_numbers("(13 - 6) % 20 + 1") is None and step_numbers("13 - 6") is None
+
+
+def run(expression: str) -> dict:
+    return json.loads(execute_call(ToolCall("calculate_math", {"expression": expression}),
+                                   frozenset({"calculate_math"})).observation)
+
+
+def test_a_checked_problem_states_its_check_and_guards_every_call_by_the_step_before():
+    row = make_record((13, "-", 6), 4, demonstration=False, key=9)
+    assert row["conversations"][1]["content"].startswith("Start with 13, which is 2 minus 9 modulo 20. Subtract six,")
+    assert row["task"]["check_key"] == 9
+    assert [call["arguments"]["expression"] for call in row["expected_calls"]] == [
+        "1 // 0 ** ((2 - 9 - 13) % 20) * (13 - 6) % 20", "1 // 0 ** ((13 - 6 - 7) % 20) * (7 - 6) % 20",
+        "1 // 0 ** ((7 - 6 - 1) % 20) * (1 - 6) % 20", "1 // 0 ** ((1 - 6 - 15) % 20) * (15 - 6) % 20"]
+    for triple in random.Random(1).sample(all_triples(), 40):
+        for horizon, key in ((1, 1), (6, 9)):
+            checked, plain = solve(triple, horizon, key=key), solve(triple, horizon)
+            observations = [turn["content"] for turn in checked[0] if turn["role"] == "tool"]
+            assert observations == [turn["content"] for turn in plain[0] if turn["role"] == "tool"]
+            assert checked[1] == plain[1]
+            start = triple[0]
+            assert f"Start with {start}, which is {(start + key) % MODULUS} minus {key} modulo" in chain_task.question(
+                triple, horizon, key=key)
+
+
+def test_a_checked_task_draws_the_unchecked_problems_and_a_check_per_record(tmp_path):
+    """The same problems in the same order as the unchecked task, each record with its own check (so a problem's
+    check cannot be learnt with it), the same in the gold and noisy files."""
+    write_task(tmp_path / "plain", train=60, distill=10, seed=2)
+    write_task(tmp_path / "checked", train=60, distill=10, seed=2, checked=True)
+    write_task(tmp_path / "checked", train=60, distill=10, seed=2, checked=True, part="noisy", value_noise=0.3)
+    for name in ("train_prompts", "distill_demonstrations", "heldout_prompts"):
+        plain, checked = rows(tmp_path / "plain" / f"{name}.jsonl"), rows(tmp_path / "checked" / f"{name}.jsonl")
+        assert [row["task"]["triple"] for row in plain] == [row["task"]["triple"] for row in checked]
+        assert [row["gt"] for row in plain] == [row["gt"] for row in checked]
+        assert all("check_key" not in row["task"] for row in plain)
+    gold, noisy = (rows(tmp_path / "checked" / f"train_{kind}.jsonl") for kind in ("demonstrations", "noisy_demonstrations"))
+    assert [row["task"]["check_key"] for row in gold] == [row["task"]["check_key"] for row in noisy]
+    assert [row["conversations"][1] for row in gold] == [row["conversations"][1] for row in noisy]
+    by_problem = {}
+    for row in gold:
+        by_problem.setdefault((tuple(row["task"]["triple"]), row["task"]["horizon"]), set()).add(row["task"]["check_key"])
+    assert max(len(keys) for keys in by_problem.values()) > 1
+    assert {key for keys in by_problem.values() for key in keys} == set(range(1, 10))
+
+
+def test_a_checked_call_fails_in_the_tool_world_unless_its_input_is_the_guarded_result():
+    """A wrong input, written in the guard and the step alike, gets MiniMind's error observation whatever the value;
+    a wrong k passes the guard and runs (that error stays silent)."""
+    for triple in all_triples():
+        start, op, k = triple
+        guard = ((start + 4) % MODULUS, "-", 4)
+        assert run(chain_task.expression(start, op, k, guard)) == {"result": str(chain_task._step(start, op, k))}
+        for wrong in range(MODULUS):
+            if wrong != start:
+                assert "error" in run(chain_task.expression(wrong, op, k, guard))
+        for other in OPERATIONS[op][1]:
+            assert "result" in run(chain_task.expression(start, op, other, guard))
+
+
+def test_checked_noise_calls_are_flagged_when_the_input_is_wrong():
+    rng, kinds = random.Random(3), {"flagged": 0, "silent": 0}
+    for triple in all_triples()[::5]:
+        turns, gt, noise = solve(triple, 6, value_noise=0.5, operand_share=0.3, rng=rng, key=4)
+        assert replay([turn for turn in turns]) and gt == solve(triple, 6)[1]
+        for index, turn in enumerate(turns):
+            if turn.get("weight") == 0:
+                wrong = turn["tool_calls"][0]["function"]["arguments"]["expression"]
+                retry = turns[index + 2]["tool_calls"][0]["function"]["arguments"]["expression"]
+                assert turns[index + 2]["content"] == RETRY_NOTE
+                said, want = step_numbers(wrong), step_numbers(retry)
+                flagged = "error" in json.loads(turns[index + 1]["content"])
+                assert flagged == (said[0] != want[0])  # a wrong input fails the guard, a wrong k runs
+                kinds["flagged" if flagged else "silent"] += 1
+    assert kinds["flagged"] > 2 * kinds["silent"] > 0
+
+
+def test_a_guarded_expression_reads_back_as_its_step_and_its_corruptions_do_not():
+    for triple in all_triples():
+        start, op, k = triple
+        guard = (start, op, k)
+        assert step_numbers(chain_task.expression(start, op, k, guard)) == triple
+        for kind in ("truncated", "unbalanced"):
+            text = corrupted(start, op, k, kind, guard)
+            assert step_numbers(text) is None and "error" in run(text)
