@@ -41,8 +41,10 @@ or else the input value (another of 0..19: a misread start or observation), alwa
 correct one; it runs, and its real observation follows. Then, with probability ``syntax_noise`` instead, a
 *corrupted* call: its expression cut before the modulus, ``"(v op k) %"``, or missing its closing parenthesis,
 ``"(v op k % 20"``: both invalid, so MiniMind's tool world answers ``{"error": "unknown tool or invalid arguments"}``.
-The three rates are set from the warm students' own errors at temperature 1
-(``experiments.study.gates.student_error_rates``): almost all of their wrong values copy a wrong input.
+In a checked problem a wrong input is written in the guard and the step alike, so the guard fails and the tool
+world's error text follows; and with probability ``guard_share`` the confused number is instead the guard's first
+operand (the check, or the step before, misread), which fails the guard too. The rates are set from the warm
+students' own errors at temperature 1 (``experiments.study.gates.student_error_rates``).
 
 Either way the correct call follows: the step again from the last correct value, so a wrong value is visible (the
 call's expression sits in the context beside the question and the previous observation) and fixable (a retry from
@@ -147,10 +149,15 @@ def corrupted(value: int, op: str, k: int, kind: str, guard: Guard | None = None
     return text.rsplit(" ", 1)[0] if kind == "truncated" else text[::-1].replace(")", "", 1)[::-1]
 
 
-def confused(value: int, op: str, k: int, rng: random.Random, operand_share: float, guard: Guard | None = None) -> str:
-    """A valid expression for the same step with one number wrong, k with probability ``operand_share``, else the
-    input value, in the step and in the guard alike (see the module doc); its result is never the correct one, and
-    with a guard a wrong input fails it."""
+def confused(value: int, op: str, k: int, rng: random.Random, operand_share: float, guard: Guard | None = None,
+             guard_share: float = 0.0) -> str:
+    """A valid expression for the same step with one number wrong: with a guard, its first operand with probability
+    ``guard_share`` (the check or the step before misread; the guard fails); else k with probability
+    ``operand_share``, else the input value, in the step and in the guard alike (see the module doc). Its result is
+    never the correct one, and with a guard a wrong input fails it."""
+    if guard is not None and guard_share and rng.random() < guard_share:
+        a, guard_op, b = guard
+        return expression(value, op, k, (rng.choice([other for other in range(MODULUS) if other != a]), guard_op, b))
     ks = OPERATIONS[op][1]
     while True:
         if rng.random() >= operand_share:
@@ -177,8 +184,8 @@ def _observe(text: str) -> tuple[str, dict | None]:
 
 
 def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.0, syntax_noise: float = 0.0,
-          operand_share: float = 0.0, rng: random.Random | None = None,
-          key: int | None = None) -> tuple[list[dict], str, dict[str, int]]:
+          operand_share: float = 0.0, rng: random.Random | None = None, key: int | None = None,
+          guard_share: float = 0.0) -> tuple[list[dict], str, dict[str, int]]:
     """The demonstration's turns after the prompt, the final answer's ``gt`` and the noise calls injected by kind
     (``confused``, ``corrupted``).
 
@@ -195,7 +202,7 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
         note = ""
         if draw < value_noise + syntax_noise:
             kind = "confused" if draw < value_noise else "corrupted"
-            wrong = (confused(value, op, k, rng, operand_share, guard) if kind == "confused"
+            wrong = (confused(value, op, k, rng, operand_share, guard, guard_share) if kind == "confused"
                      else corrupted(value, op, k, rng.choice(CORRUPTIONS), guard))
             observation, result = _observe(wrong)
             ran = result is not None
@@ -221,12 +228,12 @@ def _step(value: int, op: str, k: int) -> int:
 
 def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bool, value_noise: float = 0.0,
                 syntax_noise: float = 0.0, operand_share: float = 0.0, rng: random.Random | None = None,
-                key: int | None = None) -> dict:
+                key: int | None = None, guard_share: float = 0.0) -> dict:
     """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, then the turns (a
     demonstration) or the gold calls as ``expected_calls`` (a prompt: the evaluation classifies every call against
     them, ``opd.scoring``); ``key``: a checked problem's, kept as ``task.check_key``."""
     turns, gt, noise = solve(triple, horizon, value_noise=value_noise, syntax_noise=syntax_noise,
-                             operand_share=operand_share, rng=rng, key=key)
+                             operand_share=operand_share, rng=rng, key=key, guard_share=guard_share)
     conversation = [{"role": "system", "content": SYSTEM_PROMPT, "tools": json.dumps(tool_schemas(list(TOOLS)))},
                     {"role": "user", "content": question(triple, horizon, key=key)}]
     row = {"conversations": conversation + (turns if demonstration else []), "gt": [f"result is {gt}."],
@@ -258,7 +265,7 @@ PARTS = ("task", "noisy")  # what write_task writes: the task's files, or the no
 def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, horizons: tuple[int, ...] = HORIZONS,
                warm_horizons: tuple[int, ...] = (1,), part: str = "task", value_noise: float = 0.2,
                syntax_noise: float = 0.05, operand_share: float = 0.05, heldout_share: float = 0.4,
-               distill_share: float = 0.2, checked: bool = False) -> dict:
+               distill_share: float = 0.2, checked: bool = False, guard_share: float = 0.0) -> dict:
     """Write one ``part`` of the task into ``out_dir`` (listed in the summary it returns and writes,
     ``{part}_summary.json``).
 
@@ -277,8 +284,9 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     if not (0 <= value_noise and 0 <= syntax_noise and value_noise + syntax_noise < 1):
         raise ValueError(f"value_noise >= 0, syntax_noise >= 0 and their sum < 1 are required, got {value_noise} and "
                          f"{syntax_noise}")
-    if not 0 <= operand_share <= 1:
-        raise ValueError(f"operand_share must be in [0, 1], got {operand_share}")
+    for name, share in (("operand_share", operand_share), ("guard_share", guard_share)):
+        if not 0 <= share <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {share}")
     if not warm_horizons or not set(warm_horizons) <= set(horizons):
         raise ValueError(f"warm horizons must be among the horizons {list(horizons)}, got {list(warm_horizons)}")
     out, rng, noise_rng = Path(out_dir), random.Random(seed), random.Random(f"noise-{seed}")
@@ -304,7 +312,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         if part == "noisy":
             write(f"{split}_noisy_demonstrations", [
                 make_record(t, h, demonstration=True, value_noise=value_noise, syntax_noise=syntax_noise,
-                            operand_share=operand_share, rng=noise_rng, key=key) for t, h, key in drawn])
+                            operand_share=operand_share, rng=noise_rng, key=key,
+                            guard_share=guard_share) for t, h, key in drawn])
             continue
         gold = [make_record(t, h, demonstration=True, key=key) for t, h, key in drawn]
         write(f"{split}_demonstrations", gold)
@@ -317,7 +326,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     if part == "task":
         write("heldout_prompts", [make_record(t, h, demonstration=False, key=key) for t, h, key in heldout])
     summary = {"part": part, "seed": seed, "checked": checked, "horizons": list(horizons), "warm_horizons": list(warm_horizons),
-               **({"value_noise": value_noise, "syntax_noise": syntax_noise, "operand_share": operand_share}
+               **({"value_noise": value_noise, "syntax_noise": syntax_noise, "operand_share": operand_share,
+                   "guard_share": guard_share}
                   if part == "noisy" else {}),
                "heldout_share": heldout_share, "distill_share": distill_share, "modulus": MODULUS,
                "tools": list(TOOLS), "triples": {split: len(found) for split, found in triples.items()},
@@ -342,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="noisy files: probability of a corrupted call (an invalid expression) before each call")
     parser.add_argument("--operand-share", type=float, default=0.05,
                         help="noisy files: of the confused calls, the share with k wrong (else the input value)")
+    parser.add_argument("--guard-share", type=float, default=0.0,
+                        help="noisy checked files: of the confused calls, the share with the guard's first operand wrong")
     parser.add_argument("--checked", action="store_true",
                         help="every problem states a check of its start and every call is guarded by it or the step before")
     parser.add_argument("--seed", type=int, default=0)
@@ -350,6 +362,7 @@ def main(argv: list[str] | None = None) -> None:
         summary = write_task(args.out, train=args.train, distill=args.distill, seed=args.seed, part=args.part,
                              value_noise=args.value_noise, syntax_noise=args.syntax_noise,
                              operand_share=args.operand_share, checked=args.checked,
+                             guard_share=args.guard_share,
                              horizons=tuple(int(h) for h in args.horizons.split(",")),
                              warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:

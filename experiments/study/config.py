@@ -40,6 +40,7 @@ class ChainData:
     value_noise: float
     syntax_noise: float
     operand_share: float
+    guard_share: float
 
     def __post_init__(self) -> None:
         check_integers("data.", self, ("train", "distill"))
@@ -47,7 +48,8 @@ class ChainData:
             require(0 <= getattr(self, key) < 1, f"data.{key}", "in [0, 1)", getattr(self, key))
         require(self.value_noise + self.syntax_noise < 1, "data.syntax_noise",
                 f"below 1 - data.value_noise = {1 - self.value_noise:g}", self.syntax_noise)
-        require(0 <= self.operand_share <= 1, "data.operand_share", "in [0, 1]", self.operand_share)
+        for key in ("operand_share", "guard_share"):
+            require(0 <= getattr(self, key) <= 1, f"data.{key}", "in [0, 1]", getattr(self, key))
 
 
 @dataclass

@@ -63,14 +63,17 @@ def _step_numbers(call: ToolCall | MalformedToolCall) -> tuple[int, str, int] | 
 
 
 def wrong_number(row: dict, expected: list[dict], position: int) -> str | None:
-    """Which number of the episode's first wrong value is wrong, against the gold call at ``position`` (the correct
-    calls before it): ``k`` (k alone), ``input`` (the input value, k right or not), None when unreadable."""
+    """Which number of the episode's first wrong value (or failed guard) is wrong, against the gold call at
+    ``position`` (the correct calls before it): ``k`` (k alone), ``input`` (the input value, k right or not),
+    ``guard`` (the step right: a guard operand), None when unreadable."""
     wrong = next((call for kind, call in zip(row["call_types"], _calls(row), strict=True) if kind in CALL_ERRORS), None)
     said = _step_numbers(wrong) if wrong else None
     want = (_step_numbers(ToolCall(expected[position]["name"], expected[position]["arguments"]))
             if position < len(expected) else None)
     if said is None or want is None:
         return None
+    if said == want:
+        return "guard"
     return "k" if said[0] == want[0] else "input"  # a wrong value with the right input: k
 
 
@@ -84,9 +87,10 @@ def student_error_rates(cfg, paths) -> dict:
     its noise), by type, pooled over seeds, beside the configured rates. ``value_noise`` matches the confused calls:
     wrong values and operations, and in a checked task the failed calls whose step reads back (a guard that failed:
     a wrong number, ``guard_failed``); ``syntax_noise`` the other failed calls (a corrupted one); broken JSON is
-    reported, not injected (MiniMind gives it no observation). ``wrong_k_share``: of the first confused calls whose
-    numbers read back, the share with only k wrong (the rest have a wrong input; a failed guard counts as one), which
-    ``operand_share`` matches."""
+    reported, not injected (MiniMind gives it no observation). Of the first confused calls whose numbers read back:
+    ``wrong_k_share``, the share with only k wrong, which ``operand_share`` matches; ``wrong_guard_share``, the share
+    with a right step and a failed guard (a guard operand wrong), which ``guard_share`` matches; the rest have a wrong
+    input."""
     prompts = _rows(paths.file("heldout_prompts"))
     at_risk, first, numbers = 0, Counter(), Counter()
     for seed in cfg.seeds:
@@ -96,8 +100,7 @@ def student_error_rates(cfg, paths) -> dict:
                 if kind in CALL_ERRORS:
                     guard_failed = kind == FAILED_CALL and _step_numbers(_calls(row)[position]) is not None
                     first[GUARD_FAILED if guard_failed else kind] += 1
-                    numbers["input"] += guard_failed
-                    if kind == WRONG_VALUE:
+                    if kind == WRONG_VALUE or guard_failed:
                         line = int(row["source"].rsplit(":", 1)[1])
                         numbers[wrong_number(row, prompts[line - 1]["expected_calls"], position)] += 1
                     break
@@ -105,12 +108,14 @@ def student_error_rates(cfg, paths) -> dict:
     def rate(*kinds: str) -> float | None:
         return sum(first[kind] for kind in kinds) / at_risk if at_risk else None
 
-    readable = numbers["k"] + numbers["input"]
+    readable = numbers["k"] + numbers["input"] + numbers["guard"]
     return {"calls_at_risk": at_risk, "confused": rate(WRONG_VALUE, WRONG_OPERATION, GUARD_FAILED),
             "wrong_value": rate(WRONG_VALUE), "wrong_operation": rate(WRONG_OPERATION),
             "guard_failed": rate(GUARD_FAILED), "failed_call": rate(FAILED_CALL), "broken_json": rate(BROKEN_JSON),
-            "wrong_k_share": numbers["k"] / readable if readable else None, "value_noise": cfg.data.value_noise,
-            "syntax_noise": cfg.data.syntax_noise, "operand_share": cfg.data.operand_share}
+            "wrong_k_share": numbers["k"] / readable if readable else None,
+            "wrong_guard_share": numbers["guard"] / readable if readable else None, "value_noise": cfg.data.value_noise,
+            "syntax_noise": cfg.data.syntax_noise, "operand_share": cfg.data.operand_share,
+            "guard_share": cfg.data.guard_share}
 
 
 def gate_values(cfg, paths, report: dict) -> dict:

@@ -6,7 +6,7 @@
 1. ``data``: the chain task (``python -m experiments.study.chain_task``): horizons of dependent calculator calls,
    gold demonstrations, distillation prompts, every held-out problem at every horizon; three splits disjoint by
    problem. ``noisy-data``: the same problems as noise-injected (DART) demonstrations at ``data.value_noise``,
-   ``data.syntax_noise`` and ``data.operand_share`` (a stage of its own, so that setting them from the pilot reruns
+   ``data.syntax_noise``, ``data.operand_share`` and ``data.guard_share`` (a stage of its own, so that setting them from the pilot reruns
    nothing else).
 2. ``teacher-gold``: SFT (``opd/sft.py``) of a seeded random init of the teacher's architecture on the gold
    demonstrations, keeping its weights every ``teacher_pick.check_every`` steps, run by
@@ -218,7 +218,8 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--warm-horizons", ",".join(map(str, cfg.warm.horizons)), *(["--checked"] if data.checked else [])]
     stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES]),
               Stage("noisy-data", [*task, "--part", "noisy", "--value-noise", str(data.value_noise),
-                                   "--syntax-noise", str(data.syntax_noise), "--operand-share", str(data.operand_share)],
+                                   "--syntax-noise", str(data.syntax_noise), "--operand-share", str(data.operand_share),
+                                   "--guard-share", str(data.guard_share)],
                                   [paths.file(name) for name in NOISY_FILES])]
     evaluations = []
     gold_sft = _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_demonstrations"),

@@ -135,6 +135,7 @@ def test_a_checked_task_reaches_both_data_stages():
     (["data.value_noise=1.0"], "data.value_noise must be in [0, 1), got 1.0"),
     (["data.value_noise=0.6", "data.syntax_noise=0.5"], "data.syntax_noise must be below 1 - data.value_noise = 0.4"),
     (["data.operand_share=1.5"], "data.operand_share must be in [0, 1], got 1.5"),
+    (["data.guard_share=-0.1"], "data.guard_share must be in [0, 1], got -0.1"),
     (["data.checked=maybe"], "data.checked must be true or false, got 'maybe'"),
     (["endpoint.arm=kd"], "endpoint.arm must be an arm other than the baseline (kd)"),
     (["endpoint.horizon=3"], "endpoint.horizon must be one of [1, 2, 4, 6]"),
@@ -257,8 +258,9 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert report["noise_match"] == pytest.approx({"calls_at_risk": 13, "confused": 0.0, "wrong_value": 0.0,
                                                    "wrong_operation": 0.0, "guard_failed": 0.0, "failed_call": 5 / 13,
                                                    "broken_json": 0.0,
-                                                   "wrong_k_share": None, "value_noise": 0.21, "syntax_noise": 0.005,
-                                                   "operand_share": 0.05})
+                                                   "wrong_k_share": None, "wrong_guard_share": None,
+                                                   "value_noise": 0.14, "syntax_noise": 0.009, "operand_share": 0.01,
+                                                   "guard_share": 0.39})
     rows = summary_results(report)
     assert {(row["arm"], row["horizon"], row["decoding"]) for row in rows} == {
         (a, h, d) for a in ("kd", "opd") for h in (1, 2) for d in ("t1", "greedy")}
@@ -455,10 +457,13 @@ def test_the_noise_is_matched_to_first_errors_per_call_at_risk(tmp_path):
             row(["wrong_value", "wrong_value"], ["(13 - 5) % 20", "(8 - 6) % 20"]),  # 1 at risk: k alone
             row(["wrong_value"], ["(12 - 5) % 20"]),  # 1 at risk: the input (and k)
             # a checked task's call whose guard failed (the input 12 is not 2 - 9): 1 at risk, a confused call
-            row(["failed_call"], ["1 // 0 ** ((2 - 9 - 12) % 20) * (12 - 6) % 20"])]
+            row(["failed_call"], ["1 // 0 ** ((2 - 9 - 12) % 20) * (12 - 6) % 20"]),
+            # and one whose step is right but its guard's check misread (3 for 2): 1 at risk, a guard operand
+            row(["failed_call"], ["1 // 0 ** ((3 - 9 - 13) % 20) * (13 - 6) % 20"])]
     rows[2]["turn_texts"] = ["<tool_call>\n{broken\n</tool_call>"]
     (episodes / "episodes_student.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert student_error_rates(cfg, paths) == pytest.approx({
-        "calls_at_risk": 11, "confused": 4 / 11, "wrong_value": 3 / 11, "wrong_operation": 0.0,
-        "guard_failed": 1 / 11, "failed_call": 1 / 11, "broken_json": 1 / 11, "wrong_k_share": 1 / 4,
-        "value_noise": 0.21, "syntax_noise": 0.005, "operand_share": 0.05})
+        "calls_at_risk": 12, "confused": 5 / 12, "wrong_value": 3 / 12, "wrong_operation": 0.0,
+        "guard_failed": 2 / 12, "failed_call": 1 / 12, "broken_json": 1 / 12, "wrong_k_share": 1 / 5,
+        "wrong_guard_share": 1 / 5, "value_noise": 0.14, "syntax_noise": 0.009, "operand_share": 0.01,
+        "guard_share": 0.39})

@@ -252,10 +252,12 @@ def test_a_checked_call_fails_in_the_tool_world_unless_its_input_is_the_guarded_
             assert "result" in run(chain_task.expression(start, op, other, guard))
 
 
-def test_checked_noise_calls_are_flagged_when_the_input_is_wrong():
-    rng, kinds = random.Random(3), {"flagged": 0, "silent": 0}
+def test_checked_noise_calls_are_flagged_when_the_input_or_a_guard_operand_is_wrong():
+    """A confused checked call has its input wrong (guard and step alike), or k, or at the guard share the guard's
+    first operand alone; all but a wrong k fail in the tool world, and the retry restores every number."""
+    rng, kinds = random.Random(3), {"flagged": 0, "silent": 0, "guard": 0}
     for triple in all_triples()[::5]:
-        turns, gt, noise = solve(triple, 6, value_noise=0.5, operand_share=0.3, rng=rng, key=4)
+        turns, gt, noise = solve(triple, 6, value_noise=0.5, operand_share=0.3, rng=rng, key=4, guard_share=0.4)
         assert replay([turn for turn in turns]) and gt == solve(triple, 6)[1]
         for index, turn in enumerate(turns):
             if turn.get("weight") == 0:
@@ -264,9 +266,15 @@ def test_checked_noise_calls_are_flagged_when_the_input_is_wrong():
                 assert turns[index + 2]["content"] == RETRY_NOTE
                 said, want = step_numbers(wrong), step_numbers(retry)
                 flagged = "error" in json.loads(turns[index + 1]["content"])
-                assert flagged == (said[0] != want[0])  # a wrong input fails the guard, a wrong k runs
-                kinds["flagged" if flagged else "silent"] += 1
-    assert kinds["flagged"] > 2 * kinds["silent"] > 0
+                operands = [int(n) for n in chain_task.GUARDED_STEP.match(wrong).groups() if n.isdigit()]
+                right = [int(n) for n in chain_task.GUARDED_STEP.match(retry).groups() if n.isdigit()]
+                differ = [position for position, (a, b) in enumerate(zip(operands, right, strict=True)) if a != b]
+                # positions: guard a, b, v, modulus, step v, k, modulus
+                assert differ in ([0], [2, 4], [5])
+                assert flagged == (differ != [5])  # a wrong input or guard operand fails the guard, a wrong k runs
+                kinds["guard" if differ == [0] else "flagged" if flagged else "silent"] += 1
+                assert said == want or differ != [0]
+    assert kinds["flagged"] > kinds["guard"] > kinds["silent"] > 0
 
 
 def test_a_guarded_expression_reads_back_as_its_step_and_its_corruptions_do_not():
