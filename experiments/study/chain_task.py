@@ -146,7 +146,10 @@ def step_numbers(text: str) -> tuple[int, str, int] | None:
 def corrupted(value: int, op: str, k: int, kind: str, guard: Guard | None = None) -> str:
     """An invalid expression a careless model could write for the same step (see the module doc)."""
     text = expression(value, op, k, guard)
-    return text.rsplit(" ", 1)[0] if kind == "truncated" else text[::-1].replace(")", "", 1)[::-1]
+    if kind == "truncated":
+        return text.rsplit(" ", 1)[0]  # the modulus cut off: "... %"
+    last = text.rindex(")")  # the step's closing parenthesis dropped
+    return text[:last] + text[last + 1:]
 
 
 def confused(value: int, op: str, k: int, rng: random.Random, operand_share: float, guard: Guard | None = None,
@@ -287,6 +290,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     for name, share in (("operand_share", operand_share), ("guard_share", guard_share)):
         if not 0 <= share <= 1:
             raise ValueError(f"{name} must be in [0, 1], got {share}")
+    if guard_share and not checked:
+        raise ValueError(f"guard_share applies to checked problems only, got {guard_share} without checked")
     if not warm_horizons or not set(warm_horizons) <= set(horizons):
         raise ValueError(f"warm horizons must be among the horizons {list(horizons)}, got {list(warm_horizons)}")
     out, rng, noise_rng = Path(out_dir), random.Random(seed), random.Random(f"noise-{seed}")

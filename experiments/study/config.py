@@ -50,6 +50,8 @@ class ChainData:
                 f"below 1 - data.value_noise = {1 - self.value_noise:g}", self.syntax_noise)
         for key in ("operand_share", "guard_share"):
             require(0 <= getattr(self, key) <= 1, f"data.{key}", "in [0, 1]", getattr(self, key))
+        require(self.checked or not self.guard_share, "data.guard_share", "0 unless data.checked is true (only a "
+                "checked call has a guard)", self.guard_share)
 
 
 @dataclass

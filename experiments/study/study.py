@@ -6,8 +6,8 @@
 1. ``data``: the chain task (``python -m experiments.study.chain_task``): horizons of dependent calculator calls,
    gold demonstrations, distillation prompts, every held-out problem at every horizon; three splits disjoint by
    problem. ``noisy-data``: the same problems as noise-injected (DART) demonstrations at ``data.value_noise``,
-   ``data.syntax_noise``, ``data.operand_share`` and ``data.guard_share`` (a stage of its own, so that setting them from the pilot reruns
-   nothing else).
+   ``data.syntax_noise``, ``data.operand_share`` and ``data.guard_share`` (a stage of its own, so that setting them
+   from the pilot reruns nothing else).
 2. ``teacher-gold``: SFT (``opd/sft.py``) of a seeded random init of the teacher's architecture on the gold
    demonstrations, keeping its weights every ``teacher_pick.check_every`` steps, run by
    ``experiments.study.warm_start``, which stops it at the first of them whose greedy validation accuracy reaches

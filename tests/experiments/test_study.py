@@ -119,7 +119,7 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
 
 def test_a_checked_task_reaches_both_data_stages():
     for checked in (False, True):
-        cfg = study_config("/tmp/unused", f"data.checked={str(checked).lower()}")
+        cfg = study_config("/tmp/unused", f"data.checked={str(checked).lower()}", *([] if checked else ["data.guard_share=0"]))
         for stage in study_stages(cfg)[:2]:
             assert stage.name in ("data", "noisy-data") and ("--checked" in stage.command) == checked
 
@@ -136,6 +136,7 @@ def test_a_checked_task_reaches_both_data_stages():
     (["data.value_noise=0.6", "data.syntax_noise=0.5"], "data.syntax_noise must be below 1 - data.value_noise = 0.4"),
     (["data.operand_share=1.5"], "data.operand_share must be in [0, 1], got 1.5"),
     (["data.guard_share=-0.1"], "data.guard_share must be in [0, 1], got -0.1"),
+    (["data.checked=false", "data.guard_share=0.3"], "data.guard_share must be 0 unless data.checked is true"),
     (["data.checked=maybe"], "data.checked must be true or false, got 'maybe'"),
     (["endpoint.arm=kd"], "endpoint.arm must be an arm other than the baseline (kd)"),
     (["endpoint.horizon=3"], "endpoint.horizon must be one of [1, 2, 4, 6]"),

@@ -285,3 +285,8 @@ def test_a_guarded_expression_reads_back_as_its_step_and_its_corruptions_do_not(
         for kind in ("truncated", "unbalanced"):
             text = corrupted(start, op, k, kind, guard)
             assert step_numbers(text) is None and "error" in run(text)
+
+
+def test_a_guard_share_without_checked_problems_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="guard_share applies to checked problems only, got 0.3 without checked"):
+        write_task(tmp_path, train=4, distill=2, part="noisy", guard_share=0.3)
