@@ -13,10 +13,11 @@ inference weights beside it can start a new run.
 
 Both files are staged (written to temp files and fsynced) before either is renamed into place, the
 resume file last, so a crash leaves the previous pair or a new weights file next to the previous resume
-file — which ``restore`` detects; a write that fails (a full disk) is one error naming the file, and
-leaves the previous pair as it was. A new run refuses an ``out_dir`` that already holds checkpoints of the
-same name unless it resumes exactly those or ``overwrite=true``. With ``keep_saved_weights=true`` each save
-then also leaves its weights as ``{stem}_step{N}.pth`` (a learning curve's checkpoints from one run).
+file, which ``restore`` sets aside (renamed, kept) and writes again from the resume file. A write that
+fails (a full disk) is one error naming the file, and leaves the previous pair as it was. A new run
+refuses an ``out_dir`` that already holds checkpoints of the same name unless it resumes exactly those or
+``overwrite=true``. With ``keep_saved_weights=true`` each save then also leaves its weights as
+``{stem}_step{N}.pth`` (a learning curve's checkpoints from one run).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields, is_dataclass
@@ -36,6 +38,7 @@ from common.minimind.model import native_state_dict
 from common.user_errors import UserError
 from opd.data_order import DataCursor
 
+LOG = logging.getLogger(__name__)  # a child of the entries' run log ("opd")
 RESUME_FORMAT = "opd-resume/4"
 RESUME_KEYS = ("format", "model", "optimization", "step", "cursor", "rng", "signature", "weights_sha256",
                "content_sha256")
@@ -237,6 +240,24 @@ def load_resume(path: str | Path) -> dict:
     return state
 
 
+def restore_weights_file(weights_path: Path, model: torch.nn.Module, sha256: str, resume_path: Path) -> None:
+    """Make ``weights_path`` the weights written with the resume file again, from the model it restored. A crash
+    between the two renames leaves the next step's weights beside this resume file; those (or any other file found
+    there) are kept as ``{stem}.unmatched-{sha256[:12]}.pth``, never overwritten, with one warning line."""
+    found = file_fingerprint(weights_path) if weights_path.is_file() else None
+    if found == sha256:
+        return
+    if found is not None:
+        aside = weights_path.with_name(f"{weights_path.stem}.unmatched-{found[:12]}.pth")
+        os.replace(weights_path, aside)
+        LOG.warning(f"warning: {weights_path} was not the weights file written with {resume_path} (a crash between "
+                    f"writing the two); kept it as {aside} and wrote the resume file's weights in its place")
+    weights = io.BytesIO()
+    torch.save(native_state_dict(model), weights)
+    commit(stage_checkpoint_file(weights_path, lambda stream: stream.write(weights.getbuffer()), resume_path),
+           weights_path)
+
+
 def restore(path: str | Path, signature: dict, *, model: torch.nn.Module, optimization, sampler,
             rank: int = 0) -> tuple[int, DataCursor]:
     """Load a verified resume file into the run's objects after checking its signature and the weights file
@@ -245,12 +266,9 @@ def restore(path: str | Path, signature: dict, *, model: torch.nn.Module, optimi
     path = Path(path).expanduser()
     weights_path = path.with_name(path.name.removesuffix("_resume.pth") + ".pth")
     check_signature(state["signature"], signature, path)
-    if weights_path.is_file() and file_fingerprint(weights_path) != state["weights_sha256"]:
-        raise ResumeRefusedError(
-            f"{weights_path} is not the weights file written with {path} (another step or another run, e.g. a "
-            "crash between writing the two); the resume file alone continues the run: move that weights file "
-            "away and resume again")
     model.load_state_dict(state["model"], strict=True)
+    if rank == 0:
+        restore_weights_file(weights_path, model, state["weights_sha256"], path)
     optimization.load_state_dict(state["optimization"])
     rng = state["rng"][rank]
     if sampler is not None:

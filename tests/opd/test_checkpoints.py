@@ -1,5 +1,6 @@
 """Checkpoints: the pair is written staged and renamed resume-last, a full disk loses nothing, a damaged or
-mismatched resume file is refused, and the checksum over every field catches silent corruption and edits."""
+mismatched resume file is refused, weights a crash left beside it are set aside, and the checksum over every
+field catches silent corruption and edits."""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ def trained(seed: int = 0):
     return model, optimization
 
 
-def save(out_dir, model, optimization, step: int):
+def save(out_dir, model, optimization, step: int, ranks: int = 1):
     return save_checkpoint(out_dir, "agent_opd_64", model, optimization=optimization, step=step,
-                           cursor=DataCursor(0, step), rng_states=[rng_state(None)], signature=SIGNATURE)
+                           cursor=DataCursor(0, step), rng_states=[rng_state(None)] * ranks, signature=SIGNATURE)
 
 
 def test_round_trip_restores_weights_optimizer_and_cursor(tmp_path):
@@ -72,16 +73,29 @@ def test_a_silently_corrupted_tensor_is_refused(tmp_path):
         load_resume(resume)
 
 
-def test_weights_from_another_step_beside_the_resume_file_are_refused(tmp_path):
+def test_weights_of_an_unsaved_step_beside_the_resume_file_are_kept_aside_and_written_again(tmp_path, caplog):
+    """A kill between the two renames: the next step's weights beside this step's resume file. Rank 0 keeps them
+    under another name and writes the resume file's weights in their place; any other rank touches no file."""
     model, optimization = trained()
-    weights, resume = save(tmp_path, model, optimization, 1)
-    shutil.copy(weights, tmp_path / "step1.pth")
+    weights, resume = save(tmp_path, model, optimization, 1, ranks=2)
+    step1 = weights.read_bytes()
     with torch.no_grad():
         model.model.norm.weight.add_(1.0)
-    save(tmp_path, model, optimization, 2)
-    shutil.copy(tmp_path / "step1.pth", weights)  # as if a crash came between the two renames
-    with pytest.raises(ResumeRefusedError, match="is not the weights file written with"):
-        restore(resume, SIGNATURE, model=model, optimization=optimization, sampler=None)
+    step2 = weights.parent / "step2.pth"
+    shutil.copy(save(tmp_path / "next", model, optimization, 2)[0], step2)
+    shutil.copy(step2, weights)  # as if the kill came between renaming the weights and the resume file
+    fresh, fresh_optimization = trained(seed=1)
+    restore(resume, SIGNATURE, model=fresh, optimization=fresh_optimization, sampler=None, rank=1)
+    assert weights.read_bytes() == step2.read_bytes() and len(list(tmp_path.glob("*.unmatched-*"))) == 0
+    assert restore(resume, SIGNATURE, model=fresh, optimization=fresh_optimization, sampler=None)[0] == 1
+    assert weights.read_bytes() == step1  # byte for byte the file written with the resume file
+    (aside,) = tmp_path.glob("agent_opd_64.unmatched-*.pth")
+    assert aside.read_bytes() == step2.read_bytes()
+    assert f"kept it as {aside}" in caplog.text
+    caplog.clear()
+    weights.unlink()  # a resume file alone also gets its weights back, with nothing to set aside
+    restore(resume, SIGNATURE, model=fresh, optimization=fresh_optimization, sampler=None)
+    assert weights.read_bytes() == step1 and len(list(tmp_path.glob("*.unmatched-*"))) == 1 and not caplog.text
 
 
 EDITS = {  # what restore would take from the file: each edit alone must be refused
