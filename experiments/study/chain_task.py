@@ -35,26 +35,27 @@ problems' checks by heart and missed the held-out ones).
 substring of the answer, and the bare "1" would be found in "The result is 11.".
 
 Noise-injected demonstrations (DART: the robust teacher and the ``kd_dart`` arm) hold the errors a student makes,
-each followed by the recovery. Before each call, with probability ``value_noise``, a *confused* call is written first:
-one number replaced, either k (another k of the operation: a misread question) with probability ``operand_share``,
-or else the input value (another of 0..19: a misread start or observation), always with a result other than the
-correct one; it runs, and its real observation follows. Then, with probability ``syntax_noise`` instead, a
-*corrupted* call: its expression cut before the modulus, ``"(v op k) %"``, or missing its closing parenthesis,
-``"(v op k % 20"``: both invalid, so MiniMind's tool world answers ``{"error": "unknown tool or invalid arguments"}``.
-In a checked problem a wrong input is written in the guard and the step alike, so the guard fails and the tool
-world's error text follows; and with probability ``guard_share`` the confused number is instead the guard's first
-operand (the check, or the step before, misread), which fails the guard too. The rates are set from the warm
-students' own errors at temperature 1 (``experiments.study.gates.student_error_rates``).
+each followed by the recovery. Before each call (a retry included), with probability ``value_noise``, a *confused*
+call is written first: one number replaced, either k (another k of the operation: a misread question) with
+probability ``operand_share``, or else the input value (another of 0..19: a misread start or observation), always
+with a result other than the correct one; it runs, and its real observation follows. Then, with probability
+``syntax_noise`` instead, a *corrupted* call: its expression cut before the modulus, ``"(v op k) %"``, or missing
+its closing parenthesis, ``"(v op k % 20"``: both invalid, so MiniMind's tool world answers ``{"error": "unknown
+tool or invalid arguments"}``. In a checked problem a wrong input is written in the guard and the step alike, so the
+guard fails and the tool world's error text follows; and with probability ``guard_share`` the confused number is
+instead the guard's first operand (the check, or the step before, misread), which fails the guard too. The rates are
+set from the warm students' own errors at temperature 1 (``experiments.study.gates.student_error_rates``).
 
-Either way the correct call follows: the step again from the last correct value, so a wrong value is visible (the
-call's expression sits in the context beside the question and the previous observation) and fixable (a retry from
-the last correct value is the right move), and every episode still has H correct calls. The noise turn has
-``"weight": 0``: it is context, never a target (``opd.demonstrations``); the retry is learned. The retry turn says
-so before its call (``RETRY_NOTE``, as an agent states what it noticed): noticing the wrong value and choosing which
-observation to copy are then decisions at two different tokens. A bare retry asks both of one token, which the
-pilot's 2-layer teacher did not learn (``experiments/study/README.md``, "Pilot"). Broken JSON is not injected:
-MiniMind's tool world gives it no observation and the episode ends there, so there is nothing to recover in a
-demonstration.
+Either way the retry follows: the step again from the last correct value, itself a call that noise may precede again
+(a retry that fails is retried, the state a teacher meets when its retry of a student's error goes wrong). So a
+wrong value is visible (the call's expression sits in the context beside the question and the previous observation)
+and fixable (a retry from the last correct value is the right move), and every episode still has H correct calls.
+The noise turn has ``"weight": 0``: it is context, never a target (``opd.demonstrations``); the retry is learned.
+The retry turn says so before its call (``RETRY_NOTE``, as an agent states what it noticed): noticing the wrong
+value and choosing which observation to copy are then decisions at two different tokens. A bare retry asks both of
+one token, which the pilot's 2-layer teacher did not learn (``experiments/study/README.md``, "Pilot"). Broken JSON
+is not injected: MiniMind's tool world gives it no observation and the episode ends there, so there is nothing to
+recover in a demonstration.
 
 Splits are disjoint by triple: a fixed hash of the triple (seed independent) puts it in ``heldout`` (below
 ``heldout_share``), ``distill`` (below ``heldout_share + distill_share``) or ``train``, with all its horizons. The
@@ -194,16 +195,21 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
 
     Observations are exactly what the rollout's tool world returns; a noise call (probability ``value_noise`` a
     confused one, ``syntax_noise`` a corrupted one, per call, drawn from ``rng``) comes first, with weight 0, then its
-    observation, then the retry: ``RETRY_NOTE`` and the correct call from the last correct value. With a check ``key``:
+    observation, then the retry: ``RETRY_NOTE`` and the correct call from the last correct value. A retry is a call
+    too, so it may be preceded by noise again (the note, then another wrong call), up to ``horizon + 1`` noise calls
+    per demonstration: with the ``horizon`` calls and the answer, it fits the ``2 * horizon + 2`` turns a rollout
+    allows. With a check ``key``:
     every call is guarded (``expression``), the first by the question's check, every later one by the step before it.
     """
     value, (_, op, k), turns = triple[0], triple, []
     guard = None if key is None else ((value + key) % MODULUS, "-", key)
     noise = {"confused": 0, "corrupted": 0}
     for _ in range(horizon):
-        draw = rng.random() if value_noise or syntax_noise else 1.0
         note = ""
-        if draw < value_noise + syntax_noise:
+        while value_noise or syntax_noise:
+            draw = rng.random()
+            if draw >= value_noise + syntax_noise or sum(noise.values()) > horizon:
+                break
             kind = "confused" if draw < value_noise else "corrupted"
             wrong = (confused(value, op, k, rng, operand_share, guard, guard_share) if kind == "confused"
                      else corrupted(value, op, k, rng.choice(CORRUPTIONS), guard))
@@ -211,7 +217,7 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
             ran = result is not None
             if ran and (kind == "corrupted" or int(result["result"]) == _step(value, op, k)):
                 raise RuntimeError(f"the tool world answered the {kind} call {wrong!r} with {observation}")
-            turns += [_call_turn(wrong, weight=0), {"role": "tool", "content": observation}]
+            turns += [_call_turn(wrong, weight=0, note=note), {"role": "tool", "content": observation}]
             noise[kind] += 1
             note = RETRY_NOTE
         right = expression(value, op, k, guard)

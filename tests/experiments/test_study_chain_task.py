@@ -131,17 +131,18 @@ def test_a_prompt_carries_its_gold_calls_for_the_evaluations_classifier(tmp_path
 
 def test_a_noise_call_is_a_confused_or_corrupted_step_then_the_noted_retry_from_the_last_correct_value():
     """A confused call runs (one number wrong: k at the operand share, else the input value) and returns a wrong
-    result; a corrupted call gets the tool world's error; either is followed by the retry, which alone says
-    RETRY_NOTE, with the correct call from the last correct value, so the weight-1 calls are exactly the gold
-    episode's; the rates are those asked for."""
-    rng, counts, calls_made = random.Random(0), {"confused": 0, "corrupted": 0, "k": 0}, 0
+    result; a corrupted call gets the tool world's error; either is followed by the retry, which says RETRY_NOTE,
+    with the correct call from the last correct value, so the weight-1 calls are exactly the gold episode's. A retry
+    is a call too: noise may come before it again (after the note), at most horizon + 1 noise calls in all; the
+    rates per call (retries included) are those asked for."""
+    rng, counts, calls_made, repeated = random.Random(0), {"confused": 0, "corrupted": 0, "k": 0}, 0, 0
     for triple in all_triples():
         for horizon in (2, 6):
-            turns, gt, noise = solve(triple, horizon, value_noise=0.3, syntax_noise=0.1, operand_share=0.25, rng=rng)
+            turns, gt, noise = solve(triple, horizon, value_noise=0.15, syntax_noise=0.05, operand_share=0.25, rng=rng)
             gold, gold_gt, _ = solve(triple, horizon)
             calls, weights = replay(turns), [turn.get("weight", 1) for turn in turns[:-1:2]]
             assert [call for call, weight in zip(calls, weights, strict=True) if weight == 1] == replay(gold)
-            assert gt == gold_gt and weights.count(0) == sum(noise.values())
+            assert gt == gold_gt and weights.count(0) == sum(noise.values()) <= horizon + 1
             notes = [turn["content"] for turn in turns[:-1:2]]
             assert [note == RETRY_NOTE for note in notes] == [index > 0 and weights[index - 1] == 0
                                                              for index in range(len(notes))]
@@ -149,8 +150,8 @@ def test_a_noise_call_is_a_confused_or_corrupted_step_then_the_noted_retry_from_
             for index, ((expression, observation), weight) in enumerate(zip(calls, weights, strict=True)):
                 if weight == 1:
                     continue
-                retry, _ = calls[index + 1]
-                assert weights[index + 1] == 1  # the retry follows at once
+                repeated += weights[index + 1] == 0
+                retry, _ = calls[weights.index(1, index)]  # the retry: the next learned call
                 if "error" in json.loads(observation):  # corrupted: an invalid expression of the same step
                     assert expression in (retry[:-3], retry.replace(") %", " %"))  # truncated, unbalanced
                 else:  # confused: a valid expression, one number other than the retry's, another result
@@ -159,12 +160,13 @@ def test_a_noise_call_is_a_confused_or_corrupted_step_then_the_noted_retry_from_
                     differ = [position for position, (a, b) in enumerate(zip(wrong, right, strict=True)) if a != b]
                     assert len(wrong) == len(right) and len(differ) == 1 and differ[0] in (0, 2)  # input or k
                     counts["k"] += differ[0] == 2
-                    assert json.loads(observation)["result"] != json.loads(calls[index + 1][1])["result"]
+                    assert json.loads(observation)["result"] != json.loads(calls[weights.index(1, index)][1])["result"]
             for kind in ("confused", "corrupted"):
                 counts[kind] += noise[kind]
-            calls_made += horizon
-    assert 0.27 < counts["confused"] / calls_made < 0.33 and 0.08 < counts["corrupted"] / calls_made < 0.12
+            calls_made += horizon + sum(noise.values())
+    assert 0.13 < counts["confused"] / calls_made < 0.17 and 0.04 < counts["corrupted"] / calls_made < 0.06
     assert 0.2 < counts["k"] / counts["confused"] < 0.3
+    assert 100 < repeated < 0.3 * sum(counts[kind] for kind in ("confused", "corrupted"))  # about 1 in 5 noise calls
 
 
 def test_a_noise_call_is_context_and_its_retry_a_target(task, tokenizer):
@@ -183,7 +185,9 @@ def test_a_noise_call_is_context_and_its_retry_a_target(task, tokenizer):
         assert all(') % 20"' in text or text.startswith("The result is") for text in targets)
         retries = [target for index, target in enumerate(targets)
                    if index < len(targets) - 1 and target.startswith(RETRY_NOTE + "\n<tool_call>")]
-        assert len(retries) == len(wrong)  # a note before exactly the retried calls, rendered before the call
+        weights = [m.get("weight", 1) for m in demonstration.messages if m["role"] == "assistant"]
+        runs = sum(1 for before, after in zip(weights, weights[1:]) if before == 0 and after == 1)
+        assert len(retries) == runs  # a note before exactly the retried calls (one per run of noise calls)
 
 
 def test_a_step_expression_reads_back_and_nothing_else_does():
@@ -262,7 +266,8 @@ def test_checked_noise_calls_are_flagged_when_the_input_or_a_guard_operand_is_wr
         for index, turn in enumerate(turns):
             if turn.get("weight") == 0:
                 wrong = turn["tool_calls"][0]["function"]["arguments"]["expression"]
-                retry = turns[index + 2]["tool_calls"][0]["function"]["arguments"]["expression"]
+                retry = next(later for later in turns[index + 2::2] if later.get("weight", 1) == 1)
+                retry = retry["tool_calls"][0]["function"]["arguments"]["expression"]
                 assert turns[index + 2]["content"] == RETRY_NOTE
                 said, want = step_numbers(wrong), step_numbers(retry)
                 flagged = "error" in json.loads(turns[index + 1]["content"])
