@@ -12,7 +12,8 @@ errors the student can recover from are continued (``recoverable``): the tool wo
 but ``broken_json``, which MiniMind does not read as a call) and the turn was not the last one allowed. The teacher
 continues each prefix with the turns left (``--max-turns`` minus the prefix's), at ``--sampling`` (a preset of
 ``configs/sampling/``) with the evaluation's per-record seeds (``opd.sampling.sample_seed``), and its episode is scored
-by ``opd.scoring``. Writes the counts by first error type and the share that ended correct.
+by ``opd.scoring``. Writes the counts by first error type, by the erring call (the first call, whose retry reads the
+question, or a later one, whose retry reads the last correct call) and the share that ended correct.
 """
 
 from __future__ import annotations
@@ -66,15 +67,15 @@ def prefix_messages(record: AgentRecord, texts: list[str], eos: str) -> list[dic
 
 
 def continuation_records(rows: list[dict], records: dict[str, AgentRecord], max_turns: int,
-                         eos: str) -> tuple[dict[int, list[tuple[AgentRecord, str]]], Counter]:
-    """The recoverable post-error prefixes as records with their first error type, grouped by the turns left; and why
-    the other error episodes were not continued."""
+                         eos: str) -> tuple[dict[int, list[tuple[AgentRecord, str, int]]], Counter]:
+    """The recoverable post-error prefixes as records with their first error's type and call index, grouped by the
+    turns left; and why the other error episodes were not continued."""
     by_budget, skipped = defaultdict(list), Counter()
     for row in rows:
         found = first_error(row)
         if found is None:
             continue
-        turn, _, kind = found
+        turn, call, kind = found
         if kind == BROKEN_JSON:
             skipped[BROKEN_JSON] += 1
             continue
@@ -84,7 +85,7 @@ def continuation_records(rows: list[dict], records: dict[str, AgentRecord], max_
         record = records[row["source"]]
         prefix = AgentRecord(prefix_messages(record, row["turn_texts"][:turn + 1], eos), record.tools,
                              f"{row['source']}#sample{row['sample']}", record.gt)
-        by_budget[max_turns - turn - 1].append((prefix, kind))
+        by_budget[max_turns - turn - 1].append((prefix, kind, call))
     return by_budget, skipped
 
 
@@ -117,21 +118,26 @@ def main(argv: list[str] | None = None) -> None:
     records = {record.source: record for record in load_agent_records(args.data)[0]}
     rows = [json.loads(line) for line in args.episodes.read_text().splitlines() if line.strip()]
     by_budget, skipped = continuation_records(rows, records, args.max_turns, tokenizer.eos_token)
-    continued, correct = Counter(), Counter()  # by first error type
+    continued, correct = Counter(), Counter()  # by first error type, and by "first_call" / "later_call"
     for budget, prefixes in sorted(by_budget.items()):
         limits = RolloutConfig(budget, args.max_gen_len, args.max_total_len, False)
         for start in range(0, len(prefixes), args.batch_size):
             chunk = prefixes[start:start + args.batch_size]
-            sampler = record_sampler(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, _ in chunk})
-            episodes = AgentRollout(model, chat_format, sampler, limits).run([record for record, _ in chunk])
-            for episode, (_, kind) in zip(episodes, chunk, strict=True):
-                continued[kind] += 1
-                correct[kind] += score_episode(episode, chat_format).correct
-    total = sum(continued.values())
+            sampler = record_sampler(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, _, _ in chunk})
+            episodes = AgentRollout(model, chat_format, sampler, limits).run([record for record, _, _ in chunk])
+            for episode, (_, kind, call) in zip(episodes, chunk, strict=True):
+                ended_correct = score_episode(episode, chat_format).correct
+                for key in (kind, "first_call" if call == 0 else "later_call"):
+                    continued[key] += 1
+                    correct[key] += ended_correct
+    positions = ("first_call", "later_call")
+    total, ended_correct = sum(continued[key] for key in positions), sum(correct[key] for key in positions)
     report = {"episodes": len(rows), "error_episodes": total + sum(skipped.values()), "continued": total,
-              "not_continued": dict(skipped), "correct": sum(correct.values()),
-              "rate": sum(correct.values()) / total if total else None,
-              "by_first_error": {kind: {"continued": continued[kind], "correct": correct[kind]} for kind in continued},
+              "not_continued": dict(skipped), "correct": ended_correct, "rate": ended_correct / total if total else None,
+              "by_first_error": {kind: {"continued": continued[kind], "correct": correct[kind]}
+                                 for kind in continued if kind not in positions},
+              "by_error_call": {key: {"continued": continued[key], "correct": correct[key]}
+                                for key in positions if continued[key]},
               "sampling": args.sampling, "teacher": args.teacher}
     atomic_write_json(args.out, report)
     print(json.dumps(report, indent=2))

@@ -395,8 +395,8 @@ def test_the_teacher_continues_each_recoverable_post_error_prefix_with_the_turns
                                                   None]
     by_budget, skipped = continuation_records(rows, {record.source: record}, 4, "<|im_end|>")
     assert skipped == {"broken_json": 1, "no_turn_left": 1}
-    [(prefix, kind)] = by_budget[2]  # 4 turns allowed, 2 used
-    assert kind == "wrong_value" and list(by_budget) == [2]
+    [(prefix, kind, call)] = by_budget[2]  # 4 turns allowed, 2 used
+    assert kind == "wrong_value" and call == 1 and list(by_budget) == [2]
     assert prefix.source == f"{data}:1#sample0" and prefix.gt == record.gt and prefix.tools == record.tools
     added = prefix.messages[len(record.messages):]
     assert [(m["role"], m["content"]) for m in added] == [
@@ -428,6 +428,7 @@ def test_the_continuation_command_writes_its_counts(tmp_path, tokenizer_path):
     assert {key: report[key] for key in ("episodes", "error_episodes", "continued", "not_continued")} == {
         "episodes": 4, "error_episodes": 3, "continued": 1, "not_continued": {"broken_json": 1, "no_turn_left": 1}}
     assert report["by_first_error"]["wrong_value"]["continued"] == 1 and report["rate"] in (0.0, 1.0)
+    assert report["by_error_call"] == {"later_call": {"continued": 1, "correct": report["correct"]}}
 
 
 def test_the_noise_is_matched_to_first_errors_per_call_at_risk(tmp_path):
