@@ -3,6 +3,7 @@ observations equal to the tool world's, noise-injected demonstrations whose corr
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -186,7 +187,7 @@ def test_a_noise_call_is_context_and_its_retry_a_target(task, tokenizer):
         retries = [target for index, target in enumerate(targets)
                    if index < len(targets) - 1 and target.startswith(RETRY_NOTE + "\n<tool_call>")]
         weights = [m.get("weight", 1) for m in demonstration.messages if m["role"] == "assistant"]
-        runs = sum(1 for before, after in zip(weights, weights[1:]) if before == 0 and after == 1)
+        runs = sum(1 for before, after in itertools.pairwise(weights) if before == 0 and after == 1)
         assert len(retries) == runs  # a note before exactly the retried calls (one per run of noise calls)
 
 
