@@ -260,8 +260,9 @@ def restore_weights_file(weights_path: Path, model: torch.nn.Module, sha256: str
 
 def restore(path: str | Path, signature: dict, *, model: torch.nn.Module, optimization, sampler,
             rank: int = 0) -> tuple[int, DataCursor]:
-    """Load a verified resume file into the run's objects after checking its signature and the weights file
-    beside it; this process takes the RNG states of its ``rank``. Returns (step, next cursor)."""
+    """Load a verified resume file into the run's objects after checking its signature; rank 0 makes the weights
+    file beside it the one written with it again (``restore_weights_file``). This process takes the RNG states of its
+    ``rank``. Returns (step, next cursor)."""
     state = load_resume(path)
     path = Path(path).expanduser()
     weights_path = path.with_name(path.name.removesuffix("_resume.pth") + ".pth")

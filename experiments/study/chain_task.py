@@ -198,8 +198,8 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
     observation, then the retry: ``RETRY_NOTE`` and the correct call from the last correct value. A retry is a call
     too, so it may be preceded by noise again (the note, then another wrong call), up to ``horizon + 1`` noise calls
     per demonstration: with the ``horizon`` calls and the answer, it fits the ``2 * horizon + 2`` turns a rollout
-    allows. With a check ``key``:
-    every call is guarded (``expression``), the first by the question's check, every later one by the step before it.
+    allows. With a check ``key``: every call is guarded (``expression``), the first by the question's check, every
+    later one by the step before it.
     """
     value, (_, op, k), turns = triple[0], triple, []
     guard = None if key is None else ((value + key) % MODULUS, "-", key)
