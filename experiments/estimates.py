@@ -1,9 +1,10 @@
-"""The statistics the experiments report: paired differences on the same problems (means with standard errors are
-the evaluation's own, ``opd.scoring.mean_and_se``)."""
+"""The statistics the experiments report: paired differences on the same problems, Student's t intervals over seeds
+and least-squares slopes (means with standard errors are the evaluation's own, ``opd.scoring.mean_and_se``)."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,6 +23,44 @@ def paired_difference(correct: list[dict[str, float]], baseline: list[dict[str, 
     per_seed = [sum(a[p] - b[p] for p in problems) / len(problems) for a, b in zip(correct, baseline, strict=True)]
     seed_mean, seed_se = mean_and_se(per_seed)
     return {"mean": mean, "se_problems": se, "per_seed": per_seed, "se_seeds": seed_se, "problems": len(problems)}
+
+
+def t_critical(df: int, level: float = 0.95) -> float:
+    """The two-sided critical value c of Student's t with ``df`` degrees of freedom: P(|T| <= c) = ``level`` (12.706
+    for df 1, 4.303 for df 2, 1.960 in the limit). By bisection on the density's integral (Simpson's rule): the
+    project has no statistics library for this one number."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def density(t: float) -> float:
+        return math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
+
+    def mass(x: float, intervals: int = 4000) -> float:  # P(0 <= T <= x)
+        h = x / intervals
+        inner = sum((4 if i % 2 else 2) * density(i * h) for i in range(1, intervals))
+        return h / 3 * (density(0.0) + density(x) + inner)
+
+    low, high = 0.0, 1.0
+    while mass(high) < level / 2:
+        low, high = high, 2 * high
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if mass(middle) < level / 2 else (low, middle)
+    return (low + high) / 2
+
+
+def interval(mean: float, se: float | None, n: int, level: float = 0.95) -> list[float] | None:
+    """The ``level`` Student's t interval of a mean of ``n`` values with standard error ``se`` (None below 2)."""
+    if se is None or n < 2:
+        return None
+    half = t_critical(n - 1, level) * se
+    return [mean - half, mean + half]
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """The least-squares slope of ``ys`` over ``xs``."""
+    x_mean, y_mean = sum(xs) / len(xs), sum(ys) / len(ys)
+    return (sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys, strict=True))
+            / sum((x - x_mean) ** 2 for x in xs))
 
 
 def read_evaluation(directory: Path) -> dict:

@@ -9,7 +9,11 @@
 - **minus baseline**: the arm's accuracy minus the baseline arm's on the same problems. ``se`` is the standard error
   over seeds of the per-seed mean differences (what the conclusions rest on: it carries the training's own
   randomness); ``se_problems`` the SE over problems of the per-problem differences averaged over seeds.
-- **endpoint**: the pre-registered comparison (``endpoint``: arm, horizon, decoding) after the last step.
+- **endpoint**: the pre-registered comparison (``endpoint``: arm, horizon, decoding) after the last step, with its
+  95 % Student's t interval over seeds, and the secondary one: the slope over the horizons of the arm's paired
+  difference (per seed the least-squares slope, per unit of H; mean, SE and interval over seeds).
+- **ties**: every seed, decoding and step at which all arms scored the same at every horizon (a ceiling or a floor:
+  there the paired differences can only read 0).
 - **gates**: ``experiments.study.gates``.
 - **recovery**, **error episodes**, **tool errors** and the call error types: ``opd.scoring``'s (the evaluation's own
   classifier, run on the episodes' rows): recovery is, of the episodes with a call error (and how many there were),
@@ -28,7 +32,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from experiments.estimates import paired_difference
+from experiments.estimates import interval, paired_difference, slope
 from experiments.study.gates import ALL, gate_values, student_error_rates
 from opd.scoring import aggregate, mean_and_se, score_from_row
 
@@ -150,6 +154,11 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
         per_seed += levels
     e = cfg.endpoint
     final = decodings[e.decoding]["paired_vs_baseline"][e.arm][e.horizon][-1] if e.arm in arms else None
+    if final:
+        paired = decodings[e.decoding]["paired_vs_baseline"][e.arm]
+        slopes = ([slope(list(cfg.horizons), [paired[h][-1]["per_seed"][i] for h in cfg.horizons])
+                   for i in range(len(seeds))] if len(cfg.horizons) > 1 else None)
+        slope_mean, slope_se = mean_and_se(slopes) if slopes else (None, None)
     report = {"seeds": seeds, "horizons": list(cfg.horizons), "steps": steps, "baseline_arm": cfg.baseline_arm,
               "arms": {arm: {"on_policy": cfg.arm_settings[arm].on_policy, "teacher": cfg.arm_settings[arm].teacher,
                              "entry": cfg.arm_settings[arm].entry, "overrides": cfg.arm_settings[arm].overrides}
@@ -159,11 +168,28 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
               "decodings": decodings, "per_seed": per_seed,
               "endpoint": final and {"arm": e.arm, "horizon": e.horizon, "decoding": e.decoding, "step": steps[-1],
                                      "minus_kd": final["mean"], "minus_kd_se": final["se_seeds"],
-                                     "minus_kd_per_seed": final["per_seed"], "seeds": len(seeds)},
+                                     "minus_kd_per_seed": final["per_seed"], "seeds": len(seeds),
+                                     "minus_kd_ci95": interval(final["mean"], final["se_seeds"], len(seeds)),
+                                     "slope_over_horizons": slopes and {
+                                         "per_seed": slopes, "mean": slope_mean, "se": slope_se,
+                                         "ci95": interval(slope_mean, slope_se, len(seeds))}},
+              "ties": tied_runs(per_seed),
               "divergence": _divergence(paths, seeds)}
     report["gates"] = gate_values(cfg, paths, report)
     report["noise_match"] = student_error_rates(cfg, paths)
     return report
+
+
+def tied_runs(per_seed: list[dict]) -> list[dict]:
+    """Every (seed, decoding, step) at which two or more arms ran and all scored the same at every horizon, with
+    that accuracy over all horizons."""
+    by_run: dict = defaultdict(lambda: defaultdict(dict))
+    for row in per_seed:
+        if row["arm"] != "warm_student":
+            by_run[row["seed"], row["decoding"], row["step"]][row["arm"]][row["horizon"]] = row["accuracy"]
+    return [{"seed": seed, "decoding": decoding, "step": step, "accuracy": next(iter(arms.values()))[ALL]}
+            for (seed, decoding, step), arms in by_run.items()
+            if len(arms) > 1 and all(levels == next(iter(arms.values())) for levels in arms.values())]
 
 
 def summary_results(report: dict) -> list[dict]:
@@ -213,9 +239,17 @@ def print_report(report: dict, console: Console) -> None:
     if e is None:
         console.print("endpoint: its arm did not run in this slice")
     else:
-            console.print(f"endpoint (pre-registered): {e['arm']} minus {baseline} at H={e['horizon']}, {e['decoding']}, step "
+        ci, trend = e["minus_kd_ci95"], e["slope_over_horizons"]
+        console.print(f"endpoint (pre-registered): {e['arm']} minus {baseline} at H={e['horizon']}, {e['decoding']}, step "
                       f"{e['step']}: {_pm(e['minus_kd'], e['minus_kd_se'])} (SE over {e['seeds']} seeds; per seed "
-                      f"{', '.join(f'{d:+.3f}' for d in e['minus_kd_per_seed'])})")
+                      f"{', '.join(f'{d:+.3f}' for d in e['minus_kd_per_seed'])}"
+                      + ("" if ci is None else f"; 95 % interval {ci[0]:+.3f} to {ci[1]:+.3f}") + ")")
+        if trend:
+            console.print(f"  its slope over H, per unit of H: {_pm(trend['mean'], trend['se'])} (per seed "
+                          f"{', '.join(f'{d:+.4f}' for d in trend['per_seed'])})")
+    for tie in report["ties"]:
+        console.print(f"tie: seed {tie['seed']}, {tie['decoding']}, step {tie['step']}: every arm scored the same at "
+                      f"every horizon ({tie['accuracy']:.3f} over all); its paired differences can only read 0")
     for decoding, figures in report["decodings"].items():
         for horizon in [*report["horizons"], ALL]:
             table = Table(title=f"{decoding}, horizon {horizon}: held-out accuracy after {report['steps'][-1]} steps "

@@ -295,7 +295,8 @@ def run(cfg: StudyConfig) -> dict:
     print_report(report, console)
     stage_wall = {name: result["wall_s"] for name, result in results.items()}
     summary = {"seeds": list(cfg.seeds), "horizons": list(cfg.horizons), "gates": report["gates"],
-               "endpoint": report["endpoint"], "results": summary_results(report), "per_seed": report["per_seed"],
+               "endpoint": report["endpoint"], "ties": report["ties"], "results": summary_results(report),
+               "per_seed": report["per_seed"],
                "wall_s": wall, "stage_wall_s": stage_wall, "stage_wall_s_total": sum(stage_wall.values()),
                "reused_stages": [name for name, r in results.items() if r["reused"]],
                "commands": {stage.name: stage.command for stage in stages}, "report": report,

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from common.config_schema import ConfigError, parse_config
 from common.user_errors import UserError
-from experiments.estimates import paired_difference
+from experiments.estimates import interval, paired_difference, slope, t_critical
 from experiments.recipe.config import Arm, RecipeConfig
 from experiments.recipe.recipe import curve_report, curve_steps, recipe_stages
 from experiments.stages import Stage, run_stages
@@ -190,6 +190,21 @@ def test_paired_difference_is_per_problem_and_per_seed():
     assert result["per_seed"] == pytest.approx([0.5, 0.0]) and result["se_seeds"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="same held-out problems"):
         paired_difference(arm, [{"p1": True}, {"p1": True}])
+
+
+@pytest.mark.parametrize(("df", "expected"), [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (1000, 1.962)])
+def test_t_critical_values_match_the_published_table(df, expected):
+    assert t_critical(df) == pytest.approx(expected, abs=1e-3)
+    assert t_critical(df, level=0.5) < t_critical(df)
+
+
+def test_an_interval_over_seeds_is_t_with_n_minus_1_degrees_of_freedom_and_a_slope_is_least_squares():
+    low, high = interval(0.04, 0.01, 3)  # 3 seeds: 2 df, 4.303
+    assert (low, high) == pytest.approx((0.04 - 0.04303, 0.04 + 0.04303), abs=1e-5)
+    assert interval(0.04, None, 1) is None
+    # differences 0.04, 0.06, 0.11, 0.13 at H = 1, 2, 4, 6: x mean 3.25, sum dx*dy 0.275, sum dx^2 14.75
+    assert slope([1, 2, 4, 6], [0.04, 0.06, 0.11, 0.13]) == pytest.approx(0.275 / 14.75)
+    assert slope([1, 2, 4], [0.3, 0.3, 0.3]) == 0.0
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ its report (per-horizon accuracy, paired differences, recovery) against hand cal
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -10,12 +11,13 @@ from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
 
 from common.config_schema import ConfigError, parse_config
 from experiments.charts import write_study_charts
 from experiments.study.config import GATES, StudyConfig
 from experiments.study.gates import intermediate_calls
-from experiments.study.report import checkpoint_scores, study_report, summary_results
+from experiments.study.report import checkpoint_scores, print_report, study_report, summary_results
 from experiments.study.study import StudyPaths, curve_steps, study_stages
 from opd.scoring import EpisodeScore
 from tests.helpers.configs import compose_config
@@ -221,7 +223,8 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
         for name in ("kd", "opd"):
             (paths.arm(seed, name) / "run").mkdir(parents=True)
             (paths.arm(seed, name) / "run" / "metrics.jsonl").write_text(json.dumps({"step": 10, "elapsed_s": 7.0 + seed}))
-        paths.divergence(seed).write_text(json.dumps({"teachers": {"robust": {"all": {"forward_kl": 0.1 * (seed + 1)}}}}))
+        paths.divergence(seed).write_text(json.dumps({"teachers": {"robust": {"all": {
+            "forward_kl": 0.1 * (seed + 1), "reverse_kl": 0.2, "top1_agreement": 0.9, "topk_overlap": 0.8}}}}))
         paths.continuation(seed).write_text(json.dumps({"continued": 4, "correct": 3 - seed}))
     report = study_report(cfg, paths, curve_steps(cfg))
     t1, greedy = report["decodings"]["t1"], report["decodings"]["greedy"]
@@ -234,10 +237,18 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     paired = t1["paired_vs_baseline"]["opd"][2][-1]
     assert paired["per_seed"] == pytest.approx([0.5, 0.5]) and paired["mean"] == pytest.approx(0.5)
     assert paired["se_seeds"] == pytest.approx(0.0)
-    endpoint = report["endpoint"]
+    endpoint = dict(report["endpoint"])
     assert endpoint["minus_kd_per_seed"] == pytest.approx([0.5, 0.5])
+    trend, interval = endpoint.pop("slope_over_horizons"), endpoint.pop("minus_kd_ci95")
     assert {key: value for key, value in endpoint.items() if key != "minus_kd_per_seed"} == pytest.approx(
         {"arm": "opd", "horizon": 2, "decoding": "t1", "step": 10, "minus_kd": 0.5, "minus_kd_se": 0.0, "seeds": 2})
+    assert interval == pytest.approx([0.5, 0.5])  # no spread over the seeds
+    # opd minus kd at H = 1, 2: seed 0 0 then 0.5 (slope 0.5 per unit of H), seed 1 0.5 then 0.5 (slope 0)
+    assert trend["per_seed"] == pytest.approx([0.5, 0.0]) and trend["mean"] == pytest.approx(0.25)
+    assert trend["se"] == pytest.approx(0.25)  # sd 0.354 / sqrt(2)
+    assert trend["ci95"] == pytest.approx([0.25 - 12.706 * 0.25, 0.25 + 12.706 * 0.25], abs=1e-3)  # t, 1 df
+    # greedy, every episode of both arms correct: both seeds tie there; at T=1 no seed does
+    assert report["ties"] == [{"seed": seed, "decoding": "greedy", "step": 10, "accuracy": 1.0} for seed in (0, 1)]
     levels = {(r["arm"], r["seed"], r["horizon"], r["decoding"], r["step"]): r["accuracy"] for r in report["per_seed"]}
     assert levels["opd", 0, 2, "t1", 10] == 0.5 and levels["opd", 1, 2, "t1", 10] == 1.0
     assert levels["warm_student", 1, "all", "t1", 0] == 0.5 and levels["kd", 0, "all", "greedy", 10] == 1.0
@@ -273,6 +284,12 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     charts = write_study_charts(report, tmp_path / "charts")
     assert [chart.name for chart in charts] == ["accuracy_vs_horizon.png", "accuracy_vs_steps.png"]
     assert all(chart.read_bytes().startswith(b"\x89PNG") for chart in charts)
+    console = Console(file=io.StringIO(), width=200)
+    print_report(report, console)
+    printed = console.file.getvalue()
+    assert "endpoint (pre-registered): opd minus kd at H=2, t1, step 10: 0.500 ± 0.000" in printed
+    assert "95 % interval +0.500 to +0.500" in printed and "its slope over H, per unit of H: 0.250 ± 0.250" in printed
+    assert "tie: seed 1, greedy, step 10: every arm scored the same at every horizon (1.000 over all)" in printed
 
 
 def test_intermediate_calls_are_those_past_the_first_expected_call_and_within_the_horizon():
