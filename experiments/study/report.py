@@ -152,13 +152,6 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
     for decoding in cfg.evaluation.decodings:
         decodings[decoding], levels = _decoding_report(cfg, paths, steps, decoding, horizons, walls)
         per_seed += levels
-    e = cfg.endpoint
-    final = decodings[e.decoding]["paired_vs_baseline"][e.arm][e.horizon][-1] if e.arm in arms else None
-    if final:
-        paired = decodings[e.decoding]["paired_vs_baseline"][e.arm]
-        slopes = ([slope(list(cfg.horizons), [paired[h][-1]["per_seed"][i] for h in cfg.horizons])
-                   for i in range(len(seeds))] if len(cfg.horizons) > 1 else None)
-        slope_mean, slope_se = mean_and_se(slopes) if slopes else (None, None)
     report = {"seeds": seeds, "horizons": list(cfg.horizons), "steps": steps, "baseline_arm": cfg.baseline_arm,
               "arms": {arm: {"on_policy": cfg.arm_settings[arm].on_policy, "teacher": cfg.arm_settings[arm].teacher,
                              "entry": cfg.arm_settings[arm].entry, "overrides": cfg.arm_settings[arm].overrides}
@@ -166,18 +159,29 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
               "heldout_problems": {str(h): sum(1 for value in horizons.values() if value == h) for h in cfg.horizons},
               "samples_per_prompt": {name: d.samples_per_prompt for name, d in cfg.evaluation.decodings.items()},
               "decodings": decodings, "per_seed": per_seed,
-              "endpoint": final and {"arm": e.arm, "horizon": e.horizon, "decoding": e.decoding, "step": steps[-1],
-                                     "minus_kd": final["mean"], "minus_kd_se": final["se_seeds"],
-                                     "minus_kd_per_seed": final["per_seed"], "seeds": len(seeds),
-                                     "minus_kd_ci95": interval(final["mean"], final["se_seeds"], len(seeds)),
-                                     "slope_over_horizons": slopes and {
-                                         "per_seed": slopes, "mean": slope_mean, "se": slope_se,
-                                         "ci95": interval(slope_mean, slope_se, len(seeds))}},
+              "endpoint": _endpoint(cfg, decodings, steps[-1]),
               "ties": tied_runs(per_seed),
               "divergence": _divergence(paths, seeds)}
     report["gates"] = gate_values(cfg, paths, report)
     report["noise_match"] = student_error_rates(cfg, paths)
     return report
+
+
+def _endpoint(cfg, decodings: dict, step: int) -> dict | None:
+    """The pre-registered comparison after ``step`` with its interval and the slope of its paired difference over
+    the horizons; None when its arm did not run."""
+    e, seeds = cfg.endpoint, len(cfg.seeds)
+    if e.arm not in cfg.running_arms:
+        return None
+    paired = decodings[e.decoding]["paired_vs_baseline"][e.arm]
+    final, trend = paired[e.horizon][-1], None
+    if len(cfg.horizons) > 1:
+        slopes = [slope(list(cfg.horizons), [paired[h][-1]["per_seed"][i] for h in cfg.horizons]) for i in range(seeds)]
+        mean, se = mean_and_se(slopes)
+        trend = {"per_seed": slopes, "mean": mean, "se": se, "ci95": interval(mean, se, seeds)}
+    return {"arm": e.arm, "horizon": e.horizon, "decoding": e.decoding, "step": step, "minus_kd": final["mean"],
+            "minus_kd_se": final["se_seeds"], "minus_kd_per_seed": final["per_seed"], "seeds": seeds,
+            "minus_kd_ci95": interval(final["mean"], final["se_seeds"], seeds), "slope_over_horizons": trend}
 
 
 def tied_runs(per_seed: list[dict]) -> list[dict]:
@@ -187,9 +191,12 @@ def tied_runs(per_seed: list[dict]) -> list[dict]:
     for row in per_seed:
         if row["arm"] != "warm_student":
             by_run[row["seed"], row["decoding"], row["step"]][row["arm"]][row["horizon"]] = row["accuracy"]
-    return [{"seed": seed, "decoding": decoding, "step": step, "accuracy": next(iter(arms.values()))[ALL]}
-            for (seed, decoding, step), arms in by_run.items()
-            if len(arms) > 1 and all(levels == next(iter(arms.values())) for levels in arms.values())]
+    tied = []
+    for (seed, decoding, step), arms in by_run.items():
+        first, *others = arms.values()
+        if others and all(levels == first for levels in others):
+            tied.append({"seed": seed, "decoding": decoding, "step": step, "accuracy": first[ALL]})
+    return tied
 
 
 def summary_results(report: dict) -> list[dict]:
