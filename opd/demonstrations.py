@@ -101,9 +101,9 @@ def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
     ids = chat_format.prompt_ids(record, max_total_len)
     episode = Episode(record, len(ids), list(ids))
     assistant_at = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+    before = chat_format.render(messages[:assistant_at[0]], record.tools) if assistant_at else ""
     for number, index in enumerate(assistant_at):
         where = f"message {index}"
-        before = chat_format.render(messages[:index], record.tools)
         rendered = _continuation(before, chat_format.render(messages[:index + 1], record.tools,
                                                             generation_prompt=False), record.source, where)
         text, found, _ = rendered.partition(eos)
@@ -119,6 +119,7 @@ def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
             following = chat_format.render(messages[:assistant_at[number + 1]], record.tools)
             episode.ids += chat_format.encode(_continuation(before + text + eos, following, record.source, where))
             turn.observation_end = len(episode.ids)
+            before = following  # the next turn's context: each prefix is rendered once
     if max_total_len is not None and len(episode.ids) > max_total_len:
         raise RecordError(_too_long(record, len(episode.ids), max_total_len))
     episode.stop_reason = MAX_TURNS if any(call.answered for call in episode.turns[-1].calls) else ANSWER
