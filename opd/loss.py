@@ -1,7 +1,8 @@
 """The training losses on packed episodes: full-vocabulary distillation divergence, cross-entropy, a MoE router loss.
 
-Logits are computed only at target positions (where some row trains) and always in fp32: the model body may
-run under bf16/fp16 autocast, but the output projection, the softmaxes and the divergence are fp32.
+Logits are computed only at the targets (each row's own, not every position where some row trains) and always in
+fp32: the model body may run under bf16/fp16 autocast, but the output projection, the softmaxes and the divergence
+are fp32.
 
 ``token_divergence``: ``forward_kl`` is T²·KL(teacher_T ‖ student_T), ``reverse_kl`` is T²·KL(student_T ‖ teacher_T),
 both at the same (rollout-sampled) prefixes, where ``p_T = softmax(logits / T)`` (GKD-style). ``jsd`` is GKD's
@@ -31,31 +32,30 @@ from opd.distributed import unwrap
 from opd.episodes import Episode, PackedBatch, shared_prefix_length
 
 
-def target_positions(batch: PackedBatch) -> torch.Tensor:
-    """Positions whose logits some row trains: only these go through the vocabulary projection."""
-    return batch.target_mask.any(dim=0).nonzero().squeeze(1)
-
-
 def logits_at_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 0, *, router_logits: bool = False):
     """fp32 logits at the batch's targets, ``[targets, vocab]``, and the model body's output.
 
     With ``prefix`` > 0 the first ``prefix`` ids (identical in every row, before any target) run once.
     ``router_logits`` asks a MoE body for its per-layer router logits (``output.router_logits``).
     """
-    positions = target_positions(batch)
+    if prefix and batch.target_mask[:, :prefix].any():
+        raise ValueError(f"a shared prefix of {prefix} ids reaches a target")
+    # rows are right-padded: under the causal mask no real token sees a pad, so the padding mask changes nothing
+    # and, left out, lets the attention run its plain causal kernel (about a fifth of the body's time on a CPU)
     extra = {"output_router_logits": True} if router_logits else {}
     if not prefix:
-        output = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **extra)
+        output = model.model(input_ids=batch.input_ids, use_cache=False, **extra)
     else:
         rows, length = batch.input_ids.shape
         cache = prefill_shared_prefix(model, batch.input_ids[0, :prefix].tolist(), rows)
         suffix_positions = torch.arange(prefix, length, device=batch.input_ids.device).expand(rows, -1)
-        output = model.model(input_ids=batch.input_ids[:, prefix:], attention_mask=batch.attention_mask,
-                             position_ids=suffix_positions, use_cache=True, **{cache_keyword(model.model): cache}, **extra)
-    hidden = output.last_hidden_state[:, positions - prefix]
+        output = model.model(input_ids=batch.input_ids[:, prefix:], position_ids=suffix_positions, use_cache=True,
+                             **{cache_keyword(model.model): cache}, **extra)
+    # position t's hidden state predicts token t + 1 (the target mask is shifted so)
+    suffix = output.last_hidden_state[:, :batch.target_mask.shape[1] - prefix]
+    hidden = suffix[batch.target_mask[:, prefix:]]  # [targets, hidden], row by row: only the targets are projected
     with torch.autocast(hidden.device.type, enabled=False):
-        logits = model.lm_head(hidden.float())
-    return logits[batch.target_mask[:, positions]], output
+        return model.lm_head(hidden.float()), output
 
 
 class TargetLogits(torch.nn.Module):

@@ -172,6 +172,23 @@ def test_logits_at_targets_equal_the_full_forward_and_reach_only_target_position
     assert not has_grad[packed.attention_mask == 0].any() and not has_grad[:, -1].any()
 
 
+def test_only_each_rows_own_targets_reach_the_vocabulary_projection(tokenizer, episodes):
+    """Rows train at different positions: the projection sees each row's targets, not every position where some row
+    trains; a shared prefix that would reach a target is refused."""
+    student = tiny_model(seed=1)
+    packed = pack_episodes(episodes, tokenizer.pad_token_id)
+    some_row_trains = packed.target_mask.any(dim=0)
+    assert packed.target_count < int(some_row_trains.sum()) * len(episodes)
+    projected = []
+    student.lm_head.register_forward_hook(lambda module, inputs, output: projected.append(inputs[0].shape[0]))
+    with torch.no_grad():
+        logits_at_targets(student, packed)
+    assert projected == [packed.target_count]
+    first_target = int(some_row_trains.nonzero()[0])
+    with pytest.raises(ValueError, match=f"a shared prefix of {first_target + 1} ids reaches a target"):
+        logits_at_targets(student, packed, first_target + 1)
+
+
 def test_shared_prefix_forward_gives_the_full_forward_logits_and_gradients(tokenizer, episodes):
     packed = pack_episodes(episodes, tokenizer.pad_token_id)
     prefix = shared_prefix_length(episodes)
