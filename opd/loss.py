@@ -41,7 +41,7 @@ def logits_at_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 
     if prefix and batch.target_mask[:, :prefix].any():
         raise ValueError(f"a shared prefix of {prefix} ids reaches a target")
     # rows are right-padded: under the causal mask no real token sees a pad, so the padding mask changes nothing
-    # and, left out, lets the attention run its plain causal kernel (about a fifth of the body's time on a CPU)
+    # and, left out, lets the attention run its plain causal kernel (the body 1.2x faster on a CPU, unshared prompts)
     extra = {"output_router_logits": True} if router_logits else {}
     if not prefix:
         output = model.model(input_ids=batch.input_ids, use_cache=False, **extra)
