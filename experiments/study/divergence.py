@@ -8,7 +8,8 @@ The student rolls out the first ``--prompts`` records at temperature 1 (as on-po
 then, at every token it generated, each teacher and the student give their fp32 next-token distributions and this
 reports, token-weighted, per horizon and over all: the forward KL(teacher || student) and the reverse KL (what
 ``loss.kl_direction`` forward_kl / reverse_kl minimize at temperature 1), top-1 agreement, and the top-k overlap
-(the share of the teacher's k most likely next tokens that are among the student's k most likely).
+(the share of the teacher's k most likely next tokens that are among the student's k most likely), and both models'
+entropies (nats: how spread out each one's next-token distribution is where the student sampled).
 """
 
 from __future__ import annotations
@@ -36,14 +37,21 @@ BATCH = 16
 
 
 def token_agreement(student_logits: torch.Tensor, teacher_logits: torch.Tensor, top_k: int) -> dict[str, torch.Tensor]:
-    """Per-token forward and reverse KL at temperature 1, top-1 agreement and top-k overlap, each ``[tokens]``."""
+    """Per-token forward and reverse KL at temperature 1, top-1 agreement, top-k overlap and both entropies, each
+    ``[tokens]``."""
     forward = token_divergence(student_logits, teacher_logits, LossConfig("forward_kl", 1.0, 0.5))
     reverse = token_divergence(student_logits, teacher_logits, LossConfig("reverse_kl", 1.0, 0.5))
     student_top = torch.topk(student_logits, top_k, dim=-1).indices
     teacher_top = torch.topk(teacher_logits, top_k, dim=-1).indices
     shared = (teacher_top[:, :, None] == student_top[:, None, :]).any(dim=-1).float().mean(dim=-1)
     return {"forward_kl": forward, "reverse_kl": reverse,
-            "top1_agreement": (student_top[:, 0] == teacher_top[:, 0]).float(), "topk_overlap": shared}
+            "top1_agreement": (student_top[:, 0] == teacher_top[:, 0]).float(), "topk_overlap": shared,
+            "student_entropy": _entropy(student_logits), "teacher_entropy": _entropy(teacher_logits)}
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
 
 
 def measure(student, teachers: dict[str, torch.nn.Module], chat_format: ChatFormat, records, horizons: list[int],

@@ -346,6 +346,8 @@ def test_token_agreement_against_hand_calculations():
     assert figures["reverse_kl"][1].item() == pytest.approx(sum(b * math.log(b / a) for a, b in zip(p, q, strict=True)), rel=1e-5)
     assert figures["top1_agreement"].tolist() == [1.0, 0.0]  # argmax: the student's id 0, the teacher's id 1
     assert figures["topk_overlap"].tolist() == [1.0, 0.5]  # top 2: the student's {0, 1}, the teacher's {1, 3}
+    assert figures["student_entropy"][1].item() == pytest.approx(-sum(b * math.log(b) for b in q), rel=1e-5)
+    assert figures["teacher_entropy"][1].item() == pytest.approx(-sum(a * math.log(a) for a in p), rel=1e-5)
 
 
 def test_the_warm_start_is_the_first_kept_checkpoint_reaching_the_threshold(tmp_path, tokenizer_path):
