@@ -20,7 +20,8 @@
   the share that still ended correct; tool errors the share of calls that returned no result.
 - **seconds**: the run's ``elapsed_s`` at the step (loading and cached teacher rollouts included), mean over seeds.
 - **divergence**: the warm student's forward KL, reverse KL, top-1 agreement and top-k overlap against each teacher
-  on its own temperature-1 episodes (``experiments.study.divergence``), mean over seeds.
+  on its own temperature-1 episodes (``experiments.study.divergence``; its file also holds both entropies), mean over
+  seeds.
 """
 
 from __future__ import annotations
