@@ -46,12 +46,8 @@ def token_agreement(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     shared = (teacher_top[:, :, None] == student_top[:, None, :]).any(dim=-1).float().mean(dim=-1)
     return {"forward_kl": forward, "reverse_kl": reverse,
             "top1_agreement": (student_top[:, 0] == teacher_top[:, 0]).float(), "topk_overlap": shared,
-            "student_entropy": _entropy(student_logits), "teacher_entropy": _entropy(teacher_logits)}
-
-
-def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    log_p = torch.log_softmax(logits.float(), dim=-1)
-    return -(log_p.exp() * log_p).sum(dim=-1)
+            **{f"{name}_entropy": torch.distributions.Categorical(logits=logits.float()).entropy()
+               for name, logits in (("student", student_logits), ("teacher", teacher_logits))}}
 
 
 def measure(student, teachers: dict[str, torch.nn.Module], chat_format: ChatFormat, records, horizons: list[int],
