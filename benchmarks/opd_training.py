@@ -48,7 +48,7 @@ from transformers import DynamicCache
 
 from common.atomic_write import atomic_write_json
 from common.chat_records import AgentRecord
-from common.generation.sampler import TokenSampler
+from common.generation.sampler import TokenSampler, draw
 from common.minimind.model import (
     MiniMindArch,
     build_model,
@@ -122,7 +122,8 @@ def plain_decode(model, prompt: list[int], batch: int, new_tokens: int, seed: in
     ids = torch.tensor([prompt] * batch)
     logits = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{key: cache}).logits[:, -1]
     for _ in range(new_tokens):
-        tokens = torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator)
+        uniform = torch.rand(batch, 1, generator=generator, dtype=torch.float64)
+        tokens = draw(torch.softmax(logits.float(), dim=-1), uniform)[:, None]  # the rollout's sampler's draw
         logits = model(input_ids=tokens, use_cache=True, logits_to_keep=1, **{key: cache}).logits[:, -1]
     return batch * new_tokens / (time.perf_counter() - started)
 

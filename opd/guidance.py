@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.generation.sampler import TokenSampler
+from common.generation.sampler import TokenSampler, draw
 from opd.config import GuidanceConfig
 from opd.sampling import derived_seed
 
@@ -104,8 +104,8 @@ class BehaviourPolicy:
         else:  # the sampler's own distribution (temperature, top-p, min-p) over the teacher's top k, renormalized
             restricted = torch.full_like(teacher_logits[rows], float("-inf")).scatter(1, top_ids[rows], top_logits[rows])
             weights = self.sampler.probabilities(restricted).gather(1, top_ids[rows]).cpu()
-            replacements = [top_ids[row, torch.multinomial(weights[n], 1, generator=self.generators[indices[row]])].item()
-                            for n, row in enumerate(rows)]
+            uniform = torch.tensor([[self._uniform(indices[row])] for row in rows], dtype=torch.float64)
+            replacements = top_ids[rows].cpu().gather(1, draw(weights, uniform)[:, None])[:, 0].tolist()
         tokens = proposals.clone()
         tokens[rows] = torch.tensor(replacements, device=tokens.device)
         return tokens, rejected

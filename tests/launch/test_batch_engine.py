@@ -230,7 +230,7 @@ def test_a_request_whose_sampling_fails_fails_alone(prompts, engine):
     params[2] = SamplingParams(max_tokens=10, temperature=1.0, presence_penalty=float("nan"), ignore_eos=True)
     expected = [e.submit(p, greedy(10)).result(timeout=60).token_ids for p in prompts]
     futures = [e.submit(p, q) for p, q in zip(prompts, params, strict=True)]
-    with pytest.raises(RuntimeError, match="probability tensor contains"):
+    with pytest.raises(ValueError, match="not finite or sum to 0"):  # the sampler's own check (common/generation)
         futures[2].result(timeout=60)
     assert [f.result(timeout=60).token_ids for i, f in enumerate(futures) if i != 2] == expected[:2] + expected[3:]
     assert e.stats()["failed_requests"] == 1

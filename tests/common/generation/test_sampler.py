@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.generation.sampler import GREEDY_EPS, Penalties, TokenSampler
+from common.generation.sampler import GREEDY_EPS, Penalties, TokenSampler, draw
 
 
 def settings(**options) -> SimpleNamespace:
@@ -35,6 +35,32 @@ def test_sampling_distribution_against_hand_calculation():
     sampler = TokenSampler(settings(temperature=2.0, top_k=2), "cpu", seed=0)
     drawn = torch.cat([sampler(logits.expand(500, 4)) for _ in range(4)])
     assert set(drawn.tolist()) == {0, 1} and 0.55 < (drawn == 0).float().mean() < 0.70  # p0 = 0.6225
+
+
+def test_draw_finds_each_uniform_in_the_cumulative_mass():
+    probabilities = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]]).expand(5, 5)  # exact in binary
+    largest_below_one = 1 - 2.0 ** -53
+    uniform = torch.tensor([[0.0], [0.249], [0.25], [0.999], [largest_below_one]], dtype=torch.float64)
+    # [0, 0.25) -> token 1, [0.25, 1) -> token 3: the zero-probability tokens at either end and between are never drawn
+    assert draw(probabilities, uniform).tolist() == [1, 1, 3, 3, 3]
+    unnormalized = torch.tensor([[2.0, 0.0, 6.0]])  # after top-p / min-p cuts: the total is 8, not 1
+    assert [draw(unnormalized, torch.tensor([[u]], dtype=torch.float64)).item() for u in (0.2, 0.25, 0.9)] == [0, 2, 2]
+
+
+@pytest.mark.parametrize("row", [[0.0, 0.0, 0.0], [float("nan"), 0.5, 0.5], [float("inf"), 0.0, 1.0]])
+def test_draw_refuses_a_row_with_no_finite_mass(row):
+    with pytest.raises(ValueError, match="not finite or sum to 0"):
+        draw(torch.tensor([[0.2, 0.3, 0.5], row]), torch.full((2, 1), 0.5, dtype=torch.float64))
+
+
+def test_drawn_frequencies_match_the_distribution():
+    probabilities = torch.tensor([0.5, 0.25, 0.125, 0.0, 0.125])
+    sampler = TokenSampler(settings(), "cpu", seed=1)
+    drawn = sampler(probabilities.log().expand(8000, 5))
+    counts = torch.bincount(drawn, minlength=5).double() / 8000
+    assert counts[3] == 0
+    # 8,000 draws: each frequency's SE is at most 0.0056; 4 SE
+    assert (counts - probabilities.double()).abs().max() < 0.023
 
 
 @pytest.mark.parametrize("temperature", [0.0, GREEDY_EPS / 2])
