@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.config_schema import ConfigError, check_choice, check_integer, check_integers, check_name, require
+from common.config_schema import (
+    ConfigError,
+    check_choice,
+    check_integer,
+    check_integers,
+    check_name,
+    check_positive,
+    require,
+)
 from experiments.recipe.config import (
     DistillSettings,
     EvaluationSettings,
@@ -56,18 +64,23 @@ class ChainData:
 
 @dataclass
 class StudySFT:
-    """``sft``: the batch, warmup and lr schedule of the teachers' and the students' SFT, and how long the robust
-    teacher continues the gold one on noise-injected demonstrations."""
+    """``sft``: the batch, warmup and lr schedule of the teachers' and the students' SFT, how long the robust
+    teacher continues the gold one on noise-injected demonstrations, and how long it then continues on them at the
+    lower ``robust_anneal_learning_rate`` (0 steps: not at all)."""
 
     batch_size: int
     warmup_steps: int
     teacher_lr_scheduler: str
     student_lr_scheduler: str
     robust_teacher_steps: int
+    robust_anneal_steps: int
+    robust_anneal_learning_rate: float
 
     def __post_init__(self) -> None:
         check_integer("sft.batch_size", self.batch_size, 1)
         check_integer("sft.robust_teacher_steps", self.robust_teacher_steps, 1)
+        check_integer("sft.robust_anneal_steps", self.robust_anneal_steps, 0)
+        check_positive("sft.robust_anneal_learning_rate", self.robust_anneal_learning_rate)
         check_integer("sft.warmup_steps", self.warmup_steps, 0)
         for key in ("teacher_lr_scheduler", "student_lr_scheduler"):
             check_choice(f"sft.{key}", getattr(self, key), SCHEDULERS)

@@ -13,7 +13,9 @@
    ``experiments.study.warm_start``, which stops it at the first of them whose greedy validation accuracy reaches
    ``teacher_pick.min_accuracy`` (the task is learnt at a cliff whose step varies with the seed);
    ``teacher-robust``: that teacher continued by SFT on the noise-injected demonstrations (noise
-   calls are context, never targets: it learns the retry after a wrong or failed call). The teachers the arms
+   calls are context, never targets: it learns the retry after a wrong or failed call), for
+   ``sft.robust_teacher_steps`` at the teacher's lr (stage ``teacher-robust-sft``), then for
+   ``sft.robust_anneal_steps`` at ``sft.robust_anneal_learning_rate``. The teachers the arms
    distil are evaluated on the held-out problems under every decoding.
 3. Per seed: ``student``: SFT of the much smaller student architecture from the seed's init on the gold
    demonstrations of ``warm.horizons``, keeping its weights every ``warm.check_every`` steps, stopped at the first of
@@ -40,6 +42,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -93,6 +96,10 @@ class StudyPaths:
         """The gold teacher's SFT run (its final weights; the kept ones beside them)."""
         return self.out / "teachers" / "gold_sft" / f"teacher_gold_sft_{self.cfg.teacher.hidden_size}.pth"
 
+    def robust_sft(self) -> Path:
+        """The robust teacher before its anneal (``sft.robust_anneal_steps``)."""
+        return self.out / "teachers" / "robust_sft" / f"teacher_robust_sft_{self.cfg.teacher.hidden_size}.pth"
+
     def seed(self, seed: int) -> Path:
         return self.out / f"seed{seed}"
 
@@ -137,16 +144,19 @@ def _records(cfg: StudyConfig, name: str) -> int:
 
 
 def _sft_command(cfg: StudyConfig, block: RecipeModel, role: str, seed: int, data: Path, out: Path,
-                 prefix: str, keep_every: int | None = None, start: Path | None = None) -> list[str]:
-    """SFT from a seeded random init, or for ``sft.robust_teacher_steps`` from the weights ``start``;
-    ``keep_every``: also keep the weights every that many steps."""
-    steps = block.sft_steps if start is None else cfg.sft.robust_teacher_steps
+                 prefix: str, keep_every: int | None = None, start: Path | None = None,
+                 steps: int | None = None, learning_rate: float | None = None) -> list[str]:
+    """SFT from a seeded random init, or from the weights ``start``, for ``steps`` (default ``block.sft_steps``) at
+    ``learning_rate`` (default ``block.learning_rate``); ``keep_every``: also keep the weights every that many
+    steps."""
+    steps = block.sft_steps if steps is None else steps
+    learning_rate = block.learning_rate if learning_rate is None else learning_rate
     epochs = math.ceil(steps * cfg.sft.batch_size / _records(cfg, data.stem))
     d = cfg.distill
     return [sys.executable, "opd/sft.py", f"data={data}", f"tokenizer={cfg.tokenizer}", "device=cpu",
             "from_scratch=true" if start is None else f"model.checkpoint={start}", f"model.name=study_{role}",
             *_architecture(block, "model"), f"seed={seed}", f"max_steps={steps}", f"epochs={epochs}", f"batch_size={cfg.sft.batch_size}", "overwrite=true",
-            f"optim.learning_rate={block.learning_rate}", f"optim.warmup_steps={cfg.sft.warmup_steps}",
+            f"optim.learning_rate={learning_rate}", f"optim.warmup_steps={cfg.sft.warmup_steps}",
             f"optim.lr_scheduler={getattr(cfg.sft, f'{role}_lr_scheduler')}", f"max_total_len={d.max_total_len}",
             f"save_prefix={prefix}",
             f"out_dir={out}", f"hydra.run.dir={out / 'run'}",
@@ -227,10 +237,20 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     stages.append(Stage("teacher-gold", _pick_command(cfg, paths, paths.teacher_sft(), cfg.teacher, cfg.teacher_pick,
                                                       paths.teacher("gold"), gold_sft), [paths.teacher("gold")],
                         ("data",)))
-    stages.append(Stage("teacher-robust", _sft_command(
-        cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_noisy_demonstrations"),
-        paths.teacher("robust").parent, "teacher_robust", start=paths.teacher("gold")),
-        [paths.teacher("robust")], ("teacher-gold", "noisy-data")))
+    noisy_sft = partial(_sft_command, cfg, cfg.teacher, "teacher", cfg.teacher.seed,
+                        paths.file("train_noisy_demonstrations"))
+    robust_start, robust_needs = paths.teacher("gold"), ("teacher-gold", "noisy-data")
+    if cfg.sft.robust_anneal_steps:  # the robust teacher's SFT at the teacher's lr, then the anneal writes it
+        stages.append(Stage("teacher-robust-sft", noisy_sft(
+            paths.robust_sft().parent, "teacher_robust_sft", start=robust_start, steps=cfg.sft.robust_teacher_steps),
+            [paths.robust_sft()], robust_needs))
+        robust_start, robust_needs = paths.robust_sft(), ("teacher-robust-sft",)
+        steps, learning_rate = cfg.sft.robust_anneal_steps, cfg.sft.robust_anneal_learning_rate
+    else:
+        steps, learning_rate = cfg.sft.robust_teacher_steps, cfg.teacher.learning_rate
+    stages.append(Stage("teacher-robust", noisy_sft(paths.teacher("robust").parent, "teacher_robust",
+                                                    start=robust_start, steps=steps, learning_rate=learning_rate),
+                        [paths.teacher("robust")], robust_needs))
     teachers = cfg.teachers
     for kind in teachers:
         evaluations += _eval_stages(cfg, paths, f"teacher_{kind}", None, {kind: (paths.teacher(kind), cfg.teacher)},

@@ -73,18 +73,34 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert stages["teacher-gold"].outputs == [paths.teacher("gold")] and stages["teacher-gold"].needs == ("data",)
     student = stages["seed1-student"].command
     assert argument(student[student.index("--") + 1:], "data") == str(paths.file("warm_demonstrations"))
-    # the robust teacher continues the gold one: the same architecture and schedule, its own steps and data
-    assert robust.needs == ("teacher-gold", "noisy-data")
-    assert argument(robust.command, "model.checkpoint") == str(paths.teacher("gold"))
+    # the robust teacher continues the gold one: the same architecture and schedule, its own steps and data; then
+    # the anneal continues it at the lower lr, and writes the robust teacher every other stage reads
+    robust_sft = stages["teacher-robust-sft"]
+    assert robust_sft.needs == ("teacher-gold", "noisy-data") and robust_sft.outputs == [paths.robust_sft()]
+    assert argument(robust_sft.command, "model.checkpoint") == str(paths.teacher("gold"))
+    assert argument(robust_sft.command, "data") == str(paths.file("train_noisy_demonstrations"))
+    assert robust.needs == ("teacher-robust-sft",) and robust.outputs == [paths.teacher("robust")]
+    assert argument(robust.command, "model.checkpoint") == str(paths.robust_sft())
     # the noise rates reach the noisy files' stage only: setting them from the pilot reruns nothing else
     noisy = stages["noisy-data"].command
     assert noisy[noisy.index("--value-noise") + 1] == str(cfg.data.value_noise) and "--value-noise" not in stages["data"].command
-    assert "from_scratch=true" in gold.command and "from_scratch=true" not in robust.command
-    assert argument(robust.command, "max_steps") == str(cfg.sft.robust_teacher_steps)
+    assert "from_scratch=true" in gold.command and "from_scratch=true" not in robust_sft.command
+    assert argument(robust_sft.command, "max_steps") == str(cfg.sft.robust_teacher_steps) == "900"
+    assert argument(robust.command, "max_steps") == str(cfg.sft.robust_anneal_steps) == "300"
+    assert argument(robust_sft.command, "optim.learning_rate") == str(cfg.teacher.learning_rate)
+    assert argument(robust.command, "optim.learning_rate") == str(cfg.sft.robust_anneal_learning_rate) == "0.001"
     varying = ("data=", "save_prefix=", "out_dir=", "hydra.run.dir=", "from_scratch=", "model.checkpoint=",
-               "max_steps=", "epochs=", "save_interval=", "keep_saved_weights=")
-    assert [p for p in robust.command if not p.startswith(varying)] == [
-        p for p in gold.command if not p.startswith(varying)]
+               "max_steps=", "epochs=", "save_interval=", "keep_saved_weights=", "optim.learning_rate=")
+    assert [p for p in robust_sft.command if not p.startswith(varying)] == [
+        p for p in gold.command if not p.startswith(varying)] == [
+        p for p in robust.command if not p.startswith(varying)]
+    # without the anneal, the first continuation is the robust teacher
+    plain = {stage.name: stage for stage in study_stages(study_config(tmp_path, "sft.robust_anneal_steps=0"))}
+    assert "teacher-robust-sft" not in plain
+    assert plain["teacher-robust"].needs == ("teacher-gold", "noisy-data")
+    assert argument(plain["teacher-robust"].command, "model.checkpoint") == str(paths.teacher("gold"))
+    assert argument(plain["teacher-robust"].command, "max_steps") == "900"
+    assert argument(plain["teacher-robust"].command, "optim.learning_rate") == str(cfg.teacher.learning_rate)
 
 
 def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_settings_per_decoding(tmp_path):
@@ -147,6 +163,8 @@ def test_a_checked_task_reaches_both_data_stages():
     (["evaluation.decodings.t1.samples_per_prompt=0"], "evaluation.decodings.t1.samples_per_prompt must be an integer >= 1"),
     (["teacher_pick.check_every=5000"], "teacher_pick.check_every must be at most teacher.sft_steps (2000)"),
     (["teacher_pick.min_accuracy=2"], "teacher_pick.min_accuracy must be in [0, 1]"),
+    (["sft.robust_anneal_learning_rate=0"], "sft.robust_anneal_learning_rate must be a positive number"),
+    (["sft.robust_anneal_steps=-1"], "sft.robust_anneal_steps must be an integer >= 0"),
     (["warm.horizons=[3]"], "warm.horizons must be a non-empty subset of horizons, got [3]"),
     (["distill.steps=150", "distill.eval_every=500"], "distill.eval_every must be at most distill.steps (150)"),
 ])
