@@ -8,8 +8,8 @@ share its batch. A temperature below ``GREEDY_EPS`` is greedy (argmax; vLLM's th
 penalties (vLLM's meanings), applied to a row's logits before it is sampled.
 
 A row's token is drawn by inverse transform sampling (``draw``): one uniform number from the row's generator, found
-in the row's cumulative probabilities. It is exact and batched; ``torch.multinomial`` spends about 0.2 ms on each
-6,400-token row on a CPU, a third of a 64-wide model's evaluation (``benchmarks/README.md``).
+in the row's fp64 cumulative probabilities. It is exact and batched; ``torch.multinomial`` spends about 0.2 ms on
+each 6,400-token row on a CPU, a third of a 64-wide model's evaluation (``benchmarks/README.md``).
 """
 
 from __future__ import annotations
