@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.generation.sampler import GREEDY_EPS, Penalties, TokenSampler, draw
+from common.generation.sampler import DRAW_BLOCK, GREEDY_EPS, Penalties, TokenSampler, draw
 
 
 def settings(**options) -> SimpleNamespace:
@@ -45,6 +45,26 @@ def test_draw_finds_each_uniform_in_the_cumulative_mass():
     assert draw(probabilities, uniform).tolist() == [1, 1, 3, 3, 3]
     unnormalized = torch.tensor([[2.0, 0.0, 6.0]])  # after top-p / min-p cuts: the total is 8, not 1
     assert [draw(unnormalized, torch.tensor([[u]], dtype=torch.float64)).item() for u in (0.2, 0.25, 0.9)] == [0, 2, 2]
+
+
+def test_draw_across_blocks_matches_one_full_cumulative_sum():
+    generator = torch.Generator().manual_seed(0)
+    vocab = 6 * DRAW_BLOCK + 37  # not a whole number of blocks
+    probabilities = torch.rand(8, vocab, generator=generator) ** 8
+    probabilities[:, DRAW_BLOCK:2 * DRAW_BLOCK] = 0  # a block with no mass
+    probabilities[:, DRAW_BLOCK - 1] = probabilities[:, 2 * DRAW_BLOCK] = probabilities[:, -1] = 0  # zeros at edges
+    cumulative = torch.cumsum(probabilities, dim=-1, dtype=torch.float64)
+    for _ in range(50):
+        uniform = torch.rand(8, 1, generator=generator, dtype=torch.float64)
+        tokens = draw(probabilities, uniform)
+        expected = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True).squeeze(1)
+        assert tokens.tolist() == expected.tolist()
+        assert bool((probabilities.gather(1, tokens[:, None]) > 0).all())
+    two = torch.zeros(1, vocab)
+    two[0, 10], two[0, 3 * DRAW_BLOCK + 5] = 0.25, 0.75  # in different blocks, exact in binary
+    uniforms = (0.0, 0.2499, 0.25, 1 - 2.0 ** -53)
+    drawn = [draw(two, torch.tensor([[u]], dtype=torch.float64)).item() for u in uniforms]
+    assert drawn == [10, 10, 3 * DRAW_BLOCK + 5, 3 * DRAW_BLOCK + 5]
 
 
 @pytest.mark.parametrize("row", [[0.0, 0.0, 0.0], [float("nan"), 0.5, 0.5], [float("inf"), 0.0, 1.0]])
