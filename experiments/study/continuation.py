@@ -13,7 +13,9 @@ but ``broken_json``, which MiniMind does not read as a call) and the turn was no
 continues each prefix with the turns left (``--max-turns`` minus the prefix's), at ``--sampling`` (a preset of
 ``configs/sampling/``) with the evaluation's per-record seeds (``opd.sampling.sample_seed``), and its episode is scored
 by ``opd.scoring``. Writes the counts by first error type, by the erring call (the first call, whose retry reads the
-question, or a later one, whose retry reads the last correct call) and the share that ended correct.
+question, or a later one, whose retry reads the last correct call) and the share that ended correct; with
+``--episodes-out``, also each continued episode (the prefix's source and first error, the teacher's turns and their
+call types), to read how the teacher failed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from common.atomic_write import atomic_write_json
+from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, load_agent_records
 from common.minimind.model import load_model
 from common.package_files import CONFIG_DIR
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-gen-len", type=int, default=64)
     parser.add_argument("--max-total-len", type=int, default=1024)
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--episodes-out", type=Path, help="also write every continued episode here (JSONL)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(model_spec(args.teacher, args.teacher_arch, args.tokenizer, "teacher"), role="teacher")
@@ -119,14 +122,20 @@ def main(argv: list[str] | None = None) -> None:
     rows = [json.loads(line) for line in args.episodes.read_text().splitlines() if line.strip()]
     by_budget, skipped = continuation_records(rows, records, args.max_turns, tokenizer.eos_token)
     continued, correct = Counter(), Counter()  # by first error type, and by "first_call" / "later_call"
+    continued_rows = []
     for budget, prefixes in sorted(by_budget.items()):
         limits = RolloutConfig(budget, args.max_gen_len, args.max_total_len, False)
         for start in range(0, len(prefixes), args.batch_size):
             chunk = prefixes[start:start + args.batch_size]
             sampler = record_sampler(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, _, _ in chunk})
             episodes = AgentRollout(model, chat_format, sampler, limits).run([record for record, _, _ in chunk])
-            for episode, (_, kind, call) in zip(episodes, chunk, strict=True):
-                ended_correct = score_episode(episode, chat_format).correct
+            for episode, (record, kind, call) in zip(episodes, chunk, strict=True):
+                score = score_episode(episode, chat_format)
+                ended_correct = score.correct
+                continued_rows.append({
+                    "source": record.source, "first_error": kind, "error_call": call, "turns_left": budget,
+                    "correct": ended_correct, "final_answer": score.final_answer, "call_types": score.call_types,
+                    "turn_texts": [tokenizer.decode(episode.turn_ids(i)) for i in range(len(episode.turns))]})
                 for key in (kind, "first_call" if call == 0 else "later_call"):
                     continued[key] += 1
                     correct[key] += ended_correct
@@ -139,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
               "by_error_call": {key: {"continued": continued[key], "correct": correct[key]}
                                 for key in positions if continued[key]},
               "sampling": args.sampling, "teacher": args.teacher}
+    if args.episodes_out:
+        atomic_write_text(args.episodes_out, "".join(json.dumps(row) + "\n" for row in continued_rows))
     atomic_write_json(args.out, report)
     print(json.dumps(report, indent=2))
 

@@ -23,7 +23,7 @@
    the seed starts from (``python -m experiments.study.warm_start``); it is evaluated under every decoding (every
    arm's step 0); ``divergence``: its KL and top-k overlap against each teacher on its own temperature-1 episodes;
    ``continuation``: the robust teacher continuing its temperature-1 held-out episodes after their first call error
-   (``python -m experiments.study.continuation``, gate G4).
+   (``python -m experiments.study.continuation``, gate G4; its episodes in ``continuation_episodes.jsonl``).
 4. Per seed and arm (``arm_settings``, or the slice ``arms``): one run from that student with the same optimizer
    steps, batch, schedule and data order, keeping its weights every ``distill.eval_every`` steps; every kept
    checkpoint is evaluated on every held-out problem under every decoding of ``evaluation.decodings``, so each arm is
@@ -125,6 +125,9 @@ class StudyPaths:
 
     def continuation(self, seed: int) -> Path:
         return self.seed(seed) / "continuation.json"
+
+    def continuation_episodes(self, seed: int) -> Path:
+        return self.seed(seed) / "continuation_episodes.jsonl"
 
     def divergence(self, seed: int) -> Path:
         return self.seed(seed) / "divergence.json"
@@ -283,8 +286,10 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--teacher", str(paths.teacher("robust")), "--teacher-arch", _arch_flag(cfg.teacher),
             "--sampling", e.decodings["t1"].sampling, "--seed", str(seed), "--batch-size", str(e.batch_size),
             "--max-turns", str(e.max_turns), "--max-gen-len", str(e.max_gen_len),
-            "--max-total-len", str(e.max_total_len), "--out", str(paths.continuation(seed))],
-            [paths.continuation(seed)], (f"{prefix}-student-eval-t1", "teacher-robust")))
+            "--max-total-len", str(e.max_total_len), "--out", str(paths.continuation(seed)),
+            "--episodes-out", str(paths.continuation_episodes(seed))],
+            [paths.continuation(seed), paths.continuation_episodes(seed)],
+            (f"{prefix}-student-eval-t1", "teacher-robust")))
         for arm in cfg.running_arms:
             spec = cfg.arm_settings[arm]
             checkpoints = {f"step{step}": (paths.arm_checkpoint(seed, arm, step), cfg.student) for step in steps}

@@ -122,6 +122,9 @@ def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_setti
         assert all(argument(stage.command, "rollout.max_turns") == "14" for stage in evaluations)
     continuation = next(stage for stage in stages if stage.name == "seed1-continuation")
     assert continuation.needs == ("seed1-student-eval-t1", "teacher-robust")
+    assert continuation.outputs == [StudyPaths(cfg).continuation(1), StudyPaths(cfg).continuation_episodes(1)]
+    flag = continuation.command.index("--episodes-out")
+    assert continuation.command[flag + 1] == str(StudyPaths(cfg).continuation_episodes(1))
 
 
 def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_path):
@@ -459,13 +462,19 @@ def test_the_continuation_command_writes_its_counts(tmp_path, tokenizer_path):
                                          num_key_value_heads=1)), tmp_path / "teacher.pth")
     result = run_main(main, "--episodes", str(episodes), "--data", str(data), "--tokenizer", str(tokenizer_path),
                       "--teacher", str(tmp_path / "teacher.pth"), "--teacher-arch", "32,1,2,1", "--max-turns", "4",
-                      "--max-gen-len", "4", "--out", str(tmp_path / "continuation.json"), hydra=False)
+                      "--max-gen-len", "4", "--out", str(tmp_path / "continuation.json"),
+                      "--episodes-out", str(tmp_path / "continued.jsonl"), hydra=False)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "continuation.json").read_text())
     assert {key: report[key] for key in ("episodes", "error_episodes", "continued", "not_continued")} == {
         "episodes": 4, "error_episodes": 3, "continued": 1, "not_continued": {"broken_json": 1, "no_turn_left": 1}}
     assert report["by_first_error"]["wrong_value"]["continued"] == 1 and report["rate"] in (0.0, 1.0)
     assert report["by_error_call"] == {"later_call": {"continued": 1, "correct": report["correct"]}}
+    [row] = [json.loads(line) for line in (tmp_path / "continued.jsonl").read_text().splitlines()]
+    assert {key: row[key] for key in ("source", "first_error", "error_call", "turns_left", "correct")} == {
+        "source": f"{data}:1#sample0", "first_error": "wrong_value", "error_call": 1, "turns_left": 2,
+        "correct": bool(report["correct"])}
+    assert 1 <= len(row["turn_texts"]) <= 2 and len(row["call_types"]) <= len(row["turn_texts"])
 
 
 def test_the_noise_is_matched_to_first_errors_per_call_at_risk(tmp_path):
