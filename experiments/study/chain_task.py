@@ -31,6 +31,13 @@ generator, ``task.check_key``), so the same problem comes with several checks: t
 question, not remembered with the problem (with n a fixed hash of the problem, the pilot's teacher learnt the training
 problems' checks by heart and missed the held-out ones).
 
+**Operand-checked problems** (``--checked-operand``, with ``--checked``): the question states a check of k as well,
+"Subtract six, which is 10 minus 4 modulo 20, four times, ...", and every guard adds it to its exponent,
+``"1 // 0 ** ((2 - 9 - 13) % 20 + (10 - 4 - 6) % 20) * (13 - 6) % 20"``: the two terms are in 0..19, so the factor
+is 1 only when both are 0, and a misread k (in the check and the step alike) fails as a wrong input does. A wrong
+operation, or a number wrong in the step alone, still runs. Its m (1..9) is drawn per record from a generator of its
+own (``task.operand_key``), so the problems and their start checks are the checked task's.
+
 ``gt`` is the phrase of the answer (``"result is 9."``), not the bare number: MiniMind's check finds a gt item as a
 substring of the answer, and the bare "1" would be found in "The result is 11.".
 
@@ -106,32 +113,42 @@ def split_of(triple: tuple[int, str, int], heldout_share: float, distill_share: 
 CHECK_KEYS = tuple(range(1, 10))  # n of a checked problem's start: start = (check - n) % MODULUS
 
 
-def question(triple: tuple[int, str, int], horizon: int, *, key: int | None = None) -> str:
-    """The user's question; with a check ``key`` n, it states the start's check too."""
+def question(triple: tuple[int, str, int], horizon: int, *, key: int | None = None,
+             operand_key: int | None = None) -> str:
+    """The user's question; with a check ``key`` n, it states the start's check too, and with an ``operand_key`` m
+    the operand's ("Subtract six, which is 15 minus 9 modulo 20, four times, ...")."""
     start, op, k = triple
     stated = (f"Start with {start}." if key is None
               else f"Start with {start}, which is {(start + key) % MODULUS} minus {key} modulo {MODULUS}.")
-    return (f"{stated} {OPERATIONS[op][0]} {NUMBER_WORDS[k]}, {TIMES[horizon]}, keeping the remainder after "
+    operand = (NUMBER_WORDS[k] if operand_key is None
+               else f"{NUMBER_WORDS[k]}, which is {(k + operand_key) % MODULUS} minus {operand_key} modulo {MODULUS}")
+    return (f"{stated} {OPERATIONS[op][0]} {operand}, {TIMES[horizon]}, keeping the remainder after "
             f"dividing by {MODULUS} each time. What is the result?")
 
 
 Guard = tuple[int, str, int]  # (a, op, b): the step whose result the input must be, (a op b) % MODULUS
+OperandCheck = tuple[int, int]  # (c, m): the question's check of the operand, k = (c - m) % MODULUS
 
 
-def expression(value: int, op: str, k: int, guard: Guard | None = None) -> str:
+def expression(value: int, op: str, k: int, guard: Guard | None = None,
+               operand_check: OperandCheck | None = None) -> str:
     """``(value op k) % MODULUS``; with a ``guard``, preceded by a factor that fails unless ``value`` is its result:
     ``1 // 0 ** ((a op b - value) % MODULUS) * (value op k) % MODULUS`` (``0 ** 0`` is 1, ``0 ** x`` is 0 for x > 0,
-    and ``1 // 0`` fails)."""
+    and ``1 // 0`` fails); with an ``operand_check`` too, the exponent also adds ``(c - m - k) % MODULUS``, so the
+    factor fails unless k is the question's operand as well (two terms in 0..MODULUS-1: 0 only when both are)."""
     step = f"({value} {op} {k}) % {MODULUS}"
     if guard is None:
         return step
     a, guard_op, b = guard
-    return f"1 // 0 ** (({a} {guard_op} {b} - {value}) % {MODULUS}) * {step}"
+    checked = "" if operand_check is None else f" + ({operand_check[0]} - {operand_check[1]} - {k}) % {MODULUS}"
+    return f"1 // 0 ** (({a} {guard_op} {b} - {value}) % {MODULUS}{checked}) * {step}"
 
 
-# what ``expression`` writes, without and with a guard
+# what ``expression`` writes, without and with a guard (and its operand's check)
 STEP = re.compile(r"^\((\d+) ([-+*]) (\d+)\) % (\d+)$")
-GUARDED_STEP = re.compile(r"^1 // 0 \*\* \(\((\d+) ([-+*]) (\d+) - (\d+)\) % (\d+)\) \* \((\d+) ([-+*]) (\d+)\) % (\d+)$")
+GUARDED_STEP = re.compile(r"^1 // 0 \*\* \(\((\d+) ([-+*]) (\d+) - (\d+)\) % (\d+)"
+                          r"(?: \+ \((\d+) - (\d+) - (\d+)\) % (\d+))?"
+                          r"\) \* \((?P<value>\d+) (?P<op>[-+*]) (?P<k>\d+)\) % (\d+)$")
 
 
 def step_numbers(text: str) -> tuple[int, str, int] | None:
@@ -141,12 +158,13 @@ def step_numbers(text: str) -> tuple[int, str, int] | None:
     if found:
         return int(found[1]), found[2], int(found[3])
     found = GUARDED_STEP.match(text)
-    return (int(found[6]), found[7], int(found[8])) if found else None
+    return (int(found["value"]), found["op"], int(found["k"])) if found else None
 
 
-def corrupted(value: int, op: str, k: int, kind: str, guard: Guard | None = None) -> str:
+def corrupted(value: int, op: str, k: int, kind: str, guard: Guard | None = None,
+              operand_check: OperandCheck | None = None) -> str:
     """An invalid expression a careless model could write for the same step (see the module doc)."""
-    text = expression(value, op, k, guard)
+    text = expression(value, op, k, guard, operand_check)
     if kind == "truncated":
         return text.rsplit(" ", 1)[0]  # the modulus cut off: "... %"
     last = text.rindex(")")  # the step's closing parenthesis dropped
@@ -154,14 +172,16 @@ def corrupted(value: int, op: str, k: int, kind: str, guard: Guard | None = None
 
 
 def confused(value: int, op: str, k: int, rng: random.Random, operand_share: float, guard: Guard | None = None,
-             guard_share: float = 0.0) -> str:
+             guard_share: float = 0.0, operand_check: OperandCheck | None = None) -> str:
     """A valid expression for the same step with one number wrong: with a guard, its first operand with probability
     ``guard_share`` (the check or the step before misread; the guard fails); else k with probability
-    ``operand_share``, else the input value, in the step and in the guard alike (see the module doc). Its result is
-    never the correct one, and with a guard a wrong input fails it."""
+    ``operand_share``, else the input value, in the step and in the guard (or operand check) alike (see the module
+    doc). Its result is never the correct one; with a guard a wrong input fails it, and with an operand check a wrong
+    k too."""
     if guard is not None and guard_share and rng.random() < guard_share:
         a, guard_op, b = guard
-        return expression(value, op, k, (rng.choice([other for other in range(MODULUS) if other != a]), guard_op, b))
+        return expression(value, op, k, (rng.choice([other for other in range(MODULUS) if other != a]), guard_op, b),
+                          operand_check)
     ks = OPERATIONS[op][1]
     while True:
         if rng.random() >= operand_share:
@@ -171,7 +191,7 @@ def confused(value: int, op: str, k: int, rng: random.Random, operand_share: flo
         else:
             continue
         if _step(wrong_value, op, wrong_k) != _step(value, op, k):
-            return expression(wrong_value, op, wrong_k, guard)
+            return expression(wrong_value, op, wrong_k, guard, operand_check)
 
 
 def _call_turn(text: str, *, weight: int | None = None, note: str = "") -> dict:
@@ -189,7 +209,7 @@ def _observe(text: str) -> tuple[str, dict | None]:
 
 def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.0, syntax_noise: float = 0.0,
           operand_share: float = 0.0, rng: random.Random | None = None, key: int | None = None,
-          guard_share: float = 0.0) -> tuple[list[dict], str, dict[str, int]]:
+          guard_share: float = 0.0, operand_key: int | None = None) -> tuple[list[dict], str, dict[str, int]]:
     """The demonstration's turns after the prompt, the final answer's ``gt`` and the noise calls injected by kind
     (``confused``, ``corrupted``).
 
@@ -199,10 +219,11 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
     too, so it may be preceded by noise again (the note, then another wrong call), up to ``horizon + 1`` noise calls
     per demonstration: with the ``horizon`` calls and the answer, it fits the ``2 * horizon + 2`` turns a rollout
     allows. With a check ``key``: every call is guarded (``expression``), the first by the question's check, every
-    later one by the step before it.
+    later one by the step before it; with an ``operand_key`` too, every call also checks its k by the question's.
     """
     value, (_, op, k), turns = triple[0], triple, []
     guard = None if key is None else ((value + key) % MODULUS, "-", key)
+    operand_check = None if operand_key is None else ((k + operand_key) % MODULUS, operand_key)
     noise = {"confused": 0, "corrupted": 0}
     for _ in range(horizon):
         note = ""
@@ -211,8 +232,8 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
             if draw >= value_noise + syntax_noise or sum(noise.values()) > horizon:
                 break
             kind = "confused" if draw < value_noise else "corrupted"
-            wrong = (confused(value, op, k, rng, operand_share, guard, guard_share) if kind == "confused"
-                     else corrupted(value, op, k, rng.choice(CORRUPTIONS), guard))
+            wrong = (confused(value, op, k, rng, operand_share, guard, guard_share, operand_check)
+                     if kind == "confused" else corrupted(value, op, k, rng.choice(CORRUPTIONS), guard, operand_check))
             observation, result = _observe(wrong)
             ran = result is not None
             if ran and (kind == "corrupted" or int(result["result"]) == _step(value, op, k)):
@@ -220,7 +241,7 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
             turns += [_call_turn(wrong, weight=0, note=note), {"role": "tool", "content": observation}]
             noise[kind] += 1
             note = RETRY_NOTE
-        right = expression(value, op, k, guard)
+        right = expression(value, op, k, guard, operand_check)
         observation, result = _observe(right)
         if result is None or int(result["result"]) != _step(value, op, k):
             raise RuntimeError(f"the tool world did not compute {right!r}: {observation}")
@@ -237,16 +258,21 @@ def _step(value: int, op: str, k: int) -> int:
 
 def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bool, value_noise: float = 0.0,
                 syntax_noise: float = 0.0, operand_share: float = 0.0, rng: random.Random | None = None,
-                key: int | None = None, guard_share: float = 0.0) -> dict:
+                key: int | None = None, guard_share: float = 0.0, operand_key: int | None = None) -> dict:
     """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, then the turns (a
     demonstration) or the gold calls as ``expected_calls`` (a prompt: the evaluation classifies every call against
-    them, ``opd.scoring``); ``key``: a checked problem's, kept as ``task.check_key``."""
+    them, ``opd.scoring``); ``key`` and ``operand_key``: a checked problem's, kept as ``task.check_key`` and
+    ``task.operand_key``."""
+    if operand_key is not None and key is None:
+        raise ValueError("an operand check needs a checked problem (key), got operand_key without key")
     turns, gt, noise = solve(triple, horizon, value_noise=value_noise, syntax_noise=syntax_noise,
-                             operand_share=operand_share, rng=rng, key=key, guard_share=guard_share)
+                             operand_share=operand_share, rng=rng, key=key, guard_share=guard_share,
+                             operand_key=operand_key)
     conversation = [{"role": "system", "content": SYSTEM_PROMPT, "tools": json.dumps(tool_schemas(list(TOOLS)))},
-                    {"role": "user", "content": question(triple, horizon, key=key)}]
+                    {"role": "user", "content": question(triple, horizon, key=key, operand_key=operand_key)}]
     row = {"conversations": conversation + (turns if demonstration else []), "gt": [f"result is {gt}."],
            "task": {"triple": list(triple), "horizon": horizon, **({} if key is None else {"check_key": key}),
+                    **({} if operand_key is None else {"operand_key": operand_key}),
                     **({"noise_calls": noise} if demonstration else {})}}
     if not demonstration:  # the calls that are learned (weight-0 corrupted calls are not)
         row["expected_calls"] = [call["function"] for turn in turns if turn.get("weight", 1)
@@ -274,7 +300,8 @@ PARTS = ("task", "noisy")  # what write_task writes: the task's files, or the no
 def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, horizons: tuple[int, ...] = HORIZONS,
                warm_horizons: tuple[int, ...] = (1,), part: str = "task", value_noise: float = 0.2,
                syntax_noise: float = 0.05, operand_share: float = 0.05, heldout_share: float = 0.4,
-               distill_share: float = 0.2, checked: bool = False, guard_share: float = 0.0) -> dict:
+               distill_share: float = 0.2, checked: bool = False, guard_share: float = 0.0,
+               checked_operand: bool = False) -> dict:
     """Write one ``part`` of the task into ``out_dir`` (listed in the summary it returns and writes,
     ``{part}_summary.json``).
 
@@ -284,7 +311,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     ``noisy``: the ``*_noisy_demonstrations`` files, the same problems in the same order as the gold ones (the draws
     depend on ``seed`` alone), with noise calls injected from a generator of their own: the noise rates change these
     two files and nothing else. ``checked``: every problem states a check of its start and every call is guarded
-    (``expression``), so a wrong input fails in the tool world.
+    (``expression``), so a wrong input fails in the tool world; ``checked_operand`` (with ``checked``): the question
+    states a check of k as well and every guard checks k by it, so a wrong k fails too.
     """
     if part not in PARTS:
         raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
@@ -298,10 +326,13 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
             raise ValueError(f"{name} must be in [0, 1], got {share}")
     if guard_share and not checked:
         raise ValueError(f"guard_share applies to checked problems only, got {guard_share} without checked")
+    if checked_operand and not checked:
+        raise ValueError("checked_operand needs checked problems (the operand's check is part of the guard)")
     if not warm_horizons or not set(warm_horizons) <= set(horizons):
         raise ValueError(f"warm horizons must be among the horizons {list(horizons)}, got {list(warm_horizons)}")
     out, rng, noise_rng = Path(out_dir), random.Random(seed), random.Random(f"noise-{seed}")
     key_rng = random.Random(f"check-{seed}")  # the checks' own generator: the problems drawn are the unchecked task's
+    operand_rng = random.Random(f"operand-check-{seed}")  # and the operand checks': the start checks stay as they were
     out.mkdir(parents=True, exist_ok=True)
     triples = split_triples(heldout_share, distill_share)
     files = {}
@@ -310,10 +341,12 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         files[name] = str(out / f"{name}.jsonl")
         atomic_write_text(out / f"{name}.jsonl", _jsonl(rows))
 
-    def keyed(problems: list[tuple[tuple[int, str, int], int]]) -> list[tuple[tuple[int, str, int], int, int | None]]:
-        return [(triple, horizon, key_rng.choice(CHECK_KEYS) if checked else None) for triple, horizon in problems]
+    def keyed(problems: list[tuple[tuple[int, str, int], int]]) -> list[tuple[tuple[int, str, int], int, dict]]:
+        return [(triple, horizon, {"key": key_rng.choice(CHECK_KEYS) if checked else None,
+                                   "operand_key": operand_rng.choice(CHECK_KEYS) if checked_operand else None})
+                for triple, horizon in problems]
 
-    def draw(split: str, per_horizon: int) -> list[tuple[tuple[int, str, int], int, int | None]]:
+    def draw(split: str, per_horizon: int) -> list[tuple[tuple[int, str, int], int, dict]]:
         drawn = [(rng.choice(triples[split]), horizon) for horizon in horizons for _ in range(per_horizon)]
         rng.shuffle(drawn)
         return keyed(drawn)
@@ -323,20 +356,21 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         if part == "noisy":
             write(f"{split}_noisy_demonstrations", [
                 make_record(t, h, demonstration=True, value_noise=value_noise, syntax_noise=syntax_noise,
-                            operand_share=operand_share, rng=noise_rng, key=key,
-                            guard_share=guard_share) for t, h, key in drawn])
+                            operand_share=operand_share, rng=noise_rng, guard_share=guard_share, **keys)
+                for t, h, keys in drawn])
             continue
-        gold = [make_record(t, h, demonstration=True, key=key) for t, h, key in drawn]
+        gold = [make_record(t, h, demonstration=True, **keys) for t, h, keys in drawn]
         write(f"{split}_demonstrations", gold)
         if split == "train":
             write("warm_demonstrations", [row for row in gold if row["task"]["horizon"] in warm_horizons])
-        write(f"{split}_prompts", [make_record(t, h, demonstration=False, key=key) for t, h, key in drawn])
+        write(f"{split}_prompts", [make_record(t, h, demonstration=False, **keys) for t, h, keys in drawn])
     heldout = [(triple, horizon) for horizon in horizons for triple in triples["heldout"]]
     rng.shuffle(heldout)
     heldout = keyed(heldout)
     if part == "task":
-        write("heldout_prompts", [make_record(t, h, demonstration=False, key=key) for t, h, key in heldout])
-    summary = {"part": part, "seed": seed, "checked": checked, "horizons": list(horizons), "warm_horizons": list(warm_horizons),
+        write("heldout_prompts", [make_record(t, h, demonstration=False, **keys) for t, h, keys in heldout])
+    summary = {"part": part, "seed": seed, "checked": checked, "checked_operand": checked_operand,
+               "horizons": list(horizons), "warm_horizons": list(warm_horizons),
                **({"value_noise": value_noise, "syntax_noise": syntax_noise, "operand_share": operand_share,
                    "guard_share": guard_share}
                   if part == "noisy" else {}),
@@ -367,13 +401,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="noisy checked files: of the confused calls, the share with the guard's first operand wrong")
     parser.add_argument("--checked", action="store_true",
                         help="every problem states a check of its start and every call is guarded by it or the step before")
+    parser.add_argument("--checked-operand", action="store_true",
+                        help="with --checked: the question checks k too, and every guard checks the call's k by it")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         summary = write_task(args.out, train=args.train, distill=args.distill, seed=args.seed, part=args.part,
                              value_noise=args.value_noise, syntax_noise=args.syntax_noise,
                              operand_share=args.operand_share, checked=args.checked,
-                             guard_share=args.guard_share,
+                             guard_share=args.guard_share, checked_operand=args.checked_operand,
                              horizons=tuple(int(h) for h in args.horizons.split(",")),
                              warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:

@@ -38,13 +38,14 @@ TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "warm_demons
 
 @dataclass
 class ChainData:
-    """``data``: the chain task's seed, records per horizon and split, whether its calls are checked, and the noise
-    of the noisy files."""
+    """``data``: the chain task's seed, records per horizon and split, whether its calls are checked (their input,
+    and with ``checked_operand`` their k too), and the noise of the noisy files."""
 
     seed: int
     train: int
     distill: int
     checked: bool
+    checked_operand: bool
     value_noise: float
     syntax_noise: float
     operand_share: float
@@ -60,6 +61,8 @@ class ChainData:
             require(0 <= getattr(self, key) <= 1, f"data.{key}", "in [0, 1]", getattr(self, key))
         require(self.checked or not self.guard_share, "data.guard_share", "0 unless data.checked is true (only a "
                 "checked call has a guard)", self.guard_share)
+        require(self.checked or not self.checked_operand, "data.checked_operand", "false unless data.checked is true "
+                "(the operand's check is part of the guard)", self.checked_operand)
 
 
 @dataclass

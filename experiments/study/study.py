@@ -228,7 +228,8 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     paths, python, data = StudyPaths(cfg), sys.executable, cfg.data
     task = [python, "-m", "experiments.study.chain_task", "--out", str(paths.data), "--train", str(data.train),
             "--distill", str(data.distill), "--seed", str(data.seed), "--horizons", ",".join(map(str, cfg.horizons)),
-            "--warm-horizons", ",".join(map(str, cfg.warm.horizons)), *(["--checked"] if data.checked else [])]
+            "--warm-horizons", ",".join(map(str, cfg.warm.horizons)), *(["--checked"] if data.checked else []),
+            *(["--checked-operand"] if data.checked_operand else [])]
     stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES]),
               Stage("noisy-data", [*task, "--part", "noisy", "--value-noise", str(data.value_noise),
                                    "--syntax-noise", str(data.syntax_noise), "--operand-share", str(data.operand_share),

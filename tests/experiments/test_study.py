@@ -139,10 +139,12 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
 
 
 def test_a_checked_task_reaches_both_data_stages():
-    for checked in (False, True):
-        cfg = study_config("/tmp/unused", f"data.checked={str(checked).lower()}", *([] if checked else ["data.guard_share=0"]))
+    for checked, operand in ((False, False), (True, False), (True, True)):
+        cfg = study_config("/tmp/unused", f"data.checked={str(checked).lower()}",
+                           f"data.checked_operand={str(operand).lower()}", *([] if checked else ["data.guard_share=0"]))
         for stage in study_stages(cfg)[:2]:
             assert stage.name in ("data", "noisy-data") and ("--checked" in stage.command) == checked
+            assert ("--checked-operand" in stage.command) == operand
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -159,6 +161,8 @@ def test_a_checked_task_reaches_both_data_stages():
     (["data.guard_share=-0.1"], "data.guard_share must be in [0, 1], got -0.1"),
     (["data.checked=false", "data.guard_share=0.3"], "data.guard_share must be 0 unless data.checked is true"),
     (["data.checked=maybe"], "data.checked must be true or false, got 'maybe'"),
+    (["data.checked=false", "data.guard_share=0", "data.checked_operand=true"],
+     "data.checked_operand must be false unless data.checked is true"),
     (["endpoint.arm=kd"], "endpoint.arm must be an arm other than the baseline (kd)"),
     (["endpoint.horizon=3"], "endpoint.horizon must be one of [1, 2, 4, 6]"),
     (["endpoint.decoding=beam"], "endpoint.decoding must be one of t1, greedy"),

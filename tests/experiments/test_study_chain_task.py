@@ -14,6 +14,7 @@ from experiments.study import chain_task
 from experiments.study.chain_task import (
     HORIZONS,
     MODULUS,
+    NUMBER_WORDS,
     OPERATIONS,
     RETRY_NOTE,
     SPLITS,
@@ -272,8 +273,8 @@ def test_checked_noise_calls_are_flagged_when_the_input_or_a_guard_operand_is_wr
                 assert turns[index + 2]["content"] == RETRY_NOTE
                 said, want = step_numbers(wrong), step_numbers(retry)
                 flagged = "error" in json.loads(turns[index + 1]["content"])
-                operands = [int(n) for n in chain_task.GUARDED_STEP.match(wrong).groups() if n.isdigit()]
-                right = [int(n) for n in chain_task.GUARDED_STEP.match(retry).groups() if n.isdigit()]
+                operands = [int(n) for n in chain_task.GUARDED_STEP.match(wrong).groups() if n and n.isdigit()]
+                right = [int(n) for n in chain_task.GUARDED_STEP.match(retry).groups() if n and n.isdigit()]
                 differ = [position for position, (a, b) in enumerate(zip(operands, right, strict=True)) if a != b]
                 # positions: guard a, b, v, modulus, step v, k, modulus
                 assert differ in ([0], [2, 4], [5])
@@ -296,3 +297,77 @@ def test_a_guarded_expression_reads_back_as_its_step_and_its_corruptions_do_not(
 def test_a_guard_share_without_checked_problems_is_refused(tmp_path):
     with pytest.raises(ValueError, match="guard_share applies to checked problems only, got 0.3 without checked"):
         write_task(tmp_path, train=4, distill=2, part="noisy", guard_share=0.3)
+
+
+def test_an_operand_checked_problem_states_both_checks_and_every_call_checks_its_k():
+    row = make_record((13, "-", 6), 4, demonstration=False, key=9, operand_key=4)
+    assert row["conversations"][1]["content"] == (
+        "Start with 13, which is 2 minus 9 modulo 20. Subtract six, which is 10 minus 4 modulo 20, four times, "
+        "keeping the remainder after dividing by 20 each time. What is the result?")
+    assert row["task"]["check_key"] == 9 and row["task"]["operand_key"] == 4
+    assert [call["arguments"]["expression"] for call in row["expected_calls"]] == [
+        "1 // 0 ** ((2 - 9 - 13) % 20 + (10 - 4 - 6) % 20) * (13 - 6) % 20",
+        "1 // 0 ** ((13 - 6 - 7) % 20 + (10 - 4 - 6) % 20) * (7 - 6) % 20",
+        "1 // 0 ** ((7 - 6 - 1) % 20 + (10 - 4 - 6) % 20) * (1 - 6) % 20",
+        "1 // 0 ** ((1 - 6 - 15) % 20 + (10 - 4 - 6) % 20) * (15 - 6) % 20"]
+    for triple in random.Random(2).sample(all_triples(), 40):
+        checked, plain = solve(triple, 6, key=3, operand_key=7), solve(triple, 6)
+        assert [turn["content"] for turn in checked[0] if turn["role"] == "tool"] == [
+            turn["content"] for turn in plain[0] if turn["role"] == "tool"]
+        assert checked[1] == plain[1]
+        assert f"{NUMBER_WORDS[triple[2]]}, which is {(triple[2] + 7) % MODULUS} minus 7 modulo 20, six times" in (
+            chain_task.question(triple, 6, key=3, operand_key=7))
+    with pytest.raises(ValueError, match="an operand check needs a checked problem"):
+        make_record((13, "-", 6), 4, demonstration=False, operand_key=4)
+
+
+def test_an_operand_checked_call_fails_unless_its_input_and_its_k_are_right():
+    """With the operand's check, a wrong k (written in the check and the step alike) fails like a wrong input: no
+    single wrong number of a call stays silent; a k wrong in the step alone still runs."""
+    for triple in all_triples():
+        start, op, k = triple
+        guard, check = ((start + 4) % MODULUS, "-", 4), ((k + 6) % MODULUS, 6)
+        text = chain_task.expression(start, op, k, guard, check)
+        assert run(text) == {"result": str(chain_task._step(start, op, k))}
+        assert step_numbers(text) == triple
+        for wrong in range(MODULUS):
+            if wrong != start:
+                assert "error" in run(chain_task.expression(wrong, op, k, guard, check))
+        for other in OPERATIONS[op][1]:
+            if other != k:
+                assert "error" in run(chain_task.expression(start, op, other, guard, check))
+                step_only = text.replace(f"* ({start} {op} {k}) %", f"* ({start} {op} {other}) %")
+                assert "result" in run(step_only) and step_numbers(step_only) == (start, op, other)
+        for kind in ("truncated", "unbalanced"):
+            broken = corrupted(start, op, k, kind, guard, check)
+            assert step_numbers(broken) is None and "error" in run(broken)
+
+
+def test_operand_checked_noise_calls_are_all_flagged_and_retried_right():
+    rng, noise = random.Random(5), {"confused": 0, "corrupted": 0}
+    for triple in all_triples()[::3]:
+        turns, gt, made = solve(triple, 6, value_noise=0.4, syntax_noise=0.1, operand_share=0.5, rng=rng, key=2,
+                                guard_share=0.2, operand_key=5)
+        assert replay(turns) and gt == solve(triple, 6)[1]
+        noise = {kind: noise[kind] + made[kind] for kind in noise}
+        for index, turn in enumerate(turns):
+            if turn.get("weight") == 0:
+                assert "error" in json.loads(turns[index + 1]["content"])
+                assert turns[index + 2]["content"] == RETRY_NOTE
+    assert noise["confused"] > 100 and noise["corrupted"] > 10
+
+
+def test_an_operand_checked_task_keeps_the_checked_problems_and_draws_an_operand_check_per_record(tmp_path):
+    write_task(tmp_path / "checked", train=60, distill=10, seed=2, checked=True)
+    write_task(tmp_path / "operand", train=60, distill=10, seed=2, checked=True, checked_operand=True)
+    write_task(tmp_path / "operand", train=60, distill=10, seed=2, checked=True, checked_operand=True, part="noisy",
+               value_noise=0.3)
+    for name in ("train_prompts", "distill_demonstrations", "heldout_prompts"):
+        checked, operand = rows(tmp_path / "checked" / f"{name}.jsonl"), rows(tmp_path / "operand" / f"{name}.jsonl")
+        assert [(row["task"]["triple"], row["task"]["check_key"], row["gt"]) for row in checked] == [
+            (row["task"]["triple"], row["task"]["check_key"], row["gt"]) for row in operand]
+    gold, noisy = (rows(tmp_path / "operand" / f"train_{kind}.jsonl") for kind in ("demonstrations", "noisy_demonstrations"))
+    assert [row["task"]["operand_key"] for row in gold] == [row["task"]["operand_key"] for row in noisy]
+    assert {row["task"]["operand_key"] for row in gold} == set(range(1, 10))
+    with pytest.raises(ValueError, match="checked_operand needs checked problems"):
+        write_task(tmp_path / "no", train=4, distill=2, checked_operand=True)
