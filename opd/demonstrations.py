@@ -26,8 +26,9 @@ from common.chat_records import (
     parse_record,
     read_rows,
 )
-from opd.chat_format import ChatFormat
+from opd.chat_format import ChatFormat, PromptTooLongError
 from opd.episodes import ANSWER, MAX_TURNS, Episode, Turn
+from opd.reporting import show
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import check_call
 
@@ -84,9 +85,37 @@ def _continuation(before: str, after: str, source: str, where: str) -> str:
     return after[len(before):]
 
 
-def _too_long(record: AgentRecord, tokens, max_total_len: int) -> str:
-    return (f"{record.source}: the demonstration is {tokens} tokens, over max_total_len={max_total_len} (fixed "
-            "sequences are never truncated)")
+class DemonstrationTooLong(RecordError):
+    """A demonstration longer than ``max_total_len``: fixed sequences are never truncated."""
+
+
+def _too_long(record: AgentRecord, tokens, max_total_len: int) -> DemonstrationTooLong:
+    return DemonstrationTooLong(f"{record.source}: the demonstration is {tokens} tokens, over "
+                                f"max_total_len={max_total_len} (fixed sequences are never truncated)")
+
+
+def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatFormat, max_total_len: int, *,
+                     drop_too_long: bool) -> tuple[list[Demonstration], list[Episode]]:
+    """The demonstrations that fit ``max_total_len`` and their episodes. A longer one (or one whose prompt alone
+    leaves no room) is an error naming it, or, with ``drop_too_long``, left out (as axolotl drops sequences over its
+    ``sequence_len``) and named in a log line; leaving out all of them is an error."""
+    kept, episodes, dropped = [], [], []
+    for demonstration in demonstrations:
+        try:
+            episodes.append(demonstration_episode(demonstration, chat_format, max_total_len))
+        except (DemonstrationTooLong, PromptTooLongError):
+            if not drop_too_long:
+                raise
+            dropped.append(demonstration.record.source)
+            continue
+        kept.append(demonstration)
+    if dropped:
+        if not kept:
+            raise RecordError(f"every demonstration ({len(dropped)}, first {dropped[0]}) is over "
+                              f"max_total_len={max_total_len}")
+        show(f"left out {len(dropped)} of {len(demonstrations)} demonstrations over max_total_len={max_total_len} "
+             f"(drop_too_long): {', '.join(dropped[:3])}{', ...' if len(dropped) > 3 else ''}")
+    return kept, episodes
 
 
 def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
@@ -96,7 +125,7 @@ def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
     if max_total_len is not None:  # far too long: refused before tokenizing it (seconds per megabyte)
         floor = chat_format.token_floor(chat_format.render(messages, record.tools, generation_prompt=False))
         if floor > max_total_len:
-            raise RecordError(_too_long(record, f"at least {floor}", max_total_len))
+            raise _too_long(record, f"at least {floor}", max_total_len)
     eos, eos_id = chat_format.tokenizer.eos_token, chat_format.eos_token_id
     ids = chat_format.prompt_ids(record, max_total_len)
     episode = Episode(record, len(ids), list(ids))
@@ -121,6 +150,6 @@ def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,
             turn.observation_end = len(episode.ids)
             before = following  # the next turn's context: each prefix is rendered once
     if max_total_len is not None and len(episode.ids) > max_total_len:
-        raise RecordError(_too_long(record, len(episode.ids), max_total_len))
+        raise _too_long(record, len(episode.ids), max_total_len)
     episode.stop_reason = MAX_TURNS if any(call.answered for call in episode.turns[-1].calls) else ANSWER
     return episode

@@ -23,7 +23,7 @@ from opd.chat_format import ChatFormat
 from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
 from opd.config import SFTConfig
 from opd.data_order import Window
-from opd.demonstrations import demonstration_episode, load_demonstrations
+from opd.demonstrations import fitting_episodes, load_demonstrations
 from opd.distributed import Ranks
 from opd.episodes import Episode
 from opd.loss import sft_loss_step
@@ -48,10 +48,11 @@ def train(cfg: SFTConfig) -> dict:
     model, tokenizer = initial_model(cfg)
     torch.manual_seed(cfg.seed)
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.open_thinking)
-    episodes = [demonstration_episode(demonstration, chat_format, cfg.max_total_len) for demonstration in demonstrations]
+    _, episodes = fitting_episodes(demonstrations, chat_format, cfg.max_total_len, drop_too_long=cfg.drop_too_long)
     order = run.data_order(len(episodes))
     signature = run.signature(
-        order, {"from_scratch": cfg.from_scratch, "max_total_len": cfg.max_total_len, "open_thinking": cfg.open_thinking},
+        order, {"from_scratch": cfg.from_scratch, "max_total_len": cfg.max_total_len, "open_thinking": cfg.open_thinking,
+                **({"drop_too_long": True} if cfg.drop_too_long else {})},
         models={"model": model},
         fingerprints={"data.sha256": data_sha256, "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer),
                       "model.init": f"scratch:seed={cfg.seed}" if cfg.from_scratch

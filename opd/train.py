@@ -27,7 +27,7 @@ from opd.chat_format import ChatFormat
 from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
 from opd.config import OPDConfig, register_model_groups
 from opd.data_order import Window, teacher_count
-from opd.demonstrations import demonstration_episode, load_records
+from opd.demonstrations import fitting_episodes, load_records
 from opd.distributed import Ranks
 from opd.episodes import Episode
 from opd.guidance import Guide
@@ -60,8 +60,11 @@ def train(cfg: OPDConfig) -> dict:
     student, teacher, tokenizer = load_student_and_teacher(cfg)
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
     # record index -> its fixed episode (the dataset's demonstration, or the teacher's cached rollout below)
-    fixed = {index: demonstration_episode(demonstration, chat_format, cfg.rollout.max_total_len)
-             for index, demonstration in enumerate(demonstrations)}
+    fixed = {}
+    if demonstrated:
+        demonstrations, episodes = fitting_episodes(demonstrations, chat_format, cfg.rollout.max_total_len,
+                                                    drop_too_long=cfg.offline.drop_too_long)
+        records, fixed = [demonstration.record for demonstration in demonstrations], dict(enumerate(episodes))
     for record in records:
         chat_format.prompt_ids(record, cfg.rollout.max_total_len)
     order = run.data_order(len(records))
@@ -71,6 +74,7 @@ def train(cfg: OPDConfig) -> dict:
     signature = run.signature(
         order, {"mode": cfg.mode, "rollout": cfg.rollout, "loss": cfg.loss, "sampling": cfg.sampling,
                 **({"offline.source": cfg.offline.source} if not on_policy else {}),
+                **({"offline.drop_too_long": True} if demonstrated and cfg.offline.drop_too_long else {}),
                 **({"mixture.teacher_share": cfg.mixture.teacher_share} if on_policy and cfg.mixture.teacher_share
                    else {}),
                 **({"guidance": cfg.guidance} if on_policy and cfg.guidance.active else {})},

@@ -148,10 +148,11 @@ def _records(cfg: StudyConfig, name: str) -> int:
 
 def _sft_command(cfg: StudyConfig, block: RecipeModel, role: str, seed: int, data: Path, out: Path,
                  prefix: str, keep_every: int | None = None, start: Path | None = None,
-                 steps: int | None = None, learning_rate: float | None = None) -> list[str]:
+                 steps: int | None = None, learning_rate: float | None = None, noisy: bool = False) -> list[str]:
     """SFT from a seeded random init, or from the weights ``start``, for ``steps`` (default ``block.sft_steps``) at
     ``learning_rate`` (default ``block.learning_rate``); ``keep_every``: also keep the weights every that many
-    steps."""
+    steps. ``noisy`` demonstrations leave out those over ``distill.max_total_len``: retries make a few of them longer
+    than any rollout may grow."""
     steps = block.sft_steps if steps is None else steps
     learning_rate = block.learning_rate if learning_rate is None else learning_rate
     epochs = math.ceil(steps * cfg.sft.batch_size / _records(cfg, data.stem))
@@ -161,7 +162,7 @@ def _sft_command(cfg: StudyConfig, block: RecipeModel, role: str, seed: int, dat
             *_architecture(block, "model"), f"seed={seed}", f"max_steps={steps}", f"epochs={epochs}", f"batch_size={cfg.sft.batch_size}", "overwrite=true",
             f"optim.learning_rate={learning_rate}", f"optim.warmup_steps={cfg.sft.warmup_steps}",
             f"optim.lr_scheduler={getattr(cfg.sft, f'{role}_lr_scheduler')}", f"max_total_len={d.max_total_len}",
-            f"save_prefix={prefix}",
+            f"save_prefix={prefix}", *(["drop_too_long=true"] if noisy else []),
             f"out_dir={out}", f"hydra.run.dir={out / 'run'}",
             *([f"save_interval={keep_every}", "keep_saved_weights=true"] if keep_every
               else [f"save_interval={NO_INTERMEDIATE_SAVES}"])]
@@ -177,17 +178,18 @@ def _arm_command(cfg: StudyConfig, paths: StudyPaths, seed: int, arm: str) -> li
               f"optim.warmup_steps={d.warmup_steps}", f"optim.lr_scheduler={d.lr_scheduler}", "overwrite=true",
               f"out_dir={out}", f"hydra.run.dir={out / 'run'}", f"save_interval={d.eval_every}",
               "keep_saved_weights=true"]
-    student = paths.student(seed)
+    student, noisy = paths.student(seed), spec.data in NOISY_FILES  # noisy demonstrations: see _sft_command
     if spec.entry == "sft":
         return [sys.executable, "opd/sft.py", *common, f"model.checkpoint={student}", "model.name=study_student",
                 *_architecture(cfg.student, "model"), "save_prefix=continued_sft", f"max_total_len={d.max_total_len}",
-                *spec.overrides]
+                *(["drop_too_long=true"] if noisy else []), *spec.overrides]
     return [sys.executable, "opd/train.py", *common, f"teacher.checkpoint={paths.teacher(spec.teacher)}",
             f"teacher.name=study_teacher_{spec.teacher}", *_architecture(cfg.teacher, "teacher"),
             f"student.checkpoint={student}", "student.name=study_student", *_architecture(cfg.student, "student"),
             f"rollout.max_turns={d.max_turns}", f"rollout.max_gen_len={d.max_gen_len}",
             f"rollout.max_total_len={d.max_total_len}",
-            f"offline.cache_dir={paths.seed(seed) / 'teacher_rollouts'}", *spec.overrides]
+            f"offline.cache_dir={paths.seed(seed) / 'teacher_rollouts'}",
+            *(["offline.drop_too_long=true"] if noisy else []), *spec.overrides]
 
 
 def _eval_stages(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int | None,
@@ -242,7 +244,7 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
                                                       paths.teacher("gold"), gold_sft), [paths.teacher("gold")],
                         ("data",)))
     noisy_sft = partial(_sft_command, cfg, cfg.teacher, "teacher", cfg.teacher.seed,
-                        paths.file("train_noisy_demonstrations"))
+                        paths.file("train_noisy_demonstrations"), noisy=True)
     robust_start, robust_needs = paths.teacher("gold"), ("teacher-gold", "noisy-data")
     if cfg.sft.robust_anneal_steps:  # the robust teacher's SFT at the teacher's lr, then the anneal writes it
         stages.append(Stage("teacher-robust-sft", noisy_sft(

@@ -57,6 +57,8 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
                 assert run.needs == (f"seed{seed}-student", f"teacher-{spec.teacher}", *noisy)
                 assert all(override in run.command for override in spec.overrides)
             assert argument(run.command, "data") == str(paths.file(spec.data))
+            noisy_data = spec.data == "distill_noisy_demonstrations"  # a few are longer than a rollout may grow
+            assert argument(run.command, "offline.drop_too_long") == ("true" if noisy_data else None)
     assert {spec.teacher for spec in cfg.arm_settings.values()} == {"robust"}
     assert set(cfg.arm_settings) == {"kd", "kd_dart", "opd", "opd_rkl", "opd_greedy"}
     robust = stages["teacher-robust"]
@@ -89,8 +91,13 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert argument(robust.command, "max_steps") == str(cfg.sft.robust_anneal_steps) == "300"
     assert argument(robust_sft.command, "optim.learning_rate") == str(cfg.teacher.learning_rate)
     assert argument(robust.command, "optim.learning_rate") == str(cfg.sft.robust_anneal_learning_rate) == "0.001"
+    # retries make a few noisy demonstrations longer than a rollout may grow: those SFTs leave them out
+    assert argument(robust_sft.command, "drop_too_long") == argument(robust.command, "drop_too_long") == "true"
+    assert argument(gold.command, "drop_too_long") is None and argument(student, "drop_too_long") is None
+    assert argument(robust.command, "max_total_len") == str(cfg.distill.max_total_len)
     varying = ("data=", "save_prefix=", "out_dir=", "hydra.run.dir=", "from_scratch=", "model.checkpoint=",
-               "max_steps=", "epochs=", "save_interval=", "keep_saved_weights=", "optim.learning_rate=")
+               "max_steps=", "epochs=", "save_interval=", "keep_saved_weights=", "optim.learning_rate=",
+               "drop_too_long=")
     assert [p for p in robust_sft.command if not p.startswith(varying)] == [
         p for p in gold.command if not p.startswith(varying)] == [
         p for p in robust.command if not p.startswith(varying)]

@@ -8,7 +8,12 @@ import pytest
 
 from common.chat_records import RecordError
 from opd.chat_format import ChatFormat, PromptTooLongError
-from opd.demonstrations import demonstration_episode, load_demonstrations, parse_demonstration
+from opd.demonstrations import (
+    demonstration_episode,
+    fitting_episodes,
+    load_demonstrations,
+    parse_demonstration,
+)
 from opd.episodes import ANSWER, MAX_TURNS, pack_episodes
 from tests.helpers.opd_support import call_text, encode, observation_text
 from tools.mock_tools import tool_schemas
@@ -138,6 +143,27 @@ def test_turns_the_template_cannot_separate_or_too_long_sequences_are_refused(ch
     episode = demonstration_episode(parse_demonstration(DEMONSTRATION, "d.jsonl:6"), chat_format)
     with pytest.raises(RecordError, match=f"d.jsonl:6: the demonstration is {len(episode.ids)} tokens"):
         demonstration_episode(parse_demonstration(DEMONSTRATION, "d.jsonl:6"), chat_format, len(episode.ids) - 1)
+
+
+def test_demonstrations_over_max_total_len_are_refused_or_left_out_and_named(chat_format, caplog):
+    short = {"conversations": [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    demonstrations = [parse_demonstration(row, f"d.jsonl:{line}")
+                      for line, row in enumerate([short, DEMONSTRATION, short, DEMONSTRATION], start=1)]
+    lengths = [len(demonstration_episode(demonstration, chat_format).ids) for demonstration in demonstrations]
+    limit = lengths[1] - 1  # one token short for the long one, whose prompt fits
+    assert lengths[0] == lengths[2] < limit
+    with pytest.raises(RecordError, match=f"d.jsonl:2: the demonstration is {lengths[1]} tokens, over max_total_len"):
+        fitting_episodes(demonstrations, chat_format, limit, drop_too_long=False)
+    with caplog.at_level("INFO", logger="opd"):
+        kept, episodes = fitting_episodes(demonstrations, chat_format, limit, drop_too_long=True)
+    assert [demonstration.record.source for demonstration in kept] == ["d.jsonl:1", "d.jsonl:3"]
+    assert [episode.ids for episode in episodes] == [demonstration_episode(d, chat_format).ids for d in kept]
+    assert f"left out 2 of 4 demonstrations over max_total_len={limit} (drop_too_long): d.jsonl:2, d.jsonl:4" in (
+        caplog.text)
+    kept, episodes = fitting_episodes(demonstrations, chat_format, lengths[1], drop_too_long=True)
+    assert len(kept) == len(episodes) == 4
+    with pytest.raises(RecordError, match=r"every demonstration \(4, first d.jsonl:1\) is over max_total_len=3"):
+        fitting_episodes(demonstrations, chat_format, 3, drop_too_long=True)  # prompts that leave no room, too
 
 
 def test_load_demonstrations_names_the_line(tmp_path):

@@ -4,10 +4,12 @@ cache (opd/teacher_rollouts.py)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
+from common.chat_records import RecordError
 from experiments.recipe.synthetic_task import write_task
 from opd.chat_format import ChatFormat
 from opd.checkpoints import ResumeRefusedError, load_resume
@@ -135,9 +137,26 @@ def test_offline_resume_refuses_another_mode_or_source(workspace):
         assert named in str(caught.value)
 
 
+def test_the_dataset_source_leaves_out_demonstrations_over_the_limit_only_when_asked(workspace, tokenizer, caplog):
+    data = workspace["train_demonstrations"]
+    demonstrations = load_demonstrations(data)[0]
+    lengths = [len(demonstration_episode(d, ChatFormat(tokenizer)).ids) for d in demonstrations]
+    limit = max(lengths) - 1
+    over = [d.record.source for d, length in zip(demonstrations, lengths, strict=True) if length > limit]
+    assert 0 < len(over) < len(demonstrations) - 1
+    settings = (f"data={data}", "offline.source=dataset", f"rollout.max_total_len={limit}", "epochs=1", "batch_size=1")
+    with pytest.raises(RecordError, match=f"{re.escape(over[0])}: the demonstration is {max(lengths)} tokens"):
+        train(config(workspace, "too-long", *settings))
+    with caplog.at_level("INFO", logger="opd"):
+        train(config(workspace, "too-long-left-out", *settings, "offline.drop_too_long=true"))
+    assert f"left out {len(over)} of {len(demonstrations)} demonstrations over max_total_len={limit}" in caplog.text
+    assert len(metrics(workspace, "too-long-left-out")) == len(demonstrations) - len(over)  # an epoch of the kept
+
+
 @pytest.mark.parametrize("override,message", [
     ("mode=offpolicy", "mode must be one of on_policy, offline"),
-    ("offline.source=web", "offline.source must be one of dataset, teacher_rollouts")])
+    ("offline.source=web", "offline.source must be one of dataset, teacher_rollouts"),
+    ("offline.drop_too_long=true", "offline.drop_too_long must be false with offline.source=teacher_rollouts")])
 def test_bad_mode_settings_fail_before_training(workspace, override, message):
     with pytest.raises(ValueError, match=message):
         train(config(workspace, "bad", f"data={workspace['train_prompts']}", override))
