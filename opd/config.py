@@ -229,7 +229,7 @@ class OfflineConfig:
 
     source: str  # dataset: the records' own assistant turns; teacher_rollouts: the teacher's episodes, cached
     cache_dir: str
-    drop_too_long: bool  # source=dataset: leave out (and name) demonstrations over rollout.max_total_len
+    drop_too_long: bool  # source=dataset: leave out (and count) demonstrations over rollout.max_total_len
 
     def __post_init__(self) -> None:
         check_choice("offline.source", self.source, OFFLINE_SOURCES)
@@ -352,7 +352,7 @@ class SFTConfig(TrainingRunConfig):
     from_scratch: bool  # a seeded random init of model's architecture instead of model.checkpoint
     save_prefix: str
     max_total_len: int
-    drop_too_long: bool  # leave out (and name) demonstrations over max_total_len instead of refusing the data
+    drop_too_long: bool  # leave out (and count) demonstrations over max_total_len instead of refusing the data
     open_thinking: bool
 
     def __post_init__(self) -> None:
