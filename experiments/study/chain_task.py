@@ -60,7 +60,11 @@ and fixable (a retry from the last correct value is the right move), and every e
 The noise turn has ``"weight": 0``: it is context, never a target (``opd.demonstrations``); the retry is learned.
 The retry turn says so before its call (``RETRY_NOTE``, as an agent states what it noticed): noticing the wrong
 value and choosing which observation to copy are then decisions at two different tokens. A bare retry asks both of
-one token, which the pilot's 2-layer teacher did not learn (``experiments/study/README.md``, "Pilot"). Broken JSON
+one token, which the pilot's 2-layer teacher did not learn (``experiments/study/README.md``, "Pilot"). With
+``--retry-names-input`` the note also names the value the retry starts from ("That call was wrong; redoing the step
+from 7."): the copy of the last correct result is then made in words, where no earlier text ends as the note does,
+before the guard repeats it (the ninth pilot's operand-checked teacher wrote a wrong input into the guard of most
+later-call retries, README "A ninth pilot"). Broken JSON
 is not injected: MiniMind's tool world gives it no observation and the episode ends there, so there is nothing to
 recover in a demonstration.
 
@@ -94,6 +98,12 @@ OPERATIONS = {"+": ("Add", tuple(range(1, 10))), "-": ("Subtract", tuple(range(1
 SPLITS = ("train", "distill", "heldout")
 CORRUPTIONS = ("truncated", "unbalanced")
 RETRY_NOTE = "That call was wrong; redoing the step."  # the content of a retry turn, before its call
+
+
+def retry_note(value: int | None = None) -> str:
+    """``RETRY_NOTE``, or with the retry's input ``value`` the note that names it: "That call was wrong; redoing the
+    step from 7." (``--retry-names-input``)."""
+    return RETRY_NOTE if value is None else f"{RETRY_NOTE[:-1]} from {value}."
 
 
 def all_triples() -> list[tuple[int, str, int]]:
@@ -209,7 +219,8 @@ def _observe(text: str) -> tuple[str, dict | None]:
 
 def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.0, syntax_noise: float = 0.0,
           operand_share: float = 0.0, rng: random.Random | None = None, key: int | None = None,
-          guard_share: float = 0.0, operand_key: int | None = None) -> tuple[list[dict], str, dict[str, int]]:
+          guard_share: float = 0.0, operand_key: int | None = None,
+          retry_names_input: bool = False) -> tuple[list[dict], str, dict[str, int]]:
     """The demonstration's turns after the prompt, the final answer's ``gt`` and the noise calls injected by kind
     (``confused``, ``corrupted``).
 
@@ -218,7 +229,7 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
     observation, then the retry: ``RETRY_NOTE`` and the correct call from the last correct value. A retry is a call
     too, so it may be preceded by noise again (the note, then another wrong call), up to ``horizon + 1`` noise calls
     per demonstration: with the ``horizon`` calls and the answer, it fits the ``2 * horizon + 2`` turns a rollout
-    allows. With a check ``key``: every call is guarded (``expression``), the first by the question's check, every
+    allows; with ``retry_names_input`` the note names the last correct value (``retry_note``). With a check ``key``: every call is guarded (``expression``), the first by the question's check, every
     later one by the step before it; with an ``operand_key`` too, every call also checks its k by the question's.
     """
     value, (_, op, k), turns = triple[0], triple, []
@@ -240,7 +251,7 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
                 raise RuntimeError(f"the tool world answered the {kind} call {wrong!r} with {observation}")
             turns += [_call_turn(wrong, weight=0, note=note), {"role": "tool", "content": observation}]
             noise[kind] += 1
-            note = RETRY_NOTE
+            note = retry_note(value if retry_names_input else None)
         right = expression(value, op, k, guard, operand_check)
         observation, result = _observe(right)
         if result is None or int(result["result"]) != _step(value, op, k):
@@ -258,7 +269,8 @@ def _step(value: int, op: str, k: int) -> int:
 
 def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bool, value_noise: float = 0.0,
                 syntax_noise: float = 0.0, operand_share: float = 0.0, rng: random.Random | None = None,
-                key: int | None = None, guard_share: float = 0.0, operand_key: int | None = None) -> dict:
+                key: int | None = None, guard_share: float = 0.0, operand_key: int | None = None,
+                retry_names_input: bool = False) -> dict:
     """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, then the turns (a
     demonstration) or the gold calls as ``expected_calls`` (a prompt: the evaluation classifies every call against
     them, ``opd.scoring``); ``key`` and ``operand_key``: a checked problem's, kept as ``task.check_key`` and
@@ -267,7 +279,7 @@ def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bo
         raise ValueError("an operand check needs a checked problem (key), got operand_key without key")
     turns, gt, noise = solve(triple, horizon, value_noise=value_noise, syntax_noise=syntax_noise,
                              operand_share=operand_share, rng=rng, key=key, guard_share=guard_share,
-                             operand_key=operand_key)
+                             operand_key=operand_key, retry_names_input=retry_names_input)
     conversation = [{"role": "system", "content": SYSTEM_PROMPT, "tools": json.dumps(tool_schemas(list(TOOLS)))},
                     {"role": "user", "content": question(triple, horizon, key=key, operand_key=operand_key)}]
     row = {"conversations": conversation + (turns if demonstration else []), "gt": [f"result is {gt}."],
@@ -301,7 +313,7 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
                warm_horizons: tuple[int, ...] = (1,), part: str = "task", value_noise: float = 0.2,
                syntax_noise: float = 0.05, operand_share: float = 0.05, heldout_share: float = 0.4,
                distill_share: float = 0.2, checked: bool = False, guard_share: float = 0.0,
-               checked_operand: bool = False) -> dict:
+               checked_operand: bool = False, retry_names_input: bool = False) -> dict:
     """Write one ``part`` of the task into ``out_dir`` (listed in the summary it returns and writes,
     ``{part}_summary.json``).
 
@@ -312,7 +324,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     depend on ``seed`` alone), with noise calls injected from a generator of their own: the noise rates change these
     two files and nothing else. ``checked``: every problem states a check of its start and every call is guarded
     (``expression``), so a wrong input fails in the tool world; ``checked_operand`` (with ``checked``): the question
-    states a check of k as well and every guard checks k by it, so a wrong k fails too.
+    states a check of k as well and every guard checks k by it, so a wrong k fails too; ``retry_names_input``: each
+    noisy demonstration's retry note names the value the retry starts from.
     """
     if part not in PARTS:
         raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
@@ -328,6 +341,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         raise ValueError(f"guard_share applies to checked problems only, got {guard_share} without checked")
     if checked_operand and not checked:
         raise ValueError("checked_operand needs checked problems (the operand's check is part of the guard)")
+    if retry_names_input and part != "noisy":
+        raise ValueError("retry_names_input changes the noisy demonstrations only (part noisy), got part task")
     if not warm_horizons or not set(warm_horizons) <= set(horizons):
         raise ValueError(f"warm horizons must be among the horizons {list(horizons)}, got {list(warm_horizons)}")
     out, rng, noise_rng = Path(out_dir), random.Random(seed), random.Random(f"noise-{seed}")
@@ -356,7 +371,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         if part == "noisy":
             write(f"{split}_noisy_demonstrations", [
                 make_record(t, h, demonstration=True, value_noise=value_noise, syntax_noise=syntax_noise,
-                            operand_share=operand_share, rng=noise_rng, guard_share=guard_share, **keys)
+                            operand_share=operand_share, rng=noise_rng, guard_share=guard_share,
+                            retry_names_input=retry_names_input, **keys)
                 for t, h, keys in drawn])
             continue
         gold = [make_record(t, h, demonstration=True, **keys) for t, h, keys in drawn]
@@ -372,7 +388,7 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     summary = {"part": part, "seed": seed, "checked": checked, "checked_operand": checked_operand,
                "horizons": list(horizons), "warm_horizons": list(warm_horizons),
                **({"value_noise": value_noise, "syntax_noise": syntax_noise, "operand_share": operand_share,
-                   "guard_share": guard_share}
+                   "guard_share": guard_share, "retry_names_input": retry_names_input}
                   if part == "noisy" else {}),
                "heldout_share": heldout_share, "distill_share": distill_share, "modulus": MODULUS,
                "tools": list(TOOLS), "triples": {split: len(found) for split, found in triples.items()},
@@ -403,6 +419,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="every problem states a check of its start and every call is guarded by it or the step before")
     parser.add_argument("--checked-operand", action="store_true",
                         help="with --checked: the question checks k too, and every guard checks the call's k by it")
+    parser.add_argument("--retry-names-input", action="store_true",
+                        help="noisy files: each retry's note names the value it starts from (\"... redoing the step from 7.\")")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
@@ -410,6 +428,7 @@ def main(argv: list[str] | None = None) -> None:
                              value_noise=args.value_noise, syntax_noise=args.syntax_noise,
                              operand_share=args.operand_share, checked=args.checked,
                              guard_share=args.guard_share, checked_operand=args.checked_operand,
+                             retry_names_input=args.retry_names_input,
                              horizons=tuple(int(h) for h in args.horizons.split(",")),
                              warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:

@@ -39,7 +39,8 @@ TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "warm_demons
 @dataclass
 class ChainData:
     """``data``: the chain task's seed, records per horizon and split, whether its calls are checked (their input,
-    and with ``checked_operand`` their k too), and the noise of the noisy files."""
+    and with ``checked_operand`` their k too), and the noise of the noisy files (and whether their retry notes name
+    the retry's input)."""
 
     seed: int
     train: int
@@ -50,6 +51,7 @@ class ChainData:
     syntax_noise: float
     operand_share: float
     guard_share: float
+    retry_names_input: bool
 
     def __post_init__(self) -> None:
         check_integers("data.", self, ("train", "distill"))

@@ -235,7 +235,8 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES]),
               Stage("noisy-data", [*task, "--part", "noisy", "--value-noise", str(data.value_noise),
                                    "--syntax-noise", str(data.syntax_noise), "--operand-share", str(data.operand_share),
-                                   "--guard-share", str(data.guard_share)],
+                                   "--guard-share", str(data.guard_share),
+                                   *(["--retry-names-input"] if data.retry_names_input else [])],
                                   [paths.file(name) for name in NOISY_FILES])]
     evaluations = []
     gold_sft = _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_demonstrations"),

@@ -154,6 +154,16 @@ def test_a_checked_task_reaches_both_data_stages():
             assert ("--checked-operand" in stage.command) == operand
 
 
+def test_only_the_noisy_data_stage_names_the_retry_input():
+    """retry_names_input changes the noisy files alone, so the gold data's stage (and every stage reading it, the
+    teachers' and students' SFT) keeps its command and is reused."""
+    for named in (False, True):
+        data, noisy = study_stages(study_config("/tmp/unused", f"data.retry_names_input={str(named).lower()}"))[:2]
+        assert (data.name, noisy.name) == ("data", "noisy-data")
+        assert "--retry-names-input" not in data.command
+        assert ("--retry-names-input" in noisy.command) == named
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["arms=[nope]"], "arms must be a list of arm names among kd, kd_dart"),
     (["horizons=[1,9]"], "horizons must be a non-empty list of distinct horizons among [1, 2, 3, 4, 5, 6]"),

@@ -284,6 +284,46 @@ def test_checked_noise_calls_are_flagged_when_the_input_or_a_guard_operand_is_wr
     assert kinds["flagged"] > kinds["guard"] > kinds["silent"] > 0
 
 
+def test_a_named_retry_note_states_the_last_correct_value_and_nothing_else_changes():
+    """With retry_names_input every retry note (learned or noise) names the input of the step being redone: the
+    start at the first call, the last correct result later; the same draws give the same calls, observations and
+    weights as without it, and the note's number is the learned retry's input."""
+    named_notes = 0
+    for triple in all_triples()[::3]:
+        for operand_key in (None, 7):
+            plain, named = ([solve(triple, 6, value_noise=0.4, syntax_noise=0.05, rng=random.Random(sum(triple[::2])),
+                                   key=5, guard_share=0.1, operand_key=operand_key, retry_names_input=flag)
+                             for flag in (False, True)])
+            assert plain[1:] == named[1:]
+            inputs, value = [], triple[0]  # the input of each gold step, in order
+            for _ in range(6):
+                inputs.append(value)
+                value = chain_task._step(value, triple[1], triple[2])
+            learned = 0
+            for before, after in zip(plain[0], named[0], strict=True):
+                assert {**before, "content": ""} == {**after, "content": ""}
+                if "tool_calls" not in before or not before["content"]:
+                    assert after["content"] == before["content"]
+                    learned += "tool_calls" in before and before.get("weight", 1) == 1
+                    continue
+                assert before["content"] == RETRY_NOTE
+                assert after["content"] == f"That call was wrong; redoing the step from {inputs[learned]}."
+                assert after["content"] == chain_task.retry_note(inputs[learned])
+                if after.get("weight", 1) == 1:
+                    expression = after["tool_calls"][0]["function"]["arguments"]["expression"]
+                    assert step_numbers(expression)[0] == inputs[learned]
+                    learned += 1
+                named_notes += 1
+    assert named_notes > 100
+
+
+def test_retry_names_input_is_refused_outside_the_noisy_part(tmp_path):
+    with pytest.raises(ValueError, match="retry_names_input changes the noisy demonstrations only"):
+        write_task(tmp_path, train=2, distill=2, part="task", retry_names_input=True)
+    summary = write_task(tmp_path, train=2, distill=2, part="noisy", checked=True, retry_names_input=True)
+    assert summary["retry_names_input"] is True
+
+
 def test_a_guarded_expression_reads_back_as_its_step_and_its_corruptions_do_not():
     for triple in all_triples():
         start, op, k = triple
