@@ -171,6 +171,16 @@ def step_numbers(text: str) -> tuple[int, str, int] | None:
     return (int(found["value"]), found["op"], int(found["k"])) if found else None
 
 
+def guard_numbers_of(text: str) -> dict[str, int] | None:
+    """The guard's numbers (``GUARD_NUMBERS``: a, b, and with an operand check c, m) of a guarded expression shaped
+    as ``expression`` writes it, None for any other text."""
+    found = GUARDED_STEP.match(text)
+    if not found:
+        return None
+    numbers = {"a": int(found[1]), "b": int(found[3])}
+    return numbers if found[6] is None else {**numbers, "c": int(found[6]), "m": int(found[7])}
+
+
 def corrupted(value: int, op: str, k: int, kind: str, guard: Guard | None = None,
               operand_check: OperandCheck | None = None) -> str:
     """An invalid expression a careless model could write for the same step (see the module doc)."""
@@ -181,17 +191,42 @@ def corrupted(value: int, op: str, k: int, kind: str, guard: Guard | None = None
     return text[:last] + text[last + 1:]
 
 
+GUARD_NUMBERS = ("a", "b", "c", "m")  # a guard's numbers: (a op b - input), and the operand check's (c - m - k)
+
+
+def _guard_holds(value: int, k: int, guard: Guard, operand_check: OperandCheck | None) -> bool:
+    a, guard_op, b = guard
+    return _step(a, guard_op, b) == value and (operand_check is None or (operand_check[0] - operand_check[1]) % MODULUS == k)
+
+
 def confused(value: int, op: str, k: int, rng: random.Random, operand_share: float, guard: Guard | None = None,
-             guard_share: float = 0.0, operand_check: OperandCheck | None = None) -> str:
-    """A valid expression for the same step with one number wrong: with a guard, its first operand with probability
-    ``guard_share`` (the check or the step before misread; the guard fails); else k with probability
-    ``operand_share``, else the input value, in the step and in the guard (or operand check) alike (see the module
-    doc). Its result is never the correct one; with a guard a wrong input fails it, and with an operand check a wrong
-    k too."""
+             guard_share: float = 0.0, operand_check: OperandCheck | None = None,
+             guard_numbers: dict[str, float] | None = None) -> str:
+    """A valid expression for the same step with one number wrong: with a guard, with probability ``guard_share``
+    one of the guard's numbers (the check or the step before misread, or the operand's check; the guard fails),
+    drawn by the weights ``guard_numbers`` over ``GUARD_NUMBERS`` (default: the first operand, ``a``, alone);
+    else k with probability ``operand_share``, else the input value, in the step and in the guard (or operand check)
+    alike (see the module doc). Its result is never the correct one; with a guard a wrong input fails it, and with
+    an operand check a wrong k too."""
     if guard is not None and guard_share and rng.random() < guard_share:
-        a, guard_op, b = guard
-        return expression(value, op, k, (rng.choice([other for other in range(MODULUS) if other != a]), guard_op, b),
-                          operand_check)
+        weights = guard_numbers or {"a": 1.0}
+        names = [name for name in GUARD_NUMBERS if weights.get(name)]
+        name = names[0] if len(names) == 1 else rng.choices(names, [weights[name] for name in names])[0]
+        if name in ("c", "m") and operand_check is None:
+            raise ValueError(f"guard number {name!r} belongs to the operand's check, which this call does not have")
+        index = "abcm".index(name)
+        misread = []  # every guard with that number replaced by another that fails it
+        for other in range(MODULUS):
+            wrong_guard, wrong_check = list(guard), list(operand_check or ())
+            numbers, position = (wrong_guard, 2 * index) if index < 2 else (wrong_check, index - 2)
+            if other != numbers[position]:
+                numbers[position] = other
+                checked = tuple(wrong_check) if operand_check else None
+                if not _guard_holds(value, k, tuple(wrong_guard), checked):
+                    misread.append((tuple(wrong_guard), checked))
+        if not misread:  # b of a product with a = 0 (every b gives 0): the first operand, which always fails
+            misread = [((other, guard[1], guard[2]), operand_check) for other in range(MODULUS) if other != guard[0]]
+        return expression(value, op, k, *rng.choice(misread))
     ks = OPERATIONS[op][1]
     while True:
         if rng.random() >= operand_share:
@@ -219,8 +254,8 @@ def _observe(text: str) -> tuple[str, dict | None]:
 
 def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.0, syntax_noise: float = 0.0,
           operand_share: float = 0.0, rng: random.Random | None = None, key: int | None = None,
-          guard_share: float = 0.0, operand_key: int | None = None,
-          retry_names_input: bool = False) -> tuple[list[dict], str, dict[str, int]]:
+          guard_share: float = 0.0, operand_key: int | None = None, retry_names_input: bool = False,
+          guard_numbers: dict[str, float] | None = None) -> tuple[list[dict], str, dict[str, int]]:
     """The demonstration's turns after the prompt, the final answer's ``gt`` and the noise calls injected by kind
     (``confused``, ``corrupted``).
 
@@ -243,7 +278,7 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
             if draw >= value_noise + syntax_noise or sum(noise.values()) > horizon:
                 break
             kind = "confused" if draw < value_noise else "corrupted"
-            wrong = (confused(value, op, k, rng, operand_share, guard, guard_share, operand_check)
+            wrong = (confused(value, op, k, rng, operand_share, guard, guard_share, operand_check, guard_numbers)
                      if kind == "confused" else corrupted(value, op, k, rng.choice(CORRUPTIONS), guard, operand_check))
             observation, result = _observe(wrong)
             ran = result is not None
@@ -270,7 +305,7 @@ def _step(value: int, op: str, k: int) -> int:
 def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bool, value_noise: float = 0.0,
                 syntax_noise: float = 0.0, operand_share: float = 0.0, rng: random.Random | None = None,
                 key: int | None = None, guard_share: float = 0.0, operand_key: int | None = None,
-                retry_names_input: bool = False) -> dict:
+                retry_names_input: bool = False, guard_numbers: dict[str, float] | None = None) -> dict:
     """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, then the turns (a
     demonstration) or the gold calls as ``expected_calls`` (a prompt: the evaluation classifies every call against
     them, ``opd.scoring``); ``key`` and ``operand_key``: a checked problem's, kept as ``task.check_key`` and
@@ -279,7 +314,8 @@ def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bo
         raise ValueError("an operand check needs a checked problem (key), got operand_key without key")
     turns, gt, noise = solve(triple, horizon, value_noise=value_noise, syntax_noise=syntax_noise,
                              operand_share=operand_share, rng=rng, key=key, guard_share=guard_share,
-                             operand_key=operand_key, retry_names_input=retry_names_input)
+                             operand_key=operand_key, retry_names_input=retry_names_input,
+                             guard_numbers=guard_numbers)
     conversation = [{"role": "system", "content": SYSTEM_PROMPT, "tools": json.dumps(tool_schemas(list(TOOLS)))},
                     {"role": "user", "content": question(triple, horizon, key=key, operand_key=operand_key)}]
     row = {"conversations": conversation + (turns if demonstration else []), "gt": [f"result is {gt}."],
@@ -313,7 +349,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
                warm_horizons: tuple[int, ...] = (1,), part: str = "task", value_noise: float = 0.2,
                syntax_noise: float = 0.05, operand_share: float = 0.05, heldout_share: float = 0.4,
                distill_share: float = 0.2, checked: bool = False, guard_share: float = 0.0,
-               checked_operand: bool = False, retry_names_input: bool = False) -> dict:
+               checked_operand: bool = False, retry_names_input: bool = False,
+               guard_numbers: dict[str, float] | None = None) -> dict:
     """Write one ``part`` of the task into ``out_dir`` (listed in the summary it returns and writes,
     ``{part}_summary.json``).
 
@@ -341,6 +378,13 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         raise ValueError(f"guard_share applies to checked problems only, got {guard_share} without checked")
     if checked_operand and not checked:
         raise ValueError("checked_operand needs checked problems (the operand's check is part of the guard)")
+    guard_numbers = dict(guard_numbers or {"a": 1.0})
+    if (set(guard_numbers) - set(GUARD_NUMBERS) or any(not w >= 0 for w in guard_numbers.values())
+            or not sum(guard_numbers.values()) > 0):
+        raise ValueError(f"guard_numbers must weigh some of {', '.join(GUARD_NUMBERS)} by numbers >= 0, not all 0, got "
+                         f"{guard_numbers}")
+    if not checked_operand and (guard_numbers.get("c") or guard_numbers.get("m")):
+        raise ValueError(f"guard_numbers c and m are the operand check's, which needs checked_operand, got {guard_numbers}")
     if retry_names_input and part != "noisy":
         raise ValueError("retry_names_input changes the noisy demonstrations only (part noisy), got part task")
     if not warm_horizons or not set(warm_horizons) <= set(horizons):
@@ -372,7 +416,7 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
             write(f"{split}_noisy_demonstrations", [
                 make_record(t, h, demonstration=True, value_noise=value_noise, syntax_noise=syntax_noise,
                             operand_share=operand_share, rng=noise_rng, guard_share=guard_share,
-                            retry_names_input=retry_names_input, **keys)
+                            retry_names_input=retry_names_input, guard_numbers=guard_numbers, **keys)
                 for t, h, keys in drawn])
             continue
         gold = [make_record(t, h, demonstration=True, **keys) for t, h, keys in drawn]
@@ -388,7 +432,7 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     summary = {"part": part, "seed": seed, "checked": checked, "checked_operand": checked_operand,
                "horizons": list(horizons), "warm_horizons": list(warm_horizons),
                **({"value_noise": value_noise, "syntax_noise": syntax_noise, "operand_share": operand_share,
-                   "guard_share": guard_share, "retry_names_input": retry_names_input}
+                   "guard_share": guard_share, "guard_numbers": guard_numbers, "retry_names_input": retry_names_input}
                   if part == "noisy" else {}),
                "heldout_share": heldout_share, "distill_share": distill_share, "modulus": MODULUS,
                "tools": list(TOOLS), "triples": {split: len(found) for split, found in triples.items()},
@@ -396,6 +440,13 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
                            **({"heldout": len(heldout)} if part == "task" else {})}, "files": files}
     atomic_write_json(out / f"{part}_summary.json", summary)
     return summary
+
+
+def _weights(parser: argparse.ArgumentParser, text: str) -> dict[str, float]:
+    try:
+        return {name.strip(): float(weight) for name, weight in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        parser.error(f"--guard-numbers: name=weight pairs separated by commas, e.g. a=1,c=3, got {text!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -415,6 +466,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="noisy files: of the confused calls, the share with k wrong (else the input value)")
     parser.add_argument("--guard-share", type=float, default=0.0,
                         help="noisy checked files: of the confused calls, the share with the guard's first operand wrong")
+    parser.add_argument("--guard-numbers", default="a=1",
+                        help="noisy checked files: weights of the guard's number misread at the guard share, among a, b "
+                             "(the check or the step before: a op b) and c, m (the operand's check: c - m), e.g. a=1,c=3")
     parser.add_argument("--checked", action="store_true",
                         help="every problem states a check of its start and every call is guarded by it or the step before")
     parser.add_argument("--checked-operand", action="store_true",
@@ -429,6 +483,7 @@ def main(argv: list[str] | None = None) -> None:
                              operand_share=args.operand_share, checked=args.checked,
                              guard_share=args.guard_share, checked_operand=args.checked_operand,
                              retry_names_input=args.retry_names_input,
+                             guard_numbers=_weights(parser, args.guard_numbers),
                              horizons=tuple(int(h) for h in args.horizons.split(",")),
                              warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:

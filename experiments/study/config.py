@@ -27,7 +27,7 @@ from experiments.recipe.config import (
     RecipeTeacher,
     check_staged_run,
 )
-from experiments.study.chain_task import TIMES
+from experiments.study.chain_task import GUARD_NUMBERS, TIMES
 from opd.config import SCHEDULERS
 
 ENTRIES = ("opd", "sft")  # an arm continues the student with opd/train.py or with opd/sft.py
@@ -40,7 +40,7 @@ TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "warm_demons
 class ChainData:
     """``data``: the chain task's seed, records per horizon and split, whether its calls are checked (their input,
     and with ``checked_operand`` their k too), and the noise of the noisy files (and whether their retry notes name
-    the retry's input)."""
+    the retry's input, and which guard number a confused guard misreads)."""
 
     seed: int
     train: int
@@ -52,6 +52,7 @@ class ChainData:
     operand_share: float
     guard_share: float
     retry_names_input: bool
+    guard_numbers: dict
 
     def __post_init__(self) -> None:
         check_integers("data.", self, ("train", "distill"))
@@ -65,6 +66,13 @@ class ChainData:
                 "checked call has a guard)", self.guard_share)
         require(self.checked or not self.checked_operand, "data.checked_operand", "false unless data.checked is true "
                 "(the operand's check is part of the guard)", self.checked_operand)
+        weights = self.guard_numbers
+        require(isinstance(weights, dict) and set(weights) <= set(GUARD_NUMBERS) and all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in weights.values())
+            and sum(weights.values()) > 0, "data.guard_numbers", f"a mapping of some of {', '.join(GUARD_NUMBERS)} to "
+                "weights >= 0, not all 0", weights)
+        require(self.checked_operand or not (weights.get("c") or weights.get("m")), "data.guard_numbers",
+                "without c and m unless data.checked_operand is true (they are the operand check's numbers)", weights)
 
 
 @dataclass

@@ -21,7 +21,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from experiments.study.chain_task import step_numbers
+from experiments.study.chain_task import GUARD_NUMBERS, guard_numbers_of, step_numbers
 from opd.scoring import BROKEN_JSON, CALL_ERRORS, CORRECT, FAILED_CALL, WRONG_OPERATION, WRONG_VALUE
 from tools.tool_calls import MalformedToolCall, ToolCall, split_tool_calls
 
@@ -77,6 +77,19 @@ def wrong_number(row: dict, expected: list[dict], position: int) -> str | None:
     return "k" if said[0] == want[0] else "input"  # a wrong value with the right input: k
 
 
+def wrong_guard_number(row: dict, expected: list[dict], position: int) -> str | None:
+    """Of a first error whose step is right and whose guard failed (``wrong_number`` "guard"): the one guard number
+    that differs from the gold call's (a, b, c or m, ``chain_task.GUARD_NUMBERS``), ``several``, or None (none
+    differs, or unreadable)."""
+    wrong = next((call for kind, call in zip(row["call_types"], _calls(row), strict=True) if kind in CALL_ERRORS), None)
+    said = guard_numbers_of(str(wrong.arguments.get("expression", ""))) if isinstance(wrong, ToolCall) else None
+    want = guard_numbers_of(str(expected[position]["arguments"].get("expression", ""))) if position < len(expected) else None
+    if said is None or want is None or said.keys() != want.keys():
+        return None
+    differ = [name for name in want if said[name] != want[name]]
+    return differ[0] if len(differ) == 1 else "several" if differ else None
+
+
 def _calls(row: dict) -> list[ToolCall | MalformedToolCall]:
     return [call for text in row["turn_texts"] for call in split_tool_calls(text)[1]]
 
@@ -90,9 +103,10 @@ def student_error_rates(cfg, paths) -> dict:
     reported, not injected (MiniMind gives it no observation). Of the first confused calls whose numbers read back:
     ``wrong_k_share``, the share with only k wrong, which ``operand_share`` matches; ``wrong_guard_share``, the share
     with a right step and a failed guard (a guard operand wrong), which ``guard_share`` matches; the rest have a wrong
-    input."""
+    input; ``wrong_guard_numbers``, of those, the share by the one guard number misread (``wrong_guard_number``), which
+    ``guard_numbers`` matches."""
     prompts = _rows(paths.file("heldout_prompts"))
-    at_risk, first, numbers = 0, Counter(), Counter()
+    at_risk, first, numbers, guard_numbers = 0, Counter(), Counter(), Counter()
     for seed in cfg.seeds:
         for row in _rows(paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl"):
             for position, kind in enumerate(row["call_types"]):
@@ -102,7 +116,10 @@ def student_error_rates(cfg, paths) -> dict:
                     first[GUARD_FAILED if guard_failed else kind] += 1
                     if kind == WRONG_VALUE or guard_failed:
                         line = int(row["source"].rsplit(":", 1)[1])
-                        numbers[wrong_number(row, prompts[line - 1]["expected_calls"], position)] += 1
+                        number = wrong_number(row, prompts[line - 1]["expected_calls"], position)
+                        numbers[number] += 1
+                        if number == "guard":
+                            guard_numbers[wrong_guard_number(row, prompts[line - 1]["expected_calls"], position)] += 1
                     break
 
     def rate(*kinds: str) -> float | None:
@@ -113,9 +130,12 @@ def student_error_rates(cfg, paths) -> dict:
             "wrong_value": rate(WRONG_VALUE), "wrong_operation": rate(WRONG_OPERATION),
             "guard_failed": rate(GUARD_FAILED), "failed_call": rate(FAILED_CALL), "broken_json": rate(BROKEN_JSON),
             "wrong_k_share": numbers["k"] / readable if readable else None,
-            "wrong_guard_share": numbers["guard"] / readable if readable else None, "value_noise": cfg.data.value_noise,
+            "wrong_guard_share": numbers["guard"] / readable if readable else None,
+            "wrong_guard_numbers": {name: guard_numbers[name] / numbers["guard"] for name in (*GUARD_NUMBERS, "several")
+                                    if guard_numbers[name]} if numbers["guard"] else None,
+            "value_noise": cfg.data.value_noise,
             "syntax_noise": cfg.data.syntax_noise, "operand_share": cfg.data.operand_share,
-            "guard_share": cfg.data.guard_share}
+            "guard_share": cfg.data.guard_share, "guard_numbers": dict(cfg.data.guard_numbers)}
 
 
 def gate_values(cfg, paths, report: dict) -> dict:

@@ -243,6 +243,12 @@ def print_report(report: dict, console: Console) -> None:
                   f"(wrong value {_pm(m['wrong_value'], None)}, wrong operation {_pm(m['wrong_operation'], None)}), "
                   f"failed {_pm(m['failed_call'], None)}, broken JSON {_pm(m['broken_json'], None)}; the noisy "
                   f"demonstrations inject value_noise {m['value_noise']} and syntax_noise {m['syntax_noise']}")
+    numbers = m.get("wrong_guard_numbers") or {}
+    console.print(f"of the confused ones that read back: k alone wrong {_pm(m['wrong_k_share'], None)} (operand_share "
+                  f"{m['operand_share']}), a guard number alone {_pm(m['wrong_guard_share'], None)} (guard_share "
+                  f"{m['guard_share']}), by number "
+                  f"{', '.join(f'{name} {share:.3f}' for name, share in numbers.items()) or '-'} (guard_numbers "
+                  f"{', '.join(f'{name} {weight:g}' for name, weight in m['guard_numbers'].items())})")
     e = report["endpoint"]
     if e is None:
         console.print("endpoint: its arm did not run in this slice")

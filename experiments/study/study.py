@@ -236,6 +236,8 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
               Stage("noisy-data", [*task, "--part", "noisy", "--value-noise", str(data.value_noise),
                                    "--syntax-noise", str(data.syntax_noise), "--operand-share", str(data.operand_share),
                                    "--guard-share", str(data.guard_share),
+                                   "--guard-numbers", ",".join(f"{name}={weight:g}" for name, weight
+                                                               in data.guard_numbers.items()),
                                    *(["--retry-names-input"] if data.retry_names_input else [])],
                                   [paths.file(name) for name in NOISY_FILES])]
     evaluations = []

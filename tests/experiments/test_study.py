@@ -154,6 +154,13 @@ def test_a_checked_task_reaches_both_data_stages():
             assert ("--checked-operand" in stage.command) == operand
 
 
+def test_the_noisy_data_stage_passes_the_guard_numbers():
+    cfg = study_config("/tmp/unused", "data.checked_operand=true", "data.guard_numbers.a=0.25",
+                       "data.guard_numbers.c=0.75")
+    noisy = study_stages(cfg)[1]
+    assert noisy.command[noisy.command.index("--guard-numbers") + 1] == "a=0.25,b=0,c=0.75,m=0"
+
+
 def test_only_the_noisy_data_stage_names_the_retry_input():
     """retry_names_input changes the noisy files alone, so the gold data's stage (and every stage reading it, the
     teachers' and students' SFT) keeps its command and is reused."""
@@ -173,6 +180,9 @@ def test_only_the_noisy_data_stage_names_the_retry_input():
     (["baseline_arm=best"], "baseline_arm must be one of the arms"),
     (["arm_settings.kd.teacher=none"], "arm_settings.kd.teacher must be none for an sft arm and gold or robust"),
     (["data.value_noise=1.0"], "data.value_noise must be in [0, 1), got 1.0"),
+    (["data.guard_numbers.c=1"], "data.guard_numbers must be without c and m unless data.checked_operand is true"),
+    (["data.guard_numbers.a=0"], "data.guard_numbers must be a mapping of some of a, b, c, m to weights >= 0, not all 0"),
+    (["data.guard_numbers.b=-1"], "data.guard_numbers must be a mapping of some of a, b, c, m to weights >= 0"),
     (["data.value_noise=0.6", "data.syntax_noise=0.5"], "data.syntax_noise must be below 1 - data.value_noise = 0.4"),
     (["data.operand_share=1.5"], "data.operand_share must be in [0, 1], got 1.5"),
     (["data.guard_share=-0.1"], "data.guard_share must be in [0, 1], got -0.1"),
@@ -309,10 +319,13 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert gates["G1_student_intermediate_errors"]["value"] is None  # these rows carry no expected calls
     # the students' T=1 calls: seed 0 one right episode (1 call) and three wrong (2 calls, the second failed), seed 1
     # two and two: 13 calls at risk (none after a first error), 5 first errors
-    assert report["noise_match"] == pytest.approx({"calls_at_risk": 13, "confused": 0.0, "wrong_value": 0.0,
+    noise_match = dict(report["noise_match"])
+    assert noise_match.pop("guard_numbers") == {"a": 1.0, "b": 0.0, "c": 0.0, "m": 0.0}
+    assert noise_match == pytest.approx({"calls_at_risk": 13, "confused": 0.0, "wrong_value": 0.0,
                                                    "wrong_operation": 0.0, "guard_failed": 0.0, "failed_call": 5 / 13,
                                                    "broken_json": 0.0,
                                                    "wrong_k_share": None, "wrong_guard_share": None,
+                                                   "wrong_guard_numbers": None,
                                                    "value_noise": 0.14, "syntax_noise": 0.009, "operand_share": 0.01,
                                                    "guard_share": 0.39})
     rows = summary_results(report)
@@ -531,8 +544,38 @@ def test_the_noise_is_matched_to_first_errors_per_call_at_risk(tmp_path):
             row(["failed_call"], ["1 // 0 ** ((3 - 9 - 13) % 20) * (13 - 6) % 20"])]
     rows[2]["turn_texts"] = ["<tool_call>\n{broken\n</tool_call>"]
     (episodes / "episodes_student.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert student_error_rates(cfg, paths) == pytest.approx({
+    rates = student_error_rates(cfg, paths)
+    assert (rates.pop("guard_numbers"), rates.pop("wrong_guard_numbers")) == ({"a": 1.0, "b": 0.0, "c": 0.0, "m": 0.0}, {})
+    assert rates == pytest.approx({
         "calls_at_risk": 12, "confused": 5 / 12, "wrong_value": 3 / 12, "wrong_operation": 0.0,
         "guard_failed": 2 / 12, "failed_call": 1 / 12, "broken_json": 1 / 12, "wrong_k_share": 1 / 5,
         "wrong_guard_share": 1 / 5, "value_noise": 0.14, "syntax_noise": 0.009, "operand_share": 0.01,
         "guard_share": 0.39})
+
+
+def test_the_noise_match_names_the_guard_number_a_student_misread(tmp_path):
+    """Of the first errors whose step is right and whose guard failed, which guard number differs from the gold
+    call's: the check's a or b, the operand check's c or m, or several (the share guard_numbers is set from)."""
+    from experiments.study.gates import student_error_rates
+
+    cfg = study_config(tmp_path, "seeds=[0]", "data.checked_operand=true")
+    paths = StudyPaths(cfg)
+    episodes = paths.evaluation(0, "student", "t1")
+    episodes.mkdir(parents=True)
+    gold = "1 // 0 ** ((2 - 9 - 13) % 20 + (10 - 4 - 6) % 20) * (13 - 6) % 20"  # start 13 = 2 - 9, six = 10 - 4
+    paths.data.mkdir(parents=True)
+    paths.file("heldout_prompts").write_text(json.dumps({"expected_calls": [
+        {"name": "calculate_math", "arguments": {"expression": gold}}]}) + "\n")
+    said = ["1 // 0 ** ((2 - 9 - 13) % 20 + (11 - 4 - 6) % 20) * (13 - 6) % 20",  # c
+            "1 // 0 ** ((2 - 9 - 13) % 20 + (11 - 4 - 6) % 20) * (13 - 6) % 20",  # c
+            "1 // 0 ** ((2 - 9 - 13) % 20 + (10 - 3 - 6) % 20) * (13 - 6) % 20",  # m
+            "1 // 0 ** ((2 - 8 - 13) % 20 + (10 - 4 - 6) % 20) * (13 - 6) % 20",  # b
+            "1 // 0 ** ((2 - 9 - 13) % 20 + (12 - 6 - 6) % 20) * (13 - 6) % 20",  # c and m
+            "1 // 0 ** ((2 - 9 - 12) % 20 + (10 - 4 - 6) % 20) * (12 - 6) % 20"]  # the input: not a guard number
+    rows = [{"call_types": ["failed_call"], "source": "heldout_prompts.jsonl:1", "turn_texts": [
+        f'<tool_call>\n{{"name": "calculate_math", "arguments": {{"expression": "{text}"}}}}\n</tool_call>']}
+        for text in said]
+    (episodes / "episodes_student.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rates = student_error_rates(cfg, paths)
+    assert rates["guard_failed"] == 1.0 and rates["wrong_guard_share"] == pytest.approx(5 / 6)
+    assert rates["wrong_guard_numbers"] == pytest.approx({"b": 1 / 5, "c": 2 / 5, "m": 1 / 5, "several": 1 / 5})

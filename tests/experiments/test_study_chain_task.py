@@ -317,6 +317,41 @@ def test_a_named_retry_note_states_the_last_correct_value_and_nothing_else_chang
     assert named_notes > 100
 
 
+@pytest.mark.parametrize("name", ["a", "b", "c", "m"])
+def test_a_guard_confusion_misreads_the_guard_number_it_is_weighted_to(name):
+    """guard_numbers {name: 1}: every confused call at the guard share differs from its retry in that guard number
+    alone (the step and the other guard numbers as the retry's) and fails in the tool world; the default draws as
+    {a: 1} does, number for number."""
+    changed = 0
+    for triple in all_triples()[::4]:
+        kwargs = dict(value_noise=0.5, key=3, operand_key=6, guard_share=1.0)
+        turns, gt, _ = solve(triple, 6, guard_numbers={name: 1.0}, rng=random.Random(sum(triple[::2])), **kwargs)
+        if name == "a":
+            assert turns == solve(triple, 6, rng=random.Random(sum(triple[::2])), **kwargs)[0]
+        assert gt == solve(triple, 6)[1]
+        for index, turn in enumerate(turns):
+            if turn.get("weight") != 0:
+                continue
+            wrong = turn["tool_calls"][0]["function"]["arguments"]["expression"]
+            retry = next(later for later in turns[index + 2::2] if later.get("weight", 1) == 1)
+            retry = retry["tool_calls"][0]["function"]["arguments"]["expression"]
+            said, want = chain_task.guard_numbers_of(wrong), chain_task.guard_numbers_of(retry)
+            assert step_numbers(wrong) == step_numbers(retry)
+            differ = [number for number in want if said[number] != want[number]]
+            # b of a product whose a is 0 fails at no value (every b gives 0): then a, which always fails, is misread
+            assert differ == [name] or (name == "b" and differ == ["a"] and want["a"] == 0 and " * " in retry)
+            assert json.loads(turns[index + 1]["content"]) == {"error": "unknown tool or invalid arguments"}
+            changed += 1
+    assert changed > 50
+
+
+def test_guard_numbers_of_an_operand_check_are_refused_without_one(tmp_path):
+    with pytest.raises(ValueError, match="guard_numbers c and m are the operand check's"):
+        write_task(tmp_path, train=2, distill=2, part="noisy", checked=True, guard_share=0.5, guard_numbers={"c": 1.0})
+    with pytest.raises(ValueError, match="guard_numbers must weigh some of a, b, c, m"):
+        write_task(tmp_path, train=2, distill=2, part="noisy", checked=True, guard_numbers={"z": 1.0})
+
+
 def test_retry_names_input_is_refused_outside_the_noisy_part(tmp_path):
     with pytest.raises(ValueError, match="retry_names_input changes the noisy demonstrations only"):
         write_task(tmp_path, train=2, distill=2, part="task", retry_names_input=True)
