@@ -50,8 +50,10 @@ with a result other than the correct one; it runs, and its real observation foll
 its closing parenthesis, ``"(v op k % 20"``: both invalid, so MiniMind's tool world answers ``{"error": "unknown
 tool or invalid arguments"}``. In a checked problem a wrong input is written in the guard and the step alike, so the
 guard fails and the tool world's error text follows; and with probability ``guard_share`` the confused number is
-instead the guard's first operand (the check, or the step before, misread), which fails the guard too. The rates are
-set from the warm students' own errors at temperature 1 (``experiments.study.gates.student_error_rates``).
+instead one of the guard's (the check, or the step before, or the operand's check misread), which fails the guard
+too: which one is drawn by the weights ``--guard-numbers`` over a, b of ``(a op b - v)`` and c, m of ``(c - m - k)``
+(by default a alone; a value of another number that still passes the guard is never drawn). The rates and weights
+are set from the warm students' own errors at temperature 1 (``experiments.study.gates.student_error_rates``).
 
 Either way the retry follows: the step again from the last correct value, itself a call that noise may precede again
 (a retry that fails is retried, the state a teacher meets when its retry of a student's error goes wrong). So a
@@ -264,8 +266,9 @@ def solve(triple: tuple[int, str, int], horizon: int, *, value_noise: float = 0.
     observation, then the retry: ``RETRY_NOTE`` and the correct call from the last correct value. A retry is a call
     too, so it may be preceded by noise again (the note, then another wrong call), up to ``horizon + 1`` noise calls
     per demonstration: with the ``horizon`` calls and the answer, it fits the ``2 * horizon + 2`` turns a rollout
-    allows; with ``retry_names_input`` the note names the last correct value (``retry_note``). With a check ``key``: every call is guarded (``expression``), the first by the question's check, every
-    later one by the step before it; with an ``operand_key`` too, every call also checks its k by the question's.
+    allows; with ``retry_names_input`` the note names the last correct value (``retry_note``). With a check ``key``:
+    every call is guarded (``expression``), the first by the question's check, every later one by the step before
+    it; with an ``operand_key`` too, every call also checks its k by the question's.
     """
     value, (_, op, k), turns = triple[0], triple, []
     guard = None if key is None else ((value + key) % MODULUS, "-", key)
@@ -465,7 +468,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--operand-share", type=float, default=0.05,
                         help="noisy files: of the confused calls, the share with k wrong (else the input value)")
     parser.add_argument("--guard-share", type=float, default=0.0,
-                        help="noisy checked files: of the confused calls, the share with the guard's first operand wrong")
+                        help="noisy checked files: of the confused calls, the share with a guard number wrong "
+                             "(which one: --guard-numbers)")
     parser.add_argument("--guard-numbers", default="a=1",
                         help="noisy checked files: weights of the guard's number misread at the guard share, among a, b "
                              "(the check or the step before: a op b) and c, m (the operand's check: c - m), e.g. a=1,c=3")
