@@ -1,6 +1,8 @@
 """Running an experiment as stages: each stage one real command of this repo, run as a subprocess once the stages
 it reads are done, ``jobs`` at a time, timed, its output in ``logs/{name}.log``, and skipped on a rerun when
-``stages/{name}.json`` records the same command, its outputs exist and none of the stages it reads ran again."""
+``stages/{name}.json`` records the same command, its outputs exist and none of the stages it reads ran again. Each
+stage runs in a session of its own, so a stopped run (a failing stage, Ctrl-C, SIGTERM) stops every process a stage
+started, not only the stage's own (a pick's SFT, say)."""
 
 from __future__ import annotations
 
@@ -85,7 +87,7 @@ def run_stages(stages: list[Stage], out: Path, *, jobs: int, threads: int, rerun
                     log = out / "logs" / f"{stage.name}.log"
                     with log.open("w") as stream:
                         process = subprocess.Popen(stage.command, cwd=REPO_ROOT, env=env, stdout=stream,
-                                                   stderr=subprocess.STDOUT)
+                                                   stderr=subprocess.STDOUT, start_new_session=True)
                     running[stage.name] = (stage, process, time.perf_counter(), log)
                     console.print(f"[bold]{stage.name}[/]: started (log {log})")
             if waiting and not running and not any(all(n in results for n in s.needs) for s in waiting):
@@ -107,7 +109,10 @@ def run_stages(stages: list[Stage], out: Path, *, jobs: int, threads: int, rerun
                 console.print(f"[bold]{name}[/]: done in {wall:.0f} s")
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
-        for _, process, _, _ in running.values():
-            process.terminate()
+        for _, process, _, _ in running.values():  # each stage is a process group: its own children stop too
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
             process.wait()
     return {stage.name: results[stage.name] for stage in stages}

@@ -304,6 +304,39 @@ def test_a_terminated_recipe_stops_the_stages_it_runs(tmp_path):
     assert not Path(f"/proc/{int(pid_file.read_text())}").exists()  # the stage was stopped and reaped
 
 
+def _gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie its new parent has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_terminated_recipe_stops_what_its_stages_started_too(tmp_path):
+    """A stage that runs a command of its own (warm_start runs the SFT it picks from) dies at SIGTERM without
+    stopping it: the runner stops the stage's whole process group, so no orphan keeps training."""
+    pid_file = tmp_path / "child.pid"
+    stage = script("import pathlib, subprocess, sys, time\n"
+                   "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                   f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\nchild.wait()")
+    runner = subprocess.Popen([sys.executable, "-c", (
+        "from pathlib import Path; from rich.console import Console; "
+        "from experiments.stages import Stage, run_stages; from common.user_errors import exit_on_user_error\n"
+        f"with exit_on_user_error(): run_stages([Stage('parent', {stage!r}, [])], Path({str(tmp_path)!r}), jobs=1, "
+        "threads=1, rerun=False, console=Console(quiet=True))")], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+    while not pid_file.exists() or not pid_file.read_text():
+        assert runner.poll() is None, runner.stderr.read()
+        time.sleep(0.05)
+    runner.terminate()
+    assert runner.wait(timeout=60) == 130
+    child = int(pid_file.read_text())
+    for _ in range(600):  # the signal is sent before the runner exits; the child's exit may lag on a loaded machine
+        if _gone(child):
+            break
+        time.sleep(0.1)
+    assert _gone(child)
+
+
 def test_read_evaluation_averages_a_prompts_samples(tmp_path):
     """With samples_per_prompt > 1 each source has several rows: its correctness is their mean, not the last one's."""
     from experiments.estimates import read_evaluation
