@@ -53,7 +53,9 @@ guard fails and the tool world's error text follows; and with probability ``guar
 instead one of the guard's (the check, or the step before, or the operand's check misread), which fails the guard
 too: which one is drawn by the weights ``--guard-numbers`` over a, b of ``(a op b - v)`` and c, m of ``(c - m - k)``
 (by default a alone; a value of another number that still passes the guard is never drawn). The rates and weights
-are set from the warm students' own errors at temperature 1 (``experiments.study.gates.student_error_rates``).
+are set from the warm students' own errors at temperature 1: by hand from the rates
+``experiments.study.gates.student_error_rates`` reports, or read by ``--noise-rates`` from the file
+``experiments.study.noise_match`` writes from them.
 
 Either way the retry follows: the step again from the last correct value, itself a call that noise may precede again
 (a retry that fails is retried, the state a teacher meets when its retry of a student's error goes wrong). So a
@@ -452,6 +454,21 @@ def _weights(parser: argparse.ArgumentParser, text: str) -> dict[str, float]:
         parser.error(f"--guard-numbers: name=weight pairs separated by commas, e.g. a=1,c=3, got {text!r}")
 
 
+NOISE_SETTINGS = ("value_noise", "syntax_noise", "operand_share", "guard_share", "guard_numbers")
+
+
+def _noise_rates(parser: argparse.ArgumentParser, path: str) -> dict:
+    """The noise settings of ``--noise-rates``: the ``settings`` of ``experiments.study.noise_match``'s file."""
+    try:
+        settings = json.loads(Path(path).read_text())["settings"]
+        return {key: settings[key] for key in NOISE_SETTINGS}
+    except OSError as error:
+        parser.error(f"--noise-rates {path}: cannot read it ({error.strerror})")
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        parser.error(f"--noise-rates {path}: expected experiments.study.noise_match's JSON, whose settings hold "
+                     f"{', '.join(NOISE_SETTINGS)} ({type(error).__name__}: {error})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the JSONL files")
@@ -473,6 +490,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--guard-numbers", default="a=1",
                         help="noisy checked files: weights of the guard's number misread at the guard share, among a, b "
                              "(the check or the step before: a op b) and c, m (the operand's check: c - m), e.g. a=1,c=3")
+    parser.add_argument("--noise-rates", metavar="FILE",
+                        help="noisy files: take the five settings above from this file's settings (python -m "
+                             "experiments.study.noise_match: the rates measured on the students)")
     parser.add_argument("--checked", action="store_true",
                         help="every problem states a check of its start and every call is guarded by it or the step before")
     parser.add_argument("--checked-operand", action="store_true",
@@ -481,17 +501,21 @@ def main(argv: list[str] | None = None) -> None:
                         help="noisy files: each retry's note names the value it starts from (\"... redoing the step from 7.\")")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    noise = {"value_noise": args.value_noise, "syntax_noise": args.syntax_noise, "operand_share": args.operand_share,
+             "guard_share": args.guard_share, "guard_numbers": _weights(parser, args.guard_numbers)}
+    if args.noise_rates:
+        noise = _noise_rates(parser, args.noise_rates)
     try:
         summary = write_task(args.out, train=args.train, distill=args.distill, seed=args.seed, part=args.part,
-                             value_noise=args.value_noise, syntax_noise=args.syntax_noise,
-                             operand_share=args.operand_share, checked=args.checked,
-                             guard_share=args.guard_share, checked_operand=args.checked_operand,
-                             retry_names_input=args.retry_names_input,
-                             guard_numbers=_weights(parser, args.guard_numbers),
+                             checked=args.checked, checked_operand=args.checked_operand,
+                             retry_names_input=args.retry_names_input, **noise,
                              horizons=tuple(int(h) for h in args.horizons.split(",")),
                              warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:
-        parser.error(str(error))
+        parser.error(str(error) if not args.noise_rates else f"--noise-rates {args.noise_rates}: {error}")
+    except TypeError as error:  # a number of --noise-rates that is not one
+        parser.error(f"--noise-rates {args.noise_rates}: every setting must be a number or a mapping of numbers "
+                     f"({error})")
     print(json.dumps(summary, indent=2, ensure_ascii=False))
 
 

@@ -40,7 +40,8 @@ TASK_FILES = ("train_demonstrations", "train_noisy_demonstrations", "warm_demons
 class ChainData:
     """``data``: the chain task's seed, records per horizon and split, whether its calls are checked (their input,
     and with ``checked_operand`` their k too), and the noise of the noisy files (and whether their retry notes name
-    the retry's input, and which guard number a confused guard misreads)."""
+    the retry's input, and which guard number a confused guard misreads), or whether that noise is set from the warm
+    students' measured errors instead (``match_noise``)."""
 
     seed: int
     train: int
@@ -53,6 +54,7 @@ class ChainData:
     guard_share: float
     retry_names_input: bool
     guard_numbers: dict
+    match_noise: bool
 
     def __post_init__(self) -> None:
         check_integers("data.", self, ("train", "distill"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 from experiments.study.chain_task import GUARD_NUMBERS, guard_numbers_of, step_numbers
@@ -94,33 +95,30 @@ def _calls(row: dict) -> list[ToolCall | MalformedToolCall]:
     return [call for text in row["turn_texts"] for call in split_tool_calls(text)[1]]
 
 
-def student_error_rates(cfg, paths) -> dict:
-    """What the noise-injected demonstrations are matched to: the warm students' first call errors at temperature 1
-    per call at risk (a call made while every earlier call of its episode was right: where a demonstration injects
-    its noise), by type, pooled over seeds, beside the configured rates. ``value_noise`` matches the confused calls:
-    wrong values and operations, and in a checked task the failed calls whose step reads back (a guard that failed:
-    a wrong number, ``guard_failed``); ``syntax_noise`` the other failed calls (a corrupted one); broken JSON is
-    reported, not injected (MiniMind gives it no observation). Of the first confused calls whose numbers read back:
-    ``wrong_k_share``, the share with only k wrong, which ``operand_share`` matches; ``wrong_guard_share``, the share
-    with a right step and a failed guard (a guard operand wrong), which ``guard_share`` matches; the rest have a wrong
-    input; ``wrong_guard_numbers``, of those, the share by the one guard number misread (``wrong_guard_number``), which
-    ``guard_numbers`` matches."""
-    prompts = _rows(paths.file("heldout_prompts"))
+def error_rates(prompts: list[dict], rows: Iterable[dict]) -> dict:
+    """The first call errors at temperature 1 of evaluation episode ``rows`` (their ``source`` a line of the held-out
+    ``prompts``) per call at risk (a call made while every earlier call of its episode was right: where a
+    demonstration injects its noise), by type. ``confused``: wrong values and operations, and in a checked task the
+    failed calls whose step reads back (a guard that failed: a wrong number, ``guard_failed``); ``failed_call``: the
+    other failed calls (a corrupted one); broken JSON is reported, not injectable (MiniMind gives it no observation).
+    Of the first confused calls whose numbers read back: ``wrong_k_share``, the share with only k wrong;
+    ``wrong_guard_share``, the share with a right step and a failed guard (a guard operand wrong); the rest have a
+    wrong input; ``wrong_guard_numbers``, of those with a guard operand wrong, the share by the one guard number
+    misread (``wrong_guard_number``)."""
     at_risk, first, numbers, guard_numbers = 0, Counter(), Counter(), Counter()
-    for seed in cfg.seeds:
-        for row in _rows(paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl"):
-            for position, kind in enumerate(row["call_types"]):
-                at_risk += 1
-                if kind in CALL_ERRORS:
-                    guard_failed = kind == FAILED_CALL and _step_numbers(_calls(row)[position]) is not None
-                    first[GUARD_FAILED if guard_failed else kind] += 1
-                    if kind == WRONG_VALUE or guard_failed:
-                        line = int(row["source"].rsplit(":", 1)[1])
-                        number = wrong_number(row, prompts[line - 1]["expected_calls"], position)
-                        numbers[number] += 1
-                        if number == "guard":
-                            guard_numbers[wrong_guard_number(row, prompts[line - 1]["expected_calls"], position)] += 1
-                    break
+    for row in rows:
+        for position, kind in enumerate(row["call_types"]):
+            at_risk += 1
+            if kind in CALL_ERRORS:
+                guard_failed = kind == FAILED_CALL and _step_numbers(_calls(row)[position]) is not None
+                first[GUARD_FAILED if guard_failed else kind] += 1
+                if kind == WRONG_VALUE or guard_failed:
+                    expected = prompts[int(row["source"].rsplit(":", 1)[1]) - 1]["expected_calls"]
+                    number = wrong_number(row, expected, position)
+                    numbers[number] += 1
+                    if number == "guard":
+                        guard_numbers[wrong_guard_number(row, expected, position)] += 1
+                break
 
     def rate(*kinds: str) -> float | None:
         return sum(first[kind] for kind in kinds) / at_risk if at_risk else None
@@ -132,16 +130,36 @@ def student_error_rates(cfg, paths) -> dict:
             "wrong_k_share": numbers["k"] / readable if readable else None,
             "wrong_guard_share": numbers["guard"] / readable if readable else None,
             "wrong_guard_numbers": {name: guard_numbers[name] / numbers["guard"] for name in (*GUARD_NUMBERS, "several")
-                                    if guard_numbers[name]} if numbers["guard"] else None,
-            "value_noise": cfg.data.value_noise,
-            "syntax_noise": cfg.data.syntax_noise, "operand_share": cfg.data.operand_share,
-            "guard_share": cfg.data.guard_share, "guard_numbers": dict(cfg.data.guard_numbers)}
+                                    if guard_numbers[name]} if numbers["guard"] else None}
+
+
+def student_episodes(cfg, paths) -> list[Path]:
+    """The warm students' temperature-1 held-out episodes, one file per seed."""
+    return [paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl" for seed in cfg.seeds]
+
+
+def student_error_rates(cfg, paths) -> dict:
+    """What the noise-injected demonstrations are matched to: the warm students' first call errors at temperature 1
+    (``error_rates``), pooled over seeds, beside the rates the noisy files injected: ``value_noise`` matches the
+    confused calls, ``syntax_noise`` the other failed calls, ``operand_share`` the share with k alone wrong,
+    ``guard_share`` the share with a guard number alone wrong, ``guard_numbers`` which one. With
+    ``data.match_noise`` the injected rates are those the ``noise-match`` stage set from these same episodes
+    (``noise_rates.json``), else the configured ones."""
+    measured = error_rates(_rows(paths.file("heldout_prompts")),
+                           (row for path in student_episodes(cfg, paths) for row in _rows(path)))
+    if cfg.data.match_noise:
+        injected = json.loads(paths.noise_rates().read_text())["settings"]
+    else:
+        d = cfg.data
+        injected = {"value_noise": d.value_noise, "syntax_noise": d.syntax_noise, "operand_share": d.operand_share,
+                    "guard_share": d.guard_share, "guard_numbers": dict(d.guard_numbers)}
+    return {**measured, **injected}
 
 
 def gate_values(cfg, paths, report: dict) -> dict:
     """Every gate of ``cfg.gates`` with its measured value (None when its inputs were not run)."""
     t1, baseline, longest = report["decodings"]["t1"], report["baseline_arm"], max(cfg.horizons)
-    calls = [call for seed in cfg.seeds for row in _rows(paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl")
+    calls = [call for path in student_episodes(cfg, paths) for row in _rows(path)
              for call in intermediate_calls(row, cfg.evaluation.max_turns)]
     errors = [recoverable for kind, recoverable in calls if kind in CALL_ERRORS]
     continuations = [json.loads(paths.continuation(seed).read_text()) for seed in cfg.seeds]

@@ -6,8 +6,10 @@
 1. ``data``: the chain task (``python -m experiments.study.chain_task``): horizons of dependent calculator calls,
    gold demonstrations, distillation prompts, every held-out problem at every horizon; three splits disjoint by
    problem. ``noisy-data``: the same problems as noise-injected (DART) demonstrations at ``data.value_noise``,
-   ``data.syntax_noise``, ``data.operand_share`` and ``data.guard_share`` (a stage of its own, so that setting them
-   from the pilot reruns nothing else).
+   ``data.syntax_noise``, ``data.operand_share``, ``data.guard_share`` and ``data.guard_numbers`` (a stage of its
+   own, so that setting them from the pilot reruns nothing else); with ``data.match_noise`` at the rates the
+   ``noise-match`` stage (``python -m experiments.study.noise_match``) measures on every seed's warm student at
+   temperature 1 (its held-out evaluation, step 3), so the robust teacher then waits for the students.
 2. ``teacher-gold``: SFT (``opd/sft.py``) of a seeded random init of the teacher's architecture on the gold
    demonstrations, keeping its weights every ``teacher_pick.check_every`` steps, run by
    ``experiments.study.warm_start``, which stops it at the first of them whose greedy validation accuracy reaches
@@ -56,6 +58,7 @@ from experiments.charts import write_study_charts
 from experiments.recipe.config import RecipeModel
 from experiments.stages import Stage, run_stages
 from experiments.study.config import StudyConfig
+from experiments.study.gates import student_episodes
 from experiments.study.report import print_report, study_report, summary_results
 from opd.checkpoints import step_weights_path
 from opd.reporting import require_matplotlib
@@ -88,6 +91,10 @@ class StudyPaths:
 
     def file(self, name: str) -> Path:
         return self.data / f"{name}.jsonl"
+
+    def noise_rates(self) -> Path:
+        """The noise settings matched to the warm students (``data.match_noise``; ``experiments.study.noise_match``)."""
+        return self.data / "noise_rates.json"
 
     def teacher(self, kind: str) -> Path:
         return self.out / "teachers" / kind / f"teacher_{kind}_{self.cfg.teacher.hidden_size}.pth"
@@ -232,14 +239,21 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--distill", str(data.distill), "--seed", str(data.seed), "--horizons", ",".join(map(str, cfg.horizons)),
             "--warm-horizons", ",".join(map(str, cfg.warm.horizons)), *(["--checked"] if data.checked else []),
             *(["--checked-operand"] if data.checked_operand else [])]
-    stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES]),
-              Stage("noisy-data", [*task, "--part", "noisy", "--value-noise", str(data.value_noise),
-                                   "--syntax-noise", str(data.syntax_noise), "--operand-share", str(data.operand_share),
-                                   "--guard-share", str(data.guard_share),
-                                   "--guard-numbers", ",".join(f"{name}={weight:g}" for name, weight
-                                                               in data.guard_numbers.items()),
-                                   *(["--retry-names-input"] if data.retry_names_input else [])],
-                                  [paths.file(name) for name in NOISY_FILES])]
+    stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES])]
+    if data.match_noise:  # the rates measured on every seed's warm student at T=1, then the files
+        noise = ["--noise-rates", str(paths.noise_rates())]
+        stages.append(Stage("noise-match", [
+            python, "-m", "experiments.study.noise_match", "--heldout", str(paths.file("heldout_prompts")),
+            *(flag for path in student_episodes(cfg, paths) for flag in ("--episodes", str(path))),
+            "--out", str(paths.noise_rates())], [paths.noise_rates()],
+            tuple(f"seed{seed}-student-eval-t1" for seed in cfg.seeds)))
+    else:
+        noise = ["--value-noise", str(data.value_noise), "--syntax-noise", str(data.syntax_noise),
+                 "--operand-share", str(data.operand_share), "--guard-share", str(data.guard_share),
+                 "--guard-numbers", ",".join(f"{name}={weight:g}" for name, weight in data.guard_numbers.items())]
+    stages.append(Stage("noisy-data", [*task, "--part", "noisy", *noise,
+                                       *(["--retry-names-input"] if data.retry_names_input else [])],
+                        [paths.file(name) for name in NOISY_FILES], ("noise-match",) if data.match_noise else ()))
     evaluations = []
     gold_sft = _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_demonstrations"),
                             paths.teacher_sft().parent, "teacher_gold_sft", keep_every=cfg.teacher_pick.check_every)

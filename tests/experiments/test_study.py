@@ -579,3 +579,101 @@ def test_the_noise_match_names_the_guard_number_a_student_misread(tmp_path):
     rates = student_error_rates(cfg, paths)
     assert rates["guard_failed"] == 1.0 and rates["wrong_guard_share"] == pytest.approx(5 / 6)
     assert rates["wrong_guard_numbers"] == pytest.approx({"b": 1 / 5, "c": 2 / 5, "m": 1 / 5, "several": 1 / 5})
+
+
+def test_matched_noise_is_measured_on_every_seeds_warm_student_before_the_noisy_files_are_written(tmp_path):
+    """data.match_noise: a noise-match stage reads every seed's T=1 student episodes, the noisy files take its rates,
+    and the gold data's stage keeps its command (so the teachers and students of a run without it are reused)."""
+    plain = {stage.name: stage for stage in study_stages(study_config(tmp_path, "seeds=[0,1]"))}
+    cfg = study_config(tmp_path, "seeds=[0,1]", "data.match_noise=true")
+    paths, stages = StudyPaths(cfg), {stage.name: stage for stage in study_stages(cfg)}
+    match, noisy = stages["noise-match"], stages["noisy-data"]
+    assert match.needs == ("seed0-student-eval-t1", "seed1-student-eval-t1") and match.outputs == [paths.noise_rates()]
+    episodes = [match.command[i + 1] for i, part in enumerate(match.command) if part == "--episodes"]
+    assert episodes == [str(stages[f"seed{seed}-student-eval-t1"].outputs[0].parent / "episodes_student.jsonl")
+                        for seed in (0, 1)]  # beside the evaluation.json the stage it needs writes
+    assert noisy.needs == ("noise-match",)
+    assert noisy.command[noisy.command.index("--noise-rates") + 1] == str(paths.noise_rates())
+    assert not {"--value-noise", "--syntax-noise", "--guard-numbers"} & set(noisy.command)
+    assert stages["data"].command == plain["data"].command and plain["noisy-data"].needs == ()
+    assert "noise-match" not in plain and stages["teacher-robust-sft"].needs == ("teacher-gold", "noisy-data")
+
+
+def _guard_failures(tmp_path) -> tuple[StudyConfig, StudyPaths]:
+    """An operand-checked study whose seed-0 student made 12 calls at risk: 6 single correct calls, then 6 first
+    calls whose guard failed: c misread twice, m once, b once, c and m together once, the input once."""
+    cfg = study_config(tmp_path, "seeds=[0]", "data.checked_operand=true", "data.match_noise=true")
+    paths = StudyPaths(cfg)
+    episodes = paths.evaluation(0, "student", "t1")
+    episodes.mkdir(parents=True)
+    gold = "1 // 0 ** ((2 - 9 - 13) % 20 + (10 - 4 - 6) % 20) * (13 - 6) % 20"  # start 13 = 2 - 9, six = 10 - 4
+    paths.data.mkdir(parents=True)
+    paths.file("heldout_prompts").write_text(json.dumps({"expected_calls": [
+        {"name": "calculate_math", "arguments": {"expression": gold}},
+        {"name": "calculate_math", "arguments": {"expression": "(7 - 6) % 20"}}]}) + "\n")
+    said = [gold] * 6 + [
+        "1 // 0 ** ((2 - 9 - 13) % 20 + (11 - 4 - 6) % 20) * (13 - 6) % 20",  # c
+        "1 // 0 ** ((2 - 9 - 13) % 20 + (11 - 4 - 6) % 20) * (13 - 6) % 20",  # c
+        "1 // 0 ** ((2 - 9 - 13) % 20 + (10 - 3 - 6) % 20) * (13 - 6) % 20",  # m
+        "1 // 0 ** ((2 - 8 - 13) % 20 + (10 - 4 - 6) % 20) * (13 - 6) % 20",  # b
+        "1 // 0 ** ((2 - 9 - 13) % 20 + (12 - 6 - 6) % 20) * (13 - 6) % 20",  # c and m
+        "1 // 0 ** ((2 - 9 - 12) % 20 + (10 - 4 - 6) % 20) * (12 - 6) % 20"]  # the input: not a guard number
+    rows = [{"call_types": ["correct" if text == gold else "failed_call"], "source": "heldout_prompts.jsonl:1",
+             "turn_texts": [f'<tool_call>\n{{"name": "calculate_math", "arguments": {{"expression": "{text}"}}}}'
+                            "\n</tool_call>"]} for text in said]
+    (episodes / "episodes_student.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return cfg, paths
+
+
+def test_noise_match_sets_the_noise_from_the_students_first_errors(tmp_path, capsys):
+    """By hand: 6 confused first calls in 12 at risk; of the 6 that read back 5 misread a guard number (c 2, m 1,
+    b 1, c and m 1: left out, the noise misreads one number), none k alone. The noisy files are then written at
+    those rates, and the report shows them as the injected ones."""
+    from experiments.study import chain_task, noise_match
+    from experiments.study.gates import student_error_rates
+
+    cfg, paths = _guard_failures(tmp_path)
+    noise_match.main(["--heldout", str(paths.file("heldout_prompts")), "--episodes",
+                      str(paths.evaluation(0, "student", "t1") / "episodes_student.jsonl"),
+                      "--out", str(paths.noise_rates())])
+    capsys.readouterr()
+    written = json.loads(paths.noise_rates().read_text())
+    settings = dict(written["settings"])
+    assert settings.pop("guard_numbers") == pytest.approx({"b": 0.2, "c": 0.4, "m": 0.2})
+    assert settings == pytest.approx({"value_noise": 0.5, "syntax_noise": 0.0, "operand_share": 0.0, "guard_share": 5 / 6})
+    assert written["measured"]["calls_at_risk"] == 12 and written["measured"]["guard_failed"] == 0.5
+    rates = student_error_rates(cfg, paths)
+    assert rates["value_noise"] == 0.5 and rates["guard_numbers"] == written["settings"]["guard_numbers"]
+    chain_task.main(["--out", str(tmp_path / "noisy"), "--train", "8", "--distill", "2", "--checked",
+                     "--checked-operand", "--part", "noisy", "--noise-rates", str(paths.noise_rates())])
+    summary = json.loads((tmp_path / "noisy" / "noisy_summary.json").read_text())
+    assert summary["value_noise"] == 0.5 and summary["guard_numbers"] == written["settings"]["guard_numbers"]
+
+
+def test_noise_match_with_no_guard_number_misread_weighs_a_alone():
+    from experiments.study.noise_match import noise_settings
+
+    measured = {"calls_at_risk": 10, "confused": 0.2, "failed_call": 0.1, "wrong_k_share": None,
+                "wrong_guard_share": None, "wrong_guard_numbers": {"several": 1.0}}
+    assert noise_settings(measured) == {"value_noise": 0.2, "syntax_noise": 0.1, "operand_share": 0.0,
+                                        "guard_share": 0.0, "guard_numbers": {"a": 1.0}}
+
+
+@pytest.mark.parametrize("episodes,message", [
+    ("", "the episodes hold no call, so there is no error rate to match"),
+    ('{"call_types": ["wrong_value"], "source": "heldout_prompts.jsonl:9", "turn_texts": ["x"]}\n',
+     "an episode is not an evaluation row of these prompts (IndexError)"),
+    ('{"call_types": ["correct"]}\n{"oops": 1}\n', "an episode lacks 'call_types'"),
+    ("{not json\n", "line 1 is not JSON"),
+])
+def test_noise_match_names_the_file_of_a_bad_episode(tmp_path, capsys, episodes, message):
+    from experiments.study import noise_match
+
+    (tmp_path / "heldout.jsonl").write_text(json.dumps({"expected_calls": []}) + "\n")
+    (tmp_path / "episodes.jsonl").write_text(episodes)
+    with pytest.raises(SystemExit) as stop:
+        noise_match.main(["--heldout", str(tmp_path / "heldout.jsonl"), "--episodes", str(tmp_path / "episodes.jsonl"),
+                          "--out", str(tmp_path / "rates.json")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and message in error and str(tmp_path / "episodes.jsonl") in error
+    assert not (tmp_path / "rates.json").exists()

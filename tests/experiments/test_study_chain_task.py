@@ -446,3 +446,43 @@ def test_an_operand_checked_task_keeps_the_checked_problems_and_draws_an_operand
     assert {row["task"]["operand_key"] for row in gold} == set(range(1, 10))
     with pytest.raises(ValueError, match="checked_operand needs checked problems"):
         write_task(tmp_path / "no", train=4, distill=2, checked_operand=True)
+
+
+def test_noise_rates_from_a_file_write_the_same_files_as_the_same_rates_given_as_flags(tmp_path, capsys):
+    """--noise-rates (the noise_match stage's file) sets all five noise settings, and nothing else differs."""
+    common = ["--train", "12", "--distill", "4", "--seed", "2", "--checked", "--checked-operand", "--part", "noisy",
+              "--retry-names-input"]
+    settings = {"value_noise": 0.3, "syntax_noise": 0.05, "operand_share": 0.1, "guard_share": 0.4,
+                "guard_numbers": {"a": 0.25, "c": 0.75}}
+    (tmp_path / "rates.json").write_text(json.dumps({"settings": settings, "measured": {}}))
+    chain_task.main(["--out", str(tmp_path / "file"), *common, "--noise-rates", str(tmp_path / "rates.json"),
+                     "--value-noise", "0.9"])  # the file wins over a flag
+    chain_task.main(["--out", str(tmp_path / "flags"), *common, "--value-noise", "0.3", "--syntax-noise", "0.05",
+                     "--operand-share", "0.1", "--guard-share", "0.4", "--guard-numbers", "a=0.25,c=0.75"])
+    capsys.readouterr()
+    for name in ("train_noisy_demonstrations", "distill_noisy_demonstrations"):
+        file, flags = ((tmp_path / kind / f"{name}.jsonl").read_bytes() for kind in ("file", "flags"))
+        assert file == flags and b'"weight": 0' in file
+    summary = json.loads((tmp_path / "file" / "noisy_summary.json").read_text())
+    assert {key: summary[key] for key in settings} == settings
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read it"),
+    ("{not json", "expected experiments.study.noise_match's JSON"),
+    ('{"settings": {"value_noise": 0.1}}', "expected experiments.study.noise_match's JSON, whose settings hold "
+                                           "value_noise, syntax_noise"),
+    ('{"settings": {"value_noise": 0.7, "syntax_noise": 0.4, "operand_share": 0, "guard_share": 0, '
+     '"guard_numbers": {"a": 1}}}', "value_noise >= 0, syntax_noise >= 0 and their sum < 1 are required"),
+    ('{"settings": {"value_noise": "high", "syntax_noise": 0, "operand_share": 0, "guard_share": 0, '
+     '"guard_numbers": {"a": 1}}}', "every setting must be a number or a mapping of numbers"),
+])
+def test_a_bad_noise_rates_file_is_one_error_naming_it(tmp_path, capsys, content, message):
+    rates = tmp_path / "rates.json"
+    if content is not None:
+        rates.write_text(content)
+    with pytest.raises(SystemExit) as stop:
+        chain_task.main(["--out", str(tmp_path / "out"), "--train", "2", "--distill", "2", "--checked", "--part",
+                         "noisy", "--noise-rates", str(rates)])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and f"--noise-rates {rates}: " in error and message in error
