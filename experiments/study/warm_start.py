@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -97,6 +98,10 @@ def followed_checkpoints(run_dir: Path, stem: str, command: list[str]):
             print(f"stopped the SFT at its pick (step {seen} kept last)", flush=True)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[argv.index("--") + 1:] if "--" in argv else None
@@ -119,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     records = load_agent_records(args.data)[0][:args.prompts]
     limits = RolloutConfig(args.max_turns, args.max_gen_len, args.max_total_len, False)
     measured, chosen = [], None
+    signal.signal(signal.SIGTERM, _interrupt)  # a terminated pick stops the SFT it runs (the finally below)
     checkpoints = (followed_checkpoints(args.run_dir, args.stem, command) if command
                    else iter(kept_checkpoints(args.run_dir, args.stem)))
     try:
@@ -133,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
                 break
     except RuntimeError as error:
         sys.exit(f"error: {error}; see its lines above")
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (_interrupt): the SFT is stopped below, then one error line
+        print("error: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     finally:
         if command:
             checkpoints.close()

@@ -75,3 +75,28 @@ def test_an_sft_keeping_weights_under_another_stem_is_an_error_naming_them(tmp_p
     checkpoints.close()
     with pytest.raises(ProcessLookupError):  # and the SFT was stopped
         os.kill(int((tmp_path / "pid").read_text()), 0)
+
+
+def test_a_terminated_pick_stops_the_sft_it_runs_with_one_error_line(tmp_path):
+    """SIGTERM to the pick (a study stopped by hand, or the stage runner) stops its SFT too: no orphan trains on."""
+    import subprocess
+    import time
+
+    from experiments.study.chain_task import write_task
+    from tests.helpers.paths import REPO_ROOT
+
+    write_task(tmp_path / "data", train=2, distill=2)
+    run = tmp_path / "run"
+    run.mkdir()
+    pick = subprocess.Popen([sys.executable, "-m", "experiments.study.warm_start", "--run-dir", str(run), "--stem",
+                             "sft", "--arch", "32,1,2,1", "--data", str(tmp_path / "data" / "distill_prompts.jsonl"),
+                             "--tokenizer", "unused", "--min-accuracy", "0.5", "--out", str(tmp_path / "pick.pth"),
+                             "--", *_command(run, 40)], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+    while not (run / "pid").exists() or not (run / "pid").read_text():
+        assert pick.poll() is None, pick.stderr.read()
+        time.sleep(0.05)
+    pick.terminate()
+    assert pick.wait(timeout=60) == 130
+    assert pick.stderr.read().strip().splitlines() == ["error: interrupted"]
+    with pytest.raises(ProcessLookupError):  # stopped and reaped by the pick before it exited
+        os.kill(int((run / "pid").read_text()), 0)
