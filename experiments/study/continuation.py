@@ -15,7 +15,9 @@ continues each prefix with the turns left (``--max-turns`` minus the prefix's), 
 by ``opd.scoring``. Writes the counts by first error type, by the erring call (the first call, whose retry reads the
 question, or a later one, whose retry reads the last correct call) and the share that ended correct; with
 ``--episodes-out``, also each continued episode (the prefix's source and first error, the teacher's turns and their
-call types), to read how the teacher failed.
+call types), to read how the teacher failed. ``by_misread_number`` counts them by the number the student misread in
+its first error (``experiments.study.gates.misread_number``: the input, k, a guard number, or ``unread``): the teacher
+copies a misread number it was never shown a retry of (the tenth pilot, study README).
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from common.chat_records import AgentRecord, load_agent_records
 from common.minimind.model import load_model
 from common.package_files import CONFIG_DIR
 from experiments.study.divergence import model_spec
+from experiments.study.gates import misread_number
 from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig, SamplingConfig
 from opd.rollout import AgentRollout
 from opd.sampling import record_sampler, sample_seed
-from opd.scoring import BROKEN_JSON, CALL_ERRORS, score_episode
+from opd.scoring import BROKEN_JSON, CALL_ERRORS, FAILED_CALL, WRONG_VALUE, score_episode
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import execute_call
 
@@ -69,9 +72,9 @@ def prefix_messages(record: AgentRecord, texts: list[str], eos: str) -> list[dic
 
 
 def continuation_records(rows: list[dict], records: dict[str, AgentRecord], max_turns: int,
-                         eos: str) -> tuple[dict[int, list[tuple[AgentRecord, str, int]]], Counter]:
-    """The recoverable post-error prefixes as records with their first error's type and call index, grouped by the
-    turns left; and why the other error episodes were not continued."""
+                         eos: str) -> tuple[dict[int, list[tuple[AgentRecord, str, int, dict]]], Counter]:
+    """The recoverable post-error prefixes as records with their first error's type and call index and the
+    episode's row, grouped by the turns left; and why the other error episodes were not continued."""
     by_budget, skipped = defaultdict(list), Counter()
     for row in rows:
         found = first_error(row)
@@ -87,7 +90,7 @@ def continuation_records(rows: list[dict], records: dict[str, AgentRecord], max_
         record = records[row["source"]]
         prefix = AgentRecord(prefix_messages(record, row["turn_texts"][:turn + 1], eos), record.tools,
                              f"{row['source']}#sample{row['sample']}", record.gt)
-        by_budget[max_turns - turn - 1].append((prefix, kind, call))
+        by_budget[max_turns - turn - 1].append((prefix, kind, call, row))
     return by_budget, skipped
 
 
@@ -119,17 +122,19 @@ def main(argv: list[str] | None = None) -> None:
     model.eval()
     chat_format, sampling = ChatFormat(tokenizer), sampling_preset(args.sampling)
     records = {record.source: record for record in load_agent_records(args.data)[0]}
+    prompts = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
     rows = [json.loads(line) for line in args.episodes.read_text().splitlines() if line.strip()]
     by_budget, skipped = continuation_records(rows, records, args.max_turns, tokenizer.eos_token)
     continued, correct = Counter(), Counter()  # by first error type, and by "first_call" / "later_call"
+    misread, misread_correct = Counter(), Counter()
     continued_rows = []
     for budget, prefixes in sorted(by_budget.items()):
         limits = RolloutConfig(budget, args.max_gen_len, args.max_total_len, False)
         for start in range(0, len(prefixes), args.batch_size):
             chunk = prefixes[start:start + args.batch_size]
-            sampler = record_sampler(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, _, _ in chunk})
-            episodes = AgentRollout(model, chat_format, sampler, limits).run([record for record, _, _ in chunk])
-            for episode, (record, kind, call) in zip(episodes, chunk, strict=True):
+            sampler = record_sampler(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, *_ in chunk})
+            episodes = AgentRollout(model, chat_format, sampler, limits).run([record for record, *_ in chunk])
+            for episode, (record, kind, call, row) in zip(episodes, chunk, strict=True):
                 score = score_episode(episode, chat_format)
                 ended_correct = score.correct
                 continued_rows.append({
@@ -139,6 +144,12 @@ def main(argv: list[str] | None = None) -> None:
                 for key in (kind, "first_call" if call == 0 else "later_call"):
                     continued[key] += 1
                     correct[key] += ended_correct
+                expected = prompts[int(row["source"].rsplit(":", 1)[1]) - 1].get("expected_calls") or []
+                readable = kind in (WRONG_VALUE, FAILED_CALL)  # a wrong operation is no misread number
+                number = (misread_number(row, expected, call) if readable else None) or "unread"
+                misread[number] += 1
+                misread_correct[number] += ended_correct
+                continued_rows[-1]["misread_number"] = number
     positions = ("first_call", "later_call")
     total, ended_correct = sum(continued[key] for key in positions), sum(correct[key] for key in positions)
     report = {"episodes": len(rows), "error_episodes": total + sum(skipped.values()), "continued": total,
@@ -147,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
                                  for kind in continued if kind not in positions},
               "by_error_call": {key: {"continued": continued[key], "correct": correct[key]}
                                 for key in positions if continued[key]},
+              "by_misread_number": {key: {"continued": misread[key], "correct": misread_correct[key]}
+                                    for key in sorted(misread)},
               "sampling": args.sampling, "teacher": args.teacher}
     if args.episodes_out:
         atomic_write_text(args.episodes_out, "".join(json.dumps(row) + "\n" for row in continued_rows))

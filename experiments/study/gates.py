@@ -91,6 +91,14 @@ def wrong_guard_number(row: dict, expected: list[dict], position: int) -> str | 
     return differ[0] if len(differ) == 1 else "several" if differ else None
 
 
+def misread_number(row: dict, expected: list[dict], position: int) -> str | None:
+    """The number of the episode's first error that was misread, against the gold call at ``position``: ``input``
+    or ``k`` (``wrong_number``), or for a right step under a failed guard the guard number (a, b, c or m) or
+    ``several`` (``wrong_guard_number``); None when it does not read back (a wrong operation, an invalid expression)."""
+    number = wrong_number(row, expected, position)
+    return wrong_guard_number(row, expected, position) if number == "guard" else number
+
+
 def _calls(row: dict) -> list[ToolCall | MalformedToolCall]:
     return [call for text in row["turn_texts"] for call in split_tool_calls(text)[1]]
 
@@ -154,6 +162,20 @@ def student_error_rates(cfg, paths) -> dict:
         injected = {"value_noise": d.value_noise, "syntax_noise": d.syntax_noise, "operand_share": d.operand_share,
                     "guard_share": d.guard_share, "guard_numbers": dict(d.guard_numbers)}
     return {**measured, **injected}
+
+
+def continuation_counts(cfg, paths) -> dict:
+    """G4's continued prefixes and those the teacher ended correct, pooled over seeds, by the erring call (the
+    first or a later one) and by the number the student misread (``experiments.study.continuation``)."""
+    pooled = {"by_error_call": {}, "by_misread_number": {}}
+    for seed in cfg.seeds:
+        found = json.loads(paths.continuation(seed).read_text())
+        for group, counts in pooled.items():
+            for key, count in found.get(group, {}).items():
+                total = counts.setdefault(key, {"continued": 0, "correct": 0})
+                total["continued"] += count["continued"]
+                total["correct"] += count["correct"]
+    return pooled
 
 
 def gate_values(cfg, paths, report: dict) -> dict:

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.estimates import interval, paired_difference, slope
-from experiments.study.gates import ALL, gate_values, student_error_rates
+from experiments.study.gates import ALL, continuation_counts, gate_values, student_error_rates
 from opd.scoring import aggregate, mean_and_se, score_from_row
 
 # the figures of opd.scoring.aggregate kept per horizon group
@@ -165,6 +165,7 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
               "divergence": _divergence(paths, seeds)}
     report["gates"] = gate_values(cfg, paths, report)
     report["noise_match"] = student_error_rates(cfg, paths)
+    report["continuation"] = continuation_counts(cfg, paths)
     return report
 
 
@@ -249,6 +250,11 @@ def print_report(report: dict, console: Console) -> None:
                   f"{m['guard_share']}), by number "
                   f"{', '.join(f'{name} {share:.3f}' for name, share in numbers.items()) or '-'} (guard_numbers "
                   f"{', '.join(f'{name} {weight:g}' for name, weight in m['guard_numbers'].items())})")
+    for group, what in (("by_error_call", "by the erring call"), ("by_misread_number", "by the number misread")):
+        counts = report["continuation"][group]
+        if counts:
+            console.print(f"G4 {what}: " + ", ".join(f"{key} {c['correct']} of {c['continued']}"
+                                                     for key, c in counts.items()))
     e = report["endpoint"]
     if e is None:
         console.print("endpoint: its arm did not run in this slice")

@@ -277,7 +277,9 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
             (paths.arm(seed, name) / "run" / "metrics.jsonl").write_text(json.dumps({"step": 10, "elapsed_s": 7.0 + seed}))
         paths.divergence(seed).write_text(json.dumps({"teachers": {"robust": {"all": {
             "forward_kl": 0.1 * (seed + 1), "reverse_kl": 0.2, "top1_agreement": 0.9, "topk_overlap": 0.8}}}}))
-        paths.continuation(seed).write_text(json.dumps({"continued": 4, "correct": 3 - seed}))
+        paths.continuation(seed).write_text(json.dumps({"continued": 4, "correct": 3 - seed, **({} if seed else {
+            "by_error_call": {"later_call": {"continued": 4, "correct": 3}},
+            "by_misread_number": {"c": {"continued": 3, "correct": 2}, "input": {"continued": 1, "correct": 1}}})}))
     report = study_report(cfg, paths, curve_steps(cfg))
     t1, greedy = report["decodings"]["t1"], report["decodings"]["greedy"]
     final = {arm: {h: t1["curves"][arm][h][-1] for h in (1, 2)} for arm in ("kd", "opd")}
@@ -314,6 +316,9 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert gates["G0_teacher_t1_accuracy"] == {**gates["G0_teacher_t1_accuracy"], "value": 0.75, "passed": False}
     assert gates["G3_kd_horizon_drop"]["value"] == pytest.approx(0.5) and gates["G3_kd_horizon_drop"]["passed"]
     assert gates["G4_teacher_continuation"]["value"] == pytest.approx(5 / 8) and not gates["G4_teacher_continuation"]["passed"]
+    assert report["continuation"] == {  # seed 1's file predates the breakdowns: it adds to neither
+        "by_error_call": {"later_call": {"continued": 4, "correct": 3}},
+        "by_misread_number": {"c": {"continued": 3, "correct": 2}, "input": {"continued": 1, "correct": 1}}}
     assert gates["G5_kd_recovery"]["value"] == 0.0 and gates["G5_kd_recovery"]["direction"] == "at most"
     assert gates["G5_kd_recovery"]["passed"] is True
     assert gates["G1_student_intermediate_errors"]["value"] is None  # these rows carry no expected calls
@@ -345,6 +350,7 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert "endpoint (pre-registered): opd minus kd at H=2, t1, step 10: 0.500 ± 0.000" in printed
     assert "95 % interval +0.500 to +0.500" in printed and "its slope over H, per unit of H: 0.250 ± 0.250" in printed
     assert "tie: seed 1, greedy, step 10: every arm scored the same at every horizon (1.000 over all)" in printed
+    assert "G4 by the number misread: c 2 of 3, input 1 of 1" in printed
 
 
 def test_intermediate_calls_are_those_past_the_first_expected_call_and_within_the_horizon():
@@ -469,7 +475,8 @@ def test_the_teacher_continues_each_recoverable_post_error_prefix_with_the_turns
                                                   None]
     by_budget, skipped = continuation_records(rows, {record.source: record}, 4, "<|im_end|>")
     assert skipped == {"broken_json": 1, "no_turn_left": 1}
-    [(prefix, kind, call)] = by_budget[2]  # 4 turns allowed, 2 used
+    [(prefix, kind, call, row)] = by_budget[2]  # 4 turns allowed, 2 used
+    assert row is rows[0]
     assert kind == "wrong_value" and call == 1 and list(by_budget) == [2]
     assert prefix.source == f"{data}:1#sample0" and prefix.gt == record.gt and prefix.tools == record.tools
     added = prefix.messages[len(record.messages):]
@@ -504,7 +511,9 @@ def test_the_continuation_command_writes_its_counts(tmp_path, tokenizer_path):
         "episodes": 4, "error_episodes": 3, "continued": 1, "not_continued": {"broken_json": 1, "no_turn_left": 1}}
     assert report["by_first_error"]["wrong_value"]["continued"] == 1 and report["rate"] in (0.0, 1.0)
     assert report["by_error_call"] == {"later_call": {"continued": 1, "correct": report["correct"]}}
+    assert report["by_misread_number"] == {"k": {"continued": 1, "correct": report["correct"]}}  # (7 - 5) for (7 - 6)
     [row] = [json.loads(line) for line in (tmp_path / "continued.jsonl").read_text().splitlines()]
+    assert row["misread_number"] == "k"
     assert {key: row[key] for key in ("source", "first_error", "error_call", "turns_left", "correct")} == {
         "source": f"{data}:1#sample0", "first_error": "wrong_value", "error_call": 1, "turns_left": 2,
         "correct": bool(report["correct"])}
@@ -677,3 +686,13 @@ def test_noise_match_names_the_file_of_a_bad_episode(tmp_path, capsys, episodes,
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert stop.value.code == 2 and message in error and str(tmp_path / "episodes.jsonl") in error
     assert not (tmp_path / "rates.json").exists()
+
+
+def test_misread_number_names_the_input_k_or_the_guard_number(tmp_path):
+    from experiments.study.gates import misread_number
+
+    _, paths = _guard_failures(tmp_path)
+    expected = json.loads(paths.file("heldout_prompts").read_text())["expected_calls"]
+    rows = [json.loads(line) for line in
+            (paths.evaluation(0, "student", "t1") / "episodes_student.jsonl").read_text().splitlines()]
+    assert [misread_number(row, expected, 0) for row in rows] == [None] * 6 + ["c", "c", "m", "b", "several", "input"]
