@@ -288,14 +288,19 @@ def test_the_report_pairs_every_arm_with_the_baseline_problem_by_problem(tmp_pat
         curve_report(cfg)
 
 
+def _runner(tmp_path, stage: list[str]) -> subprocess.Popen:
+    """A process running ``stage`` as the only stage of a run in ``tmp_path``, as the recipe and study do."""
+    return subprocess.Popen([sys.executable, "-c", (
+        "from pathlib import Path; from rich.console import Console; "
+        "from experiments.stages import Stage, run_stages; from common.user_errors import exit_on_user_error\n"
+        f"with exit_on_user_error(): run_stages([Stage('stage', {stage!r}, [])], Path({str(tmp_path)!r}), jobs=1, "
+        "threads=1, rerun=False, console=Console(quiet=True))")], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+
+
 def test_a_terminated_recipe_stops_the_stages_it_runs(tmp_path):
     pid_file = tmp_path / "stage.pid"
     stage = script(f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)")
-    runner = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from pathlib import Path; from rich.console import Console; "
-        "from experiments.stages import Stage, run_stages; from common.user_errors import exit_on_user_error\n"
-        f"with exit_on_user_error(): run_stages([Stage('slow', {stage!r}, [])], Path({str(tmp_path)!r}), jobs=1, "
-        "threads=1, rerun=False, console=Console(quiet=True))")], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+    runner = _runner(tmp_path, stage)
     while not pid_file.exists() or not pid_file.read_text():
         assert runner.poll() is None, runner.stderr.read()
         time.sleep(0.05)
@@ -319,11 +324,7 @@ def test_a_terminated_recipe_stops_what_its_stages_started_too(tmp_path):
     stage = script("import pathlib, subprocess, sys, time\n"
                    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
                    f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\nchild.wait()")
-    runner = subprocess.Popen([sys.executable, "-c", (
-        "from pathlib import Path; from rich.console import Console; "
-        "from experiments.stages import Stage, run_stages; from common.user_errors import exit_on_user_error\n"
-        f"with exit_on_user_error(): run_stages([Stage('parent', {stage!r}, [])], Path({str(tmp_path)!r}), jobs=1, "
-        "threads=1, rerun=False, console=Console(quiet=True))")], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+    runner = _runner(tmp_path, stage)
     while not pid_file.exists() or not pid_file.read_text():
         assert runner.poll() is None, runner.stderr.read()
         time.sleep(0.05)
