@@ -83,8 +83,11 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert argument(robust_sft.command, "data") == str(paths.file("train_noisy_demonstrations"))
     assert robust.needs == ("teacher-robust-sft",) and robust.outputs == [paths.teacher("robust")]
     assert argument(robust.command, "model.checkpoint") == str(paths.robust_sft())
-    # the noise rates reach the noisy files' stage only: setting them from the pilot reruns nothing else
+    # the noise rates reach the noisy files' stage only, by default from the noise-match stage's file
     noisy = stages["noisy-data"].command
+    assert noisy[noisy.index("--noise-rates") + 1] == str(paths.noise_rates()) and "--noise-rates" not in stages["data"].command
+    fixed = {stage.name: stage for stage in study_stages(study_config(tmp_path, "data.match_noise=false"))}
+    noisy = fixed["noisy-data"].command  # set by hand: setting them from the pilot reruns nothing else
     assert noisy[noisy.index("--value-noise") + 1] == str(cfg.data.value_noise) and "--value-noise" not in stages["data"].command
     assert "from_scratch=true" in gold.command and "from_scratch=true" not in robust_sft.command
     assert argument(robust_sft.command, "max_steps") == str(cfg.sft.robust_teacher_steps) == "900"
@@ -149,13 +152,15 @@ def test_a_checked_task_reaches_both_data_stages():
     for checked, operand in ((False, False), (True, False), (True, True)):
         cfg = study_config("/tmp/unused", f"data.checked={str(checked).lower()}",
                            f"data.checked_operand={str(operand).lower()}", *([] if checked else ["data.guard_share=0"]))
-        for stage in study_stages(cfg)[:2]:
-            assert stage.name in ("data", "noisy-data") and ("--checked" in stage.command) == checked
+        found = [stage for stage in study_stages(cfg) if stage.name in ("data", "noisy-data")]
+        assert len(found) == 2
+        for stage in found:
+            assert ("--checked" in stage.command) == checked
             assert ("--checked-operand" in stage.command) == operand
 
 
 def test_the_noisy_data_stage_passes_the_guard_numbers():
-    cfg = study_config("/tmp/unused", "data.checked_operand=true", "data.guard_numbers.a=0.25",
+    cfg = study_config("/tmp/unused", "data.match_noise=false", "data.guard_numbers.a=0.25",
                        "data.guard_numbers.c=0.75")
     noisy = study_stages(cfg)[1]
     assert noisy.command[noisy.command.index("--guard-numbers") + 1] == "a=0.25,b=0,c=0.75,m=0"
@@ -165,8 +170,9 @@ def test_only_the_noisy_data_stage_names_the_retry_input():
     """retry_names_input changes the noisy files alone, so the gold data's stage (and every stage reading it, the
     teachers' and students' SFT) keeps its command and is reused."""
     for named in (False, True):
-        data, noisy = study_stages(study_config("/tmp/unused", f"data.retry_names_input={str(named).lower()}"))[:2]
-        assert (data.name, noisy.name) == ("data", "noisy-data")
+        stages = {stage.name: stage for stage in
+                  study_stages(study_config("/tmp/unused", f"data.retry_names_input={str(named).lower()}"))}
+        data, noisy = stages["data"], stages["noisy-data"]
         assert "--retry-names-input" not in data.command
         assert ("--retry-names-input" in noisy.command) == named
 
@@ -180,7 +186,8 @@ def test_only_the_noisy_data_stage_names_the_retry_input():
     (["baseline_arm=best"], "baseline_arm must be one of the arms"),
     (["arm_settings.kd.teacher=none"], "arm_settings.kd.teacher must be none for an sft arm and gold or robust"),
     (["data.value_noise=1.0"], "data.value_noise must be in [0, 1), got 1.0"),
-    (["data.guard_numbers.c=1"], "data.guard_numbers must be without c and m unless data.checked_operand is true"),
+    (["data.checked_operand=false", "data.guard_numbers.c=1"],
+     "data.guard_numbers must be without c and m unless data.checked_operand is true"),
     (["data.guard_numbers.a=0"], "data.guard_numbers must be a mapping of some of a, b, c, m to weights >= 0, not all 0"),
     (["data.guard_numbers.b=-1"], "data.guard_numbers must be a mapping of some of a, b, c, m to weights >= 0"),
     (["data.value_noise=0.6", "data.syntax_noise=0.5"], "data.syntax_noise must be below 1 - data.value_noise = 0.4"),
@@ -251,7 +258,8 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     """Two seeds, two arms, four held-out problems (two per horizon), two decodings: accuracies, per-seed levels,
     paired differences and the endpoint by hand."""
     cfg = study_config(tmp_path, "seeds=[0,1]", "arms=[opd]", "horizons=[1,2]", "warm.horizons=[1]", "distill.steps=10",
-                       "distill.eval_every=10", "endpoint.horizon=2", "distill.max_turns=6", "evaluation.max_turns=6")
+                       "distill.eval_every=10", "endpoint.horizon=2", "distill.max_turns=6", "evaluation.max_turns=6",
+                       "data.match_noise=false")
     paths = StudyPaths(cfg)
     write_heldout(paths.file("heldout_prompts"), [1, 1, 2, 2])
     data = paths.file("heldout_prompts")
@@ -375,7 +383,8 @@ def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_pa
             "data.train=6", "data.distill=4", "teacher.sft_steps=2", "student.sft_steps=2", "teacher.hidden_size=32",
             "teacher.num_hidden_layers=1", "student.hidden_size=32", "student.num_hidden_layers=1", "distill.steps=2",
             "distill.eval_every=1", "distill.batch_size=2", "distill.max_gen_len=8", "evaluation.max_gen_len=8",
-            "divergence.prompts=2", "distill.max_turns=4", "evaluation.max_turns=4"]
+            "divergence.prompts=2", "distill.max_turns=4", "evaluation.max_turns=4",
+            "data.match_noise=false"]  # 8-token turns of a random student hold no call to match noise to
     command = [sys.executable, "-m", "experiments.study.study", *tiny]
     first = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -525,7 +534,7 @@ def test_the_noise_is_matched_to_first_errors_per_call_at_risk(tmp_path):
     the calls made before it (where a demonstration injects its noise)."""
     from experiments.study.gates import student_error_rates
 
-    cfg = study_config(tmp_path, "seeds=[0]")
+    cfg = study_config(tmp_path, "seeds=[0]", "data.match_noise=false")
     paths = StudyPaths(cfg)
     episodes = paths.evaluation(0, "student", "t1")
     episodes.mkdir(parents=True)
@@ -567,34 +576,18 @@ def test_the_noise_match_names_the_guard_number_a_student_misread(tmp_path):
     call's: the check's a or b, the operand check's c or m, or several (the share guard_numbers is set from)."""
     from experiments.study.gates import student_error_rates
 
-    cfg = study_config(tmp_path, "seeds=[0]", "data.checked_operand=true")
-    paths = StudyPaths(cfg)
-    episodes = paths.evaluation(0, "student", "t1")
-    episodes.mkdir(parents=True)
-    gold = "1 // 0 ** ((2 - 9 - 13) % 20 + (10 - 4 - 6) % 20) * (13 - 6) % 20"  # start 13 = 2 - 9, six = 10 - 4
-    paths.data.mkdir(parents=True)
-    paths.file("heldout_prompts").write_text(json.dumps({"expected_calls": [
-        {"name": "calculate_math", "arguments": {"expression": gold}}]}) + "\n")
-    said = ["1 // 0 ** ((2 - 9 - 13) % 20 + (11 - 4 - 6) % 20) * (13 - 6) % 20",  # c
-            "1 // 0 ** ((2 - 9 - 13) % 20 + (11 - 4 - 6) % 20) * (13 - 6) % 20",  # c
-            "1 // 0 ** ((2 - 9 - 13) % 20 + (10 - 3 - 6) % 20) * (13 - 6) % 20",  # m
-            "1 // 0 ** ((2 - 8 - 13) % 20 + (10 - 4 - 6) % 20) * (13 - 6) % 20",  # b
-            "1 // 0 ** ((2 - 9 - 13) % 20 + (12 - 6 - 6) % 20) * (13 - 6) % 20",  # c and m
-            "1 // 0 ** ((2 - 9 - 12) % 20 + (10 - 4 - 6) % 20) * (12 - 6) % 20"]  # the input: not a guard number
-    rows = [{"call_types": ["failed_call"], "source": "heldout_prompts.jsonl:1", "turn_texts": [
-        f'<tool_call>\n{{"name": "calculate_math", "arguments": {{"expression": "{text}"}}}}\n</tool_call>']}
-        for text in said]
-    (episodes / "episodes_student.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg, paths = _guard_failures(tmp_path, "data.match_noise=false")
     rates = student_error_rates(cfg, paths)
-    assert rates["guard_failed"] == 1.0 and rates["wrong_guard_share"] == pytest.approx(5 / 6)
+    assert rates["guard_failed"] == 0.5 and rates["wrong_guard_share"] == pytest.approx(5 / 6)
     assert rates["wrong_guard_numbers"] == pytest.approx({"b": 1 / 5, "c": 2 / 5, "m": 1 / 5, "several": 1 / 5})
+    assert rates["guard_numbers"] == {"a": 1.0, "b": 0.0, "c": 0.0, "m": 0.0}  # the configured ones: not matched
 
 
 def test_matched_noise_is_measured_on_every_seeds_warm_student_before_the_noisy_files_are_written(tmp_path):
     """data.match_noise: a noise-match stage reads every seed's T=1 student episodes, the noisy files take its rates,
     and the gold data's stage keeps its command (so the teachers and students of a run without it are reused)."""
-    plain = {stage.name: stage for stage in study_stages(study_config(tmp_path, "seeds=[0,1]"))}
-    cfg = study_config(tmp_path, "seeds=[0,1]", "data.match_noise=true")
+    plain = {stage.name: stage for stage in study_stages(study_config(tmp_path, "seeds=[0,1]", "data.match_noise=false"))}
+    cfg = study_config(tmp_path, "seeds=[0,1]")  # the default
     paths, stages = StudyPaths(cfg), {stage.name: stage for stage in study_stages(cfg)}
     match, noisy = stages["noise-match"], stages["noisy-data"]
     assert match.needs == ("seed0-student-eval-t1", "seed1-student-eval-t1") and match.outputs == [paths.noise_rates()]
@@ -608,10 +601,10 @@ def test_matched_noise_is_measured_on_every_seeds_warm_student_before_the_noisy_
     assert "noise-match" not in plain and stages["teacher-robust-sft"].needs == ("teacher-gold", "noisy-data")
 
 
-def _guard_failures(tmp_path) -> tuple[StudyConfig, StudyPaths]:
+def _guard_failures(tmp_path, *overrides) -> tuple[StudyConfig, StudyPaths]:
     """An operand-checked study whose seed-0 student made 12 calls at risk: 6 single correct calls, then 6 first
     calls whose guard failed: c misread twice, m once, b once, c and m together once, the input once."""
-    cfg = study_config(tmp_path, "seeds=[0]", "data.checked_operand=true", "data.match_noise=true")
+    cfg = study_config(tmp_path, "seeds=[0]", *overrides)  # operand-checked, noise matched: the defaults
     paths = StudyPaths(cfg)
     episodes = paths.evaluation(0, "student", "t1")
     episodes.mkdir(parents=True)
