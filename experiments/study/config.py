@@ -117,11 +117,13 @@ class StudyArm:
 class CheckpointPick:
     """``teacher_pick``: the gold teacher is the first kept SFT checkpoint whose greedy accuracy on the first
     ``prompts`` validation prompts (the distillation split) reaches ``min_accuracy``
-    (``experiments.study.warm_start``)."""
+    (``experiments.study.warm_start``); when none does by the end of the SFT, the best one if ``best_if_none``, else
+    the study stops there."""
 
     check_every: int  # SFT steps between kept checkpoints
     prompts: int
     min_accuracy: float
+    best_if_none: bool
 
     def _check(self, block: str) -> None:
         check_integer(f"{block}.check_every", self.check_every, 1)

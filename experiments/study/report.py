@@ -19,6 +19,8 @@
   classifier, run on the episodes' rows): recovery is, of the episodes with a call error (and how many there were),
   the share that still ended correct; tool errors the share of calls that returned no result.
 - **seconds**: the run's ``elapsed_s`` at the step (loading and cached teacher rollouts included), mean over seeds.
+- **warm picks**: per seed, the warm student's SFT step and validation accuracy, and whether it reached
+  ``warm.min_accuracy`` (a seed short of it starts from the best checkpoint by the cap, ``warm.best_if_none``).
 - **divergence**: the warm student's forward KL, reverse KL, top-1 agreement and top-k overlap against each teacher
   on its own temperature-1 episodes (``experiments.study.divergence``; its file also holds both entropies), mean over
   seeds.
@@ -112,6 +114,17 @@ def _divergence(paths, seeds: list[int]) -> dict:
                       for group in sorted(reports[0][teacher], key=str)} for teacher in reports[0]}
 
 
+def warm_picks(paths, seeds: list[int]) -> dict[str, dict]:
+    """Seed -> the warm student's pick (``experiments.study.warm_start``'s file): its SFT step, validation accuracy
+    and whether it reached ``warm.min_accuracy`` (false: the best by ``student.sft_steps``, ``warm.best_if_none``)."""
+    picks = {}
+    for seed in seeds:
+        pick = json.loads(paths.student(seed).with_suffix(".json").read_text())
+        picks[str(seed)] = {"step": pick["chosen"]["step"], "accuracy": pick["chosen"]["accuracy"],
+                            "reached": pick["reached"], "min_accuracy": pick["min_accuracy"]}
+    return picks
+
+
 def _decoding_report(cfg, paths, steps: list[int], decoding: str, horizons: dict[int, int],
                      walls: dict[str, list[float]]) -> tuple[dict, list[dict]]:
     """One decoding's teachers, curves and paired differences, and its per-seed levels."""
@@ -162,7 +175,7 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
               "decodings": decodings, "per_seed": per_seed,
               "endpoint": _endpoint(cfg, decodings, steps[-1]),
               "ties": tied_runs(per_seed),
-              "divergence": _divergence(paths, seeds)}
+              "divergence": _divergence(paths, seeds), "warm_picks": warm_picks(paths, seeds)}
     report["gates"] = gate_values(cfg, paths, report)
     report["noise_match"] = student_error_rates(cfg, paths)
     report["continuation"] = continuation_counts(cfg, paths)
@@ -239,6 +252,10 @@ def print_report(report: dict, console: Console) -> None:
         gates.add_row(name, _pm(gate["value"], None), f"{gate['direction']} {gate['threshold']}",
                       {True: "yes", False: "NO", None: "-"}[gate["passed"]], gate["detail"])
     console.print(gates)
+    console.print("warm students (SFT step, validation accuracy): " + ", ".join(
+        f"seed {seed} step {pick['step']} ({pick['accuracy']:.3f}"
+        + ("" if pick["reached"] else f", short of {pick['min_accuracy']}: the best by the cap") + ")"
+        for seed, pick in report["warm_picks"].items()))
     m = report["noise_match"]
     console.print(f"the warm students' first T=1 call errors per call at risk ({m['calls_at_risk']} calls): confused {_pm(m['confused'], None)} "
                   f"(wrong value {_pm(m['wrong_value'], None)}, wrong operation {_pm(m['wrong_operation'], None)}), "

@@ -21,7 +21,8 @@
    distil are evaluated on the held-out problems under every decoding.
 3. Per seed: ``student``: SFT of the much smaller student architecture from the seed's init on the gold
    demonstrations of ``warm.horizons``, keeping its weights every ``warm.check_every`` steps, stopped at the first of
-   them whose greedy accuracy on validation prompts reaches ``warm.min_accuracy``: the warm student every arm of
+   them whose greedy accuracy on validation prompts reaches ``warm.min_accuracy`` (none by ``student.sft_steps``: the
+   best of them, ``warm.best_if_none``): the warm student every arm of
    the seed starts from (``python -m experiments.study.warm_start``); it is evaluated under every decoding (every
    arm's step 0); ``divergence``: its KL and top-k overlap against each teacher on its own temperature-1 episodes;
    ``continuation``: the robust teacher continuing its temperature-1 held-out episodes after their first call error
@@ -222,13 +223,15 @@ def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeM
                   sft: list[str]) -> list[str]:
     """``experiments.study.warm_start`` running the SFT command ``sft`` (final weights ``run``): the first
     checkpoint it keeps whose greedy accuracy on the first ``pick.prompts`` distillation prompts reaches
-    ``pick.min_accuracy`` is copied to ``out``, and the SFT is stopped there."""
+    ``pick.min_accuracy`` is copied to ``out``, and the SFT is stopped there (none: the best, with
+    ``pick.best_if_none``)."""
     d = cfg.distill
     return [sys.executable, "-m", "experiments.study.warm_start", "--run-dir", str(run.parent), "--stem", run.stem,
             "--arch", _arch_flag(block), "--data", str(paths.file("distill_prompts")), "--tokenizer", str(cfg.tokenizer),
             "--prompts", str(pick.prompts), "--min-accuracy", str(pick.min_accuracy), "--max-turns", str(d.max_turns),
             "--max-gen-len", str(d.max_gen_len), "--max-total-len", str(d.max_total_len), "--out", str(out),
-            "--role", "teacher" if block is cfg.teacher else "student", "--", *sft]
+            "--role", "teacher" if block is cfg.teacher else "student",
+            *(["--best-if-none"] if pick.best_if_none else []), "--", *sft]
 
 
 def study_stages(cfg: StudyConfig) -> list[Stage]:

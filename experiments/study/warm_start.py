@@ -9,8 +9,9 @@ at a step that varies with the seed (and with the machine's float rounding). A f
 the arms from a cold student in one seed and a finished one in another. So the student's SFT keeps its weights
 every few steps (``{stem}_step{N}.pth``), and this picks, in step order, the first whose accuracy on the first
 ``--prompts`` validation prompts (the distillation split, never the held-out one) is at least ``--min-accuracy``;
-it copies those weights to ``--out`` and writes every accuracy it measured to ``{out}.json``. It fails, naming the
-best step, when none reaches the threshold.
+it copies those weights to ``--out`` and writes every accuracy it measured to ``{out}.json``. When none reaches the
+threshold it fails, naming the best step, or with ``--best-if-none`` picks the best (the earliest of equals) and
+says so (``"reached": false`` in its file): a seed that learns slowly still gets a student, the best its SFT made.
 
 With the SFT command after ``--`` (``... --out seed0/student/warm.pth -- python opd/sft.py ...``), it runs that SFT
 itself, measures each kept checkpoint as soon as it is written, and stops the SFT (SIGTERM) at the first that
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-total-len", type=int, default=1024)
     parser.add_argument("--out", required=True, type=Path, help="where the chosen weights are copied")
     parser.add_argument("--role", default="student", help="the study's block the SFT belongs to (named in errors)")
+    parser.add_argument("--best-if-none", action="store_true",
+                        help="when no checkpoint reaches --min-accuracy, pick the best one instead of failing")
     args = parser.parse_args(argv)
     records = load_agent_records(args.data)[0][:args.prompts]
     limits = RolloutConfig(args.max_turns, args.max_gen_len, args.max_total_len, False)
@@ -145,10 +148,16 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if command:
             checkpoints.close()
-    report = {"min_accuracy": args.min_accuracy, "prompts": len(records), "measured": measured, "chosen": chosen}
+    reached = chosen is not None
+    best = max(measured, key=lambda row: row["accuracy"], default=None)  # max keeps the first (earliest) of equals
+    if not reached and args.best_if_none and best is not None:
+        chosen = best
+        print(f"no checkpoint reached validation accuracy {args.min_accuracy}: picked the best, step {best['step']} "
+              f"({best['accuracy']:.3f})", flush=True)
+    report = {"min_accuracy": args.min_accuracy, "prompts": len(records), "measured": measured, "chosen": chosen,
+              "reached": reached}
     atomic_write_json(args.out.with_suffix(".json"), report)
     if chosen is None:
-        best = max(measured, key=lambda row: row["accuracy"], default=None)
         sys.exit(f"error: no SFT checkpoint in {args.run_dir} reached validation accuracy {args.min_accuracy} "
                  f"(best: {best}); train the {args.role} longer ({args.role}.sft_steps)")
     temporary = args.out.with_name(args.out.name + ".tmp")

@@ -75,6 +75,8 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert stages["teacher-gold"].outputs == [paths.teacher("gold")] and stages["teacher-gold"].needs == ("data",)
     student = stages["seed1-student"].command
     assert argument(student[student.index("--") + 1:], "data") == str(paths.file("warm_demonstrations"))
+    # a seed short of the warm threshold by the cap starts from its best checkpoint; a teacher short of it stops the run
+    assert "--best-if-none" in student[:student.index("--")] and "--best-if-none" not in pick
     # the robust teacher continues the gold one: the same architecture and schedule, its own steps and data; then
     # the anneal continues it at the lower lr, and writes the robust teacher every other stage reads
     robust_sft = stages["teacher-robust-sft"]
@@ -283,6 +285,10 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
         for name in ("kd", "opd"):
             (paths.arm(seed, name) / "run").mkdir(parents=True)
             (paths.arm(seed, name) / "run" / "metrics.jsonl").write_text(json.dumps({"step": 10, "elapsed_s": 7.0 + seed}))
+        paths.student(seed).parent.mkdir(parents=True, exist_ok=True)
+        paths.student(seed).with_suffix(".json").write_text(json.dumps({
+            "min_accuracy": 0.5, "prompts": 60, "measured": [], "reached": not seed,
+            "chosen": {"step": 850 + 1775 * seed, "checkpoint": "unused", "accuracy": 0.5 - 0.017 * seed}}))
         paths.divergence(seed).write_text(json.dumps({"teachers": {"robust": {"all": {
             "forward_kl": 0.1 * (seed + 1), "reverse_kl": 0.2, "top1_agreement": 0.9, "topk_overlap": 0.8}}}}))
         paths.continuation(seed).write_text(json.dumps({"continued": 4, "correct": 3 - seed, **({} if seed else {
@@ -359,6 +365,9 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert "95 % interval +0.500 to +0.500" in printed and "its slope over H, per unit of H: 0.250 ± 0.250" in printed
     assert "tie: seed 1, greedy, step 10: every arm scored the same at every horizon (1.000 over all)" in printed
     assert "G4 by the number misread: c 2 of 3, input 1 of 1" in printed
+    assert ("warm students (SFT step, validation accuracy): seed 0 step 850 (0.500), seed 1 step 2625 (0.483, short "
+            "of 0.5: the best by the cap)") in printed
+    assert report["warm_picks"]["1"] == {"step": 2625, "accuracy": 0.483, "reached": False, "min_accuracy": 0.5}
 
 
 def test_intermediate_calls_are_those_past_the_first_expected_call_and_within_the_horizon():
@@ -422,7 +431,8 @@ def test_token_agreement_against_hand_calculations():
 
 def test_the_warm_start_is_the_first_kept_checkpoint_reaching_the_threshold(tmp_path, tokenizer_path):
     """Random tiny weights answer nothing: a threshold of 0 takes the first kept step (in step order, 50 before
-    100), a threshold of 1 fails naming the best step; every accuracy measured is written beside the choice."""
+    100), a threshold of 1 fails naming the best step, or with --best-if-none picks the best (the earliest of equals:
+    step 50) and says it fell short; every accuracy measured is written beside the choice."""
     import torch
 
     from common.minimind.model import build_model, save_native
@@ -449,6 +459,13 @@ def test_the_warm_start_is_the_first_kept_checkpoint_reaching_the_threshold(tmp_
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.startswith(f"error: no SFT checkpoint in {run} reached validation accuracy 1.0")
     assert [row["step"] for row in json.loads((tmp_path / "warm.json").read_text())["measured"]] == [50, 100]
+    best = run_main(main, *command, "--min-accuracy", "1", "--best-if-none", hydra=False)
+    assert best.returncode == 0, best.stderr[-2000:]
+    picked = json.loads((tmp_path / "warm.json").read_text())
+    assert picked["reached"] is False and picked["chosen"]["step"] == 50  # both 0: the earliest of equals
+    assert [row["accuracy"] for row in picked["measured"]] == [0.0, 0.0]
+    assert (tmp_path / "warm.pth").read_bytes() == (run / "s_32_step50.pth").read_bytes()
+    assert "no checkpoint reached validation accuracy 1.0: picked the best, step 50 (0.000)" in best.stdout
 
 
 def continuation_rows(data) -> list[dict]:
