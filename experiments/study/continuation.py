@@ -35,7 +35,7 @@ from common.chat_records import AgentRecord, load_agent_records
 from common.minimind.model import load_model
 from common.package_files import CONFIG_DIR
 from experiments.study.divergence import model_spec
-from experiments.study.gates import misread_number
+from experiments.study.gates import gold_calls, misread_number
 from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig, SamplingConfig
 from opd.rollout import AgentRollout
@@ -144,9 +144,8 @@ def main(argv: list[str] | None = None) -> None:
                 for key in (kind, "first_call" if call == 0 else "later_call"):
                     continued[key] += 1
                     correct[key] += ended_correct
-                expected = prompts[int(row["source"].rsplit(":", 1)[1]) - 1].get("expected_calls") or []
                 readable = kind in (WRONG_VALUE, FAILED_CALL)  # a wrong operation is no misread number
-                number = (misread_number(row, expected, call) if readable else None) or "unread"
+                number = (misread_number(row, gold_calls(prompts, row), call) if readable else None) or "unread"
                 misread[number] += 1
                 misread_correct[number] += ended_correct
                 continued_rows[-1]["misread_number"] = number

@@ -99,6 +99,17 @@ def misread_number(row: dict, expected: list[dict], position: int) -> str | None
     return wrong_guard_number(row, expected, position) if number == "guard" else number
 
 
+def source_line(source: str) -> int:
+    """The line number of an episode's record (sources are ``path:line``)."""
+    return int(source.rsplit(":", 1)[1])
+
+
+def gold_calls(prompts: list[dict], row: dict) -> list[dict]:
+    """The gold calls (the raw ``expected_calls``, results included) of the prompt in ``prompts`` (a JSONL file's
+    decoded lines) that the episode ``row`` was rolled out from; [] when it has none."""
+    return prompts[source_line(row["source"]) - 1].get("expected_calls") or []
+
+
 def _calls(row: dict) -> list[ToolCall | MalformedToolCall]:
     return [call for text in row["turn_texts"] for call in split_tool_calls(text)[1]]
 
@@ -121,7 +132,7 @@ def error_rates(prompts: list[dict], rows: Iterable[dict]) -> dict:
                 guard_failed = kind == FAILED_CALL and _step_numbers(_calls(row)[position]) is not None
                 first[GUARD_FAILED if guard_failed else kind] += 1
                 if kind == WRONG_VALUE or guard_failed:
-                    expected = prompts[int(row["source"].rsplit(":", 1)[1]) - 1]["expected_calls"]
+                    expected = gold_calls(prompts, row)
                     number = wrong_number(row, expected, position)
                     numbers[number] += 1
                     if number == "guard":

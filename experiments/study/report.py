@@ -36,17 +36,12 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.estimates import interval, paired_difference, slope
-from experiments.study.gates import ALL, continuation_counts, gate_values, student_error_rates
+from experiments.study.gates import ALL, continuation_counts, gate_values, source_line, student_error_rates
 from opd.scoring import aggregate, mean_and_se, score_from_row
 
 # the figures of opd.scoring.aggregate kept per horizon group
 CALL_FIGURES = ("tool_error_rate", "error_episodes", "recovery_rate", "wrong_value_rate", "wrong_operation_rate",
                 "failed_call_rate", "broken_json_rate")
-
-
-def _line(source: str) -> int:
-    """The line number of an episode's record (sources are ``path:line``)."""
-    return int(source.rsplit(":", 1)[1])
 
 
 def horizons_by_line(heldout: Path) -> dict[int, int]:
@@ -61,12 +56,12 @@ def checkpoint_scores(directory: Path, name: str, horizons: dict[int, int]) -> d
     ``opd.scoring.aggregate`` (``CALL_FIGURES``)."""
     rows = [json.loads(line) for line in (directory / f"episodes_{name}.jsonl").read_text().splitlines()]
     groups: dict = {}
-    for group in sorted({horizons[_line(row["source"])] for row in rows}) + [ALL]:
-        chosen = [row for row in rows if group == ALL or horizons[_line(row["source"])] == group]
+    for group in sorted({horizons[source_line(row["source"])] for row in rows}) + [ALL]:
+        chosen = [row for row in rows if group == ALL or horizons[source_line(row["source"])] == group]
         metrics = aggregate([score_from_row(row) for row in chosen])
         samples = defaultdict(list)
         for row in chosen:
-            samples[_line(row["source"])].append(row["correct"])
+            samples[source_line(row["source"])].append(row["correct"])
         groups[group] = {"correct": {line: sum(correct) / len(correct) for line, correct in samples.items()},
                          **{key: metrics[key] for key in CALL_FIGURES}}
     return groups
