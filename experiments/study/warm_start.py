@@ -81,9 +81,9 @@ def followed_checkpoints(run_dir: Path, stem: str, command: list[str]):
                     seen = step
                     yield step, path
             if not seen and run_dir.is_dir():
-                ours = {path for _, path in kept_checkpoints(run_dir, stem)}  # written since the loop above
-                others = [path.name for _, path in _kept(run_dir, r"\w+")
-                          if path not in ours and path.stat().st_mtime >= started]
+                ours = re.compile(rf"{re.escape(stem)}_step\d+\.pth")  # one listing below: a checkpoint of ours
+                others = [path.name for _, path in _kept(run_dir, r"\w+")  # written meanwhile is not another's
+                          if not ours.fullmatch(path.name) and path.stat().st_mtime >= started]
                 if others:
                     raise RuntimeError(f"the SFT keeps {others[0]} in {run_dir}, not {stem}_step<N>.pth: --stem must "
                                        f"be the stem of its weights")
