@@ -152,10 +152,12 @@ class DivergenceSettings:
 
     prompts: int
     top_k: int
+    push_tokens: int
 
     def __post_init__(self) -> None:
         check_integer("divergence.prompts", self.prompts, 1)
         check_integer("divergence.top_k", self.top_k, 1)
+        check_integer("divergence.push_tokens", self.push_tokens, 1)
 
 
 @dataclass

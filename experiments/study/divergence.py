@@ -10,6 +10,15 @@ reports, token-weighted, per horizon and over all: the forward KL(teacher || stu
 ``loss.kl_direction`` forward_kl / reverse_kl minimize at temperature 1), top-1 agreement, and the top-k overlap
 (the share of the teacher's k most likely next tokens that are among the student's k most likely), and both models'
 entropies (nats: how spread out each one's next-token distribution is where the student sampled).
+
+Per teacher it also reports what each direction asks of the student there (``pushes``): per token id, the probability
+mass that a gradient step on the divergence summed over these tokens moves onto it (minus the gradient with respect to
+the student's logits: ``p_teacher - p_student`` per position for forward KL, ``p_student * (KL - log p_student / p_teacher)``
+for reverse KL), the ``--push-tokens`` largest, per 1,000 tokens; and the share of each divergence's sum that its top 1 %
+of tokens carry (``top_percent_share``). Forward KL counts in full the teacher's confident guesses at positions the
+student gives almost nothing, such as where its own sampled call has already broken; reverse KL weighs each position's
+tokens by the student's own probability of them. Added after the second full run, whose forward-KL OPD students
+learnt to end their calls in the middle of a number (study README, "Why forward-KL OPD broke the students").
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from opd.rollout import AgentRollout
 
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 BATCH = 16
+TOP_PERCENT = 0.01
 
 
 def token_agreement(student_logits: torch.Tensor, teacher_logits: torch.Tensor, top_k: int) -> dict[str, torch.Tensor]:
@@ -50,14 +60,48 @@ def token_agreement(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
                for name, logits in (("student", student_logits), ("teacher", teacher_logits))}}
 
 
+def logit_pushes(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per direction, minus the gradient of the divergence (temperature 1) summed over the ``[tokens, vocab]`` logits
+    with respect to the student's logits, summed over the tokens: ``[vocab]``, fp64. Positive where a gradient step
+    raises that token's probability."""
+    student = torch.log_softmax(student_logits.double(), dim=-1)
+    teacher = torch.log_softmax(teacher_logits.double(), dim=-1)
+    reverse = (student.exp() * (student - teacher)).sum(dim=-1, keepdim=True)
+    return {"forward_kl": (teacher.exp() - student.exp()).sum(dim=0),
+            "reverse_kl": (student.exp() * (reverse - (student - teacher))).sum(dim=0)}
+
+
+def top_percent_share(values: list[float], share: float = TOP_PERCENT) -> float:
+    """The part of ``sum(values)`` (non-negative) that its largest ``share`` of entries carry (at least one)."""
+    ordered = sorted(values, reverse=True)
+    total = sum(ordered)
+    return sum(ordered[:max(1, round(len(ordered) * share))]) / total if total else 0.0
+
+
+def push_report(pushes: dict[str, torch.Tensor], values: dict[str, list[float]], tokens: int, tokenizer,
+                count: int) -> dict:
+    """The ``count`` token ids each direction raises most (mass per 1,000 tokens) and each one's top-1 % share."""
+    report = {}
+    for direction, mass in pushes.items():
+        top = torch.topk(mass, count)
+        report[direction] = {
+            "top_percent_share": top_percent_share(values[direction]),
+            "raises": [{"id": int(index), "token": tokenizer.decode([int(index)]), "per_1k_tokens": 1000 * float(v) / tokens}
+                       for v, index in zip(top.values, top.indices, strict=True)]}
+    return report
+
+
 def measure(student, teachers: dict[str, torch.nn.Module], chat_format: ChatFormat, records, horizons: list[int],
-            limits: RolloutConfig, *, top_k: int, seed: int) -> dict:
+            limits: RolloutConfig, *, top_k: int, seed: int, push_tokens: int = 5) -> dict:
     """The student's episodes of ``records`` (temperature 1, ``seed``), scored by every teacher: per teacher, per
-    horizon ("all" too), the token-weighted means of ``token_agreement``; plus the episodes' token counts."""
+    horizon ("all" too), the token-weighted means of ``token_agreement``; the episodes' token counts; and per teacher
+    the ``push_report`` of both directions."""
     sampler = TokenSampler(SamplingConfig(temperature=1.0), "cpu", seed)
     rollout = AgentRollout(student, chat_format, sampler, limits)
     sums = {name: defaultdict(lambda: defaultdict(float)) for name in teachers}
     tokens: dict[str, int] = defaultdict(int)
+    pushes = {name: {} for name in teachers}
+    values = {name: defaultdict(list) for name in teachers}
     for start in range(0, len(records), BATCH):
         episodes = rollout.run(records[start:start + BATCH])
         batch = pack_episodes(episodes, chat_format.pad_token_id)
@@ -68,16 +112,22 @@ def measure(student, teachers: dict[str, torch.nn.Module], chat_format: ChatForm
             student_logits, _ = logits_at_targets(student, batch, prefix)
             for name, teacher in teachers.items():
                 teacher_logits, _ = logits_at_targets(teacher, batch, prefix)
-                for metric, values in token_agreement(student_logits, teacher_logits, top_k).items():
-                    for horizon, value in zip(owner, values.tolist(), strict=True):
+                for metric, per_token in token_agreement(student_logits, teacher_logits, top_k).items():
+                    for horizon, value in zip(owner, per_token.tolist(), strict=True):
                         sums[name][str(horizon)][metric] += value
                         sums[name]["all"][metric] += value
+                    if metric in ("forward_kl", "reverse_kl"):
+                        values[name][metric] += per_token.tolist()
+                for direction, mass in logit_pushes(student_logits, teacher_logits).items():
+                    pushes[name][direction] = pushes[name].get(direction, 0) + mass
         for horizon in owner:
             tokens[str(horizon)] += 1
             tokens["all"] += 1
     return {"tokens": dict(tokens), "top_k": top_k, "teachers": {
         name: {group: {metric: total / tokens[group] for metric, total in metrics.items()}
-               for group, metrics in by_group.items()} for name, by_group in sums.items()}}
+               for group, metrics in by_group.items()} for name, by_group in sums.items()},
+        "pushes": {name: push_report(pushes[name], values[name], tokens["all"], chat_format.tokenizer, push_tokens)
+                   for name in teachers}}
 
 
 def model_spec(checkpoint: str, architecture: str, tokenizer: str, name: str) -> ModelSpec:
@@ -99,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--teacher-arch", required=True, help="hidden_size,layers,heads,kv_heads of every teacher")
     parser.add_argument("--prompts", type=int, default=96)
     parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--push-tokens", type=int, default=5, help="token ids listed per direction in pushes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-turns", type=int, default=10)
     parser.add_argument("--max-gen-len", type=int, default=64)
@@ -116,9 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     records, horizons = records[:args.prompts], [row["task"]["horizon"] for row in rows[:args.prompts]]
     limits = RolloutConfig(args.max_turns, args.max_gen_len, args.max_total_len, False)
     report = measure(student.eval(), {name: model.eval() for name, model in teachers.items()}, ChatFormat(tokenizer),
-                     records, horizons, limits, top_k=args.top_k, seed=args.seed)
+                     records, horizons, limits, top_k=args.top_k, seed=args.seed, push_tokens=args.push_tokens)
     atomic_write_json(args.out, {"student": args.student, "prompts": len(records), "seed": args.seed, **report})
-    print(json.dumps(report["teachers"], indent=1))
+    print(json.dumps({key: report[key] for key in ("teachers", "pushes")}, indent=1))
 
 
 if __name__ == "__main__":

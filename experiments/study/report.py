@@ -23,7 +23,8 @@
   ``warm.min_accuracy`` (a seed short of it starts from the best checkpoint by the cap, ``warm.best_if_none``).
 - **divergence**: the warm student's forward KL, reverse KL, top-1 agreement and top-k overlap against each teacher
   on its own temperature-1 episodes (``experiments.study.divergence``; its file also holds both entropies), mean over
-  seeds.
+  seeds; **pushes**, per seed and teacher, the token ids each direction's gradient raises most there (per 1,000
+  tokens) and the share of each divergence its top 1 % of tokens carry.
 """
 
 from __future__ import annotations
@@ -109,6 +110,12 @@ def _divergence(paths, seeds: list[int]) -> dict:
                       for group in sorted(reports[0][teacher], key=str)} for teacher in reports[0]}
 
 
+def pushes(paths, seeds: list[int]) -> dict[str, dict]:
+    """Seed -> teacher -> direction -> what its gradient raises most on the warm student's T=1 episodes
+    (``experiments.study.divergence``'s ``pushes``)."""
+    return {str(seed): json.loads(paths.divergence(seed).read_text())["pushes"] for seed in seeds}
+
+
 def warm_picks(paths, seeds: list[int]) -> dict[str, dict]:
     """Seed -> the warm student's pick (``experiments.study.warm_start``'s file): its SFT step, validation accuracy
     and whether it reached ``warm.min_accuracy`` (false: the best by ``student.sft_steps``, ``warm.best_if_none``)."""
@@ -170,7 +177,8 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
               "decodings": decodings, "per_seed": per_seed,
               "endpoint": _endpoint(cfg, decodings, steps[-1]),
               "ties": tied_runs(per_seed),
-              "divergence": _divergence(paths, seeds), "warm_picks": warm_picks(paths, seeds)}
+              "divergence": _divergence(paths, seeds), "pushes": pushes(paths, seeds),
+              "warm_picks": warm_picks(paths, seeds)}
     report["gates"] = gate_values(cfg, paths, report)
     report["noise_match"] = student_error_rates(cfg, paths)
     report["continuation"] = continuation_counts(cfg, paths)
@@ -327,6 +335,16 @@ def print_report(report: dict, console: Console) -> None:
             divergence.add_row(teacher, group, *(f"{figures[key]:.3f}" for key in
                                                  ("forward_kl", "reverse_kl", "top1_agreement", "topk_overlap")))
     console.print(divergence)
+    raised = Table(title="what each divergence's gradient raises most there (probability per 1,000 tokens), and the "
+                         "share of it the top 1 % of tokens carry")
+    for header in ("seed", "teacher", "direction", "top 1 %", "raises"):
+        raised.add_column(header)
+    for seed, by_teacher in report["pushes"].items():
+        for teacher, by_direction in by_teacher.items():
+            for direction, figures in by_direction.items():
+                raised.add_row(seed, teacher, direction, f"{figures['top_percent_share']:.2f}", "  ".join(
+                    f"{row['token']!r} {row['per_1k_tokens']:+.1f}" for row in figures["raises"]))
+    console.print(raised)
     for decoding, figures in report["decodings"].items():
         curves = Table(title=f"{decoding}: accuracy per optimizer step, all horizons (mean over seeds)")
         curves.add_column("arm")

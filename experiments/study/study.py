@@ -298,7 +298,8 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--student-arch", _arch_flag(cfg.student),
             *(flag for kind in teachers for flag in ("--teacher", f"{kind}={paths.teacher(kind)}")),
             "--teacher-arch", _arch_flag(cfg.teacher),
-            "--prompts", str(cfg.divergence.prompts), "--top-k", str(cfg.divergence.top_k), "--seed", str(seed),
+            "--prompts", str(cfg.divergence.prompts), "--top-k", str(cfg.divergence.top_k),
+            "--push-tokens", str(cfg.divergence.push_tokens), "--seed", str(seed),
             "--max-turns", str(d.max_turns), "--max-gen-len", str(d.max_gen_len),
             "--max-total-len", str(d.max_total_len), "--out", str(paths.divergence(seed))],
             [paths.divergence(seed)], (f"{prefix}-student", *(f"teacher-{kind}" for kind in teachers))))

@@ -290,7 +290,9 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
             "min_accuracy": 0.5, "prompts": 60, "measured": [], "reached": not seed,
             "chosen": {"step": 850 + 1775 * seed, "checkpoint": "unused", "accuracy": 0.5 - 0.017 * seed}}))
         paths.divergence(seed).write_text(json.dumps({"teachers": {"robust": {"all": {
-            "forward_kl": 0.1 * (seed + 1), "reverse_kl": 0.2, "top1_agreement": 0.9, "topk_overlap": 0.8}}}}))
+            "forward_kl": 0.1 * (seed + 1), "reverse_kl": 0.2, "top1_agreement": 0.9, "topk_overlap": 0.8}}},
+            "pushes": {"robust": {"forward_kl": {"top_percent_share": 0.3, "raises": [
+                {"id": 13, "token": ".", "per_1k_tokens": 8.5 - seed}]}}}}))
         paths.continuation(seed).write_text(json.dumps({"continued": 4, "correct": 3 - seed, **({} if seed else {
             "by_error_call": {"later_call": {"continued": 4, "correct": 3}},
             "by_misread_number": {"c": {"continued": 3, "correct": 2}, "input": {"continued": 1, "correct": 1}}})}))
@@ -324,6 +326,7 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     teacher = t1["teachers"]["robust"]["all"]
     assert teacher["accuracy"] == 0.75 and teacher["se_problems"] == pytest.approx(0.25)  # sd 0.5 / sqrt(4)
     assert report["divergence"]["robust"]["all"]["forward_kl"] == pytest.approx(0.15)
+    assert [report["pushes"][seed]["robust"]["forward_kl"]["raises"][0]["per_1k_tokens"] for seed in "01"] == [8.5, 7.5]
     assert final["opd"][2]["wall_s"] == pytest.approx(7.5)
     assert final["kd"][2]["recovery_rate"] == pytest.approx(0.0)  # every episode with a failed call was wrong
     gates = report["gates"]
@@ -365,6 +368,7 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert "95 % interval +0.500 to +0.500" in printed and "its slope over H, per unit of H: 0.250 ± 0.250" in printed
     assert "tie: seed 1, greedy, step 10: every arm scored the same at every horizon (1.000 over all)" in printed
     assert "G4 by the number misread: c 2 of 3, input 1 of 1" in printed
+    assert "│ 1    │ robust  │ forward_kl │ 0.30    │ '.' +7.5" in printed
     assert ("warm students (SFT step, validation accuracy): seed 0 step 850 (0.500), seed 1 step 2625 (0.483, short "
             "of 0.5: the best by the cap)") in printed
     assert report["warm_picks"]["1"] == {"step": 2625, "accuracy": 0.483, "reached": False, "min_accuracy": 0.5}
@@ -427,6 +431,39 @@ def test_token_agreement_against_hand_calculations():
     assert figures["topk_overlap"].tolist() == [1.0, 0.5]  # top 2: the student's {0, 1}, the teacher's {1, 3}
     assert figures["student_entropy"][1].item() == pytest.approx(-sum(b * math.log(b) for b in q), rel=1e-5)
     assert figures["teacher_entropy"][1].item() == pytest.approx(-sum(a * math.log(a) for a in p), rel=1e-5)
+
+
+def test_logit_pushes_are_minus_the_divergences_gradients_and_the_report_lists_the_largest():
+    """Each direction's push is minus the autograd gradient of its summed divergence (the loss OPD minimizes) with
+    respect to the student's logits, summed over positions; forward KL raises a token the teacher is sure of where
+    the student gives it almost nothing in full, reverse KL hardly at all; the top 1 % share and the report's
+    per-1,000-token masses follow."""
+    import torch
+
+    from experiments.study.divergence import logit_pushes, push_report, top_percent_share
+    from opd.config import LossConfig
+    from opd.loss import token_divergence
+
+    student = torch.tensor([[4.0, 0.0, -6.0], [0.5, 1.0, 0.0]], dtype=torch.float64)
+    teacher = torch.tensor([[0.0, 0.0, 6.0], [1.0, 0.0, -1.0]], dtype=torch.float64)
+    pushes = logit_pushes(student, teacher)
+    for direction in ("forward_kl", "reverse_kl"):
+        logits = student.clone().requires_grad_(True)
+        token_divergence(logits, teacher, LossConfig(direction, 1.0, 0.5)).sum().backward()
+        assert torch.allclose(pushes[direction], -logits.grad.sum(dim=0), atol=1e-12), direction
+    first = logit_pushes(student[:1], teacher[:1])  # the teacher puts 0.995 on id 2, the student 4.5e-5
+    assert first["forward_kl"][2].item() > 0.99 and 0 < first["reverse_kl"][2].item() < 0.01
+    assert top_percent_share([0.0, 3.0, 1.0]) == pytest.approx(0.75)  # one entry of three: the largest
+    assert top_percent_share([0.0] * 4) == 0.0
+
+    class Tokenizer:
+        def decode(self, ids):
+            return "abc"[ids[0]]
+
+    report = push_report(pushes, {"forward_kl": [3.0, 1.0], "reverse_kl": [1.0, 1.0]}, 2, Tokenizer(), 2)
+    assert [row["token"] for row in report["forward_kl"]["raises"]] == ["c", "b"]  # +0.90, -0.28 (a: -0.62)
+    assert report["forward_kl"]["raises"][0]["per_1k_tokens"] == pytest.approx(500 * pushes["forward_kl"][2].item())
+    assert report["forward_kl"]["top_percent_share"] == pytest.approx(0.75)
 
 
 def test_the_warm_start_is_the_first_kept_checkpoint_reaching_the_threshold(tmp_path, tokenizer_path):
