@@ -218,11 +218,12 @@ def tied_runs(per_seed: list[dict]) -> list[dict]:
 
 
 def summary_results(report: dict) -> list[dict]:
-    """``study_summary.json``'s ``results``: every arm at every horizon and decoding after the last step."""
+    """``study_summary.json``'s ``results``: every arm at every horizon (and over all of them, ``"all"``) and decoding
+    after the last step."""
     baseline, rows = report["baseline_arm"], []
     for decoding, figures in report["decodings"].items():
         for arm, by_group in figures["curves"].items():
-            for horizon in report["horizons"]:
+            for horizon in [*report["horizons"], ALL]:
                 final = by_group[horizon][-1]
                 paired = figures["paired_vs_baseline"][arm][horizon][-1] if arm != baseline else None
                 rows.append({"horizon": horizon, "decoding": decoding, "arm": arm,

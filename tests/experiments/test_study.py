@@ -352,7 +352,11 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
                                                    "guard_share": 0.39})
     rows = summary_results(report)
     assert {(row["arm"], row["horizon"], row["decoding"]) for row in rows} == {
-        (a, h, d) for a in ("kd", "opd") for h in (1, 2) for d in ("t1", "greedy")}
+        (a, h, d) for a in ("kd", "opd") for h in (1, 2, "all") for d in ("t1", "greedy")}
+    opd_all = next(row for row in rows if row["arm"] == "opd" and row["horizon"] == "all" and row["decoding"] == "t1")
+    # two problems per horizon: seed 0 opd minus kd 0 and 0.5 -> 0.25 over all, seed 1 0.5 and 0.5 -> 0.5
+    assert opd_all["minus_kd_per_seed"] == pytest.approx([0.25, 0.5]) and opd_all["minus_kd"] == pytest.approx(0.375)
+    assert opd_all["minus_kd_se"] == pytest.approx(0.125)
     opd_h2 = next(row for row in rows if row["arm"] == "opd" and row["horizon"] == 2 and row["decoding"] == "t1")
     assert {key: opd_h2[key] for key in ("on_policy", "accuracy", "se", "minus_kd", "minus_kd_se")} == pytest.approx(
         {"on_policy": True, "accuracy": 0.75, "se": 0.25, "minus_kd": 0.5, "minus_kd_se": 0.0})
@@ -404,7 +408,7 @@ def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_pa
     summary = json.loads((tmp_path / "study_summary.json").read_text())
     assert summary["seeds"] == [0] and summary["horizons"] == [1]
     assert {(row["arm"], row["horizon"], row["decoding"]) for row in summary["results"]} == {
-        (arm, 1, decoding) for arm in ("kd", "opd") for decoding in ("t1", "greedy")}
+        (arm, horizon, decoding) for arm in ("kd", "opd") for horizon in (1, "all") for decoding in ("t1", "greedy")}
     assert set(summary["gates"]) == set(GATES) and summary["endpoint"]["arm"] == "opd"
     assert {(row["arm"], row["decoding"]) for row in summary["per_seed"]} == {
         (arm, decoding) for arm in ("warm_student", "kd", "opd") for decoding in ("t1", "greedy")}
