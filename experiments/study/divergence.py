@@ -92,7 +92,7 @@ def push_report(pushes: dict[str, torch.Tensor], values: dict[str, list[float]],
 
 
 def measure(student, teachers: dict[str, torch.nn.Module], chat_format: ChatFormat, records, horizons: list[int],
-            limits: RolloutConfig, *, top_k: int, seed: int, push_tokens: int = 5) -> dict:
+            limits: RolloutConfig, *, top_k: int, seed: int, push_tokens: int) -> dict:
     """The student's episodes of ``records`` (temperature 1, ``seed``), scored by every teacher: per teacher, per
     horizon ("all" too), the token-weighted means of ``token_agreement``; the episodes' token counts; and per teacher
     the ``push_report`` of both directions."""
@@ -113,11 +113,12 @@ def measure(student, teachers: dict[str, torch.nn.Module], chat_format: ChatForm
             for name, teacher in teachers.items():
                 teacher_logits, _ = logits_at_targets(teacher, batch, prefix)
                 for metric, per_token in token_agreement(student_logits, teacher_logits, top_k).items():
-                    for horizon, value in zip(owner, per_token.tolist(), strict=True):
+                    listed = per_token.tolist()
+                    for horizon, value in zip(owner, listed, strict=True):
                         sums[name][str(horizon)][metric] += value
                         sums[name]["all"][metric] += value
                     if metric in ("forward_kl", "reverse_kl"):
-                        values[name][metric] += per_token.tolist()
+                        values[name][metric] += listed
                 for direction, mass in logit_pushes(student_logits, teacher_logits).items():
                     pushes[name][direction] = pushes[name].get(direction, 0) + mass
         for horizon in owner:
