@@ -36,8 +36,9 @@
    ``baseline_arm`` on the same problems, the pre-registered ``endpoint``, recovery and call errors, seconds of
    training; the charts; ``study_summary.json``.
 
-Stages run ``jobs`` at a time with ``threads`` torch threads each (``experiments.stages``); a stage whose command,
-outputs and inputs are unchanged is skipped, so a rerun continues where the last one stopped.
+Stages run ``jobs`` at a time with ``threads`` torch threads each, the robust teacher's SFT stages alone on all
+``jobs × threads`` (``experiments.stages``); a stage whose command, outputs and inputs are unchanged is skipped, so a
+rerun continues where the last one stopped.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from common.config_schema import parse_config
 from common.user_errors import exit_on_user_error
 from experiments.charts import write_study_charts
 from experiments.recipe.config import RecipeModel
-from experiments.stages import Stage, run_stages
+from experiments.stages import Stage, replay, run_stages
 from experiments.study.config import StudyConfig
 from experiments.study.gates import student_episodes
 from experiments.study.report import print_report, study_report, summary_results
@@ -266,17 +267,20 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     noisy_sft = partial(_sft_command, cfg, cfg.teacher, "teacher", cfg.teacher.seed,
                         paths.file("train_noisy_demonstrations"), noisy=True)
     robust_start, robust_needs = paths.teacher("gold"), ("teacher-gold", "noisy-data")
+    # the robust teacher's stages take every core (wide): only the students' greedy evaluations could run beside
+    # them, and an SFT without generation writes the same weights under any thread count (opd/sft.py on 1 and 2
+    # threads: identical checkpoints; sampled generation is not so, and keeps ``threads``)
     if cfg.sft.robust_anneal_steps:  # the robust teacher's SFT at the teacher's lr, then the anneal writes it
         stages.append(Stage("teacher-robust-sft", noisy_sft(
             paths.robust_sft().parent, "teacher_robust_sft", start=robust_start, steps=cfg.sft.robust_teacher_steps),
-            [paths.robust_sft()], robust_needs))
+            [paths.robust_sft()], robust_needs, wide=True))
         robust_start, robust_needs = paths.robust_sft(), ("teacher-robust-sft",)
         steps, learning_rate = cfg.sft.robust_anneal_steps, cfg.sft.robust_anneal_learning_rate
     else:
         steps, learning_rate = cfg.sft.robust_teacher_steps, cfg.teacher.learning_rate
     stages.append(Stage("teacher-robust", noisy_sft(paths.teacher("robust").parent, "teacher_robust",
                                                     start=robust_start, steps=steps, learning_rate=learning_rate),
-                        [paths.teacher("robust")], robust_needs))
+                        [paths.teacher("robust")], robust_needs, wide=True))
     teachers = cfg.teachers
     for kind in teachers:
         evaluations += _eval_stages(cfg, paths, f"teacher_{kind}", None, {kind: (paths.teacher(kind), cfg.teacher)},
@@ -347,6 +351,7 @@ def run(cfg: StudyConfig) -> dict:
                "endpoint": report["endpoint"], "ties": report["ties"], "results": summary_results(report),
                "per_seed": report["per_seed"],
                "wall_s": wall, "stage_wall_s": stage_wall, "stage_wall_s_total": sum(stage_wall.values()),
+               "wall_s_from_nothing": replay(stages, stage_wall, cfg.jobs),
                "reused_stages": [name for name, r in results.items() if r["reused"]],
                "commands": {stage.name: stage.command for stage in stages}, "report": report,
                "charts": [str(chart) for chart in charts]}

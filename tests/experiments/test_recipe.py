@@ -17,7 +17,7 @@ from common.user_errors import UserError
 from experiments.estimates import interval, paired_difference, slope, t_critical
 from experiments.recipe.config import Arm, RecipeConfig
 from experiments.recipe.recipe import curve_report, curve_steps, recipe_stages
-from experiments.stages import Stage, run_stages
+from experiments.stages import Stage, replay, run_stages, stages_to_start
 from opd.scoring import mean_and_se
 from tests.helpers.configs import compose_config
 from tests.helpers.paths import REPO_ROOT
@@ -164,6 +164,47 @@ def test_stages_run_after_what_they_read_two_at_a_time_and_are_skipped_when_done
     assert log.read_text().splitlines() == ["start c", "end c", "start e", "end e"]
 
 
+def test_a_wide_stage_starts_alone_and_the_stages_after_it_wait():
+    a, b, c, x = (Stage(name, [], []) for name in "abcx")
+    wide = Stage("w", [], [], wide=True)
+    assert stages_to_start([a, b, c], [], jobs=2) == [a, b]
+    assert stages_to_start([a, b], [x], jobs=2) == [a]
+    assert stages_to_start([a, wide, b], [], jobs=2) == [a]  # w is next: b, listed after it, does not pass it
+    assert stages_to_start([wide, b], [], jobs=2) == [wide]
+    assert stages_to_start([wide, b], [x], jobs=2) == []  # w waits for x, and b waits for w
+    assert stages_to_start([a, b], [wide], jobs=2) == []
+    assert stages_to_start([wide], [], jobs=1) == [wide]
+
+
+def test_replay_gives_the_wall_time_of_the_runners_start_rule():
+    def stages(wide: bool) -> list[Stage]:
+        return [Stage("a", [], []), Stage("b", [], []), Stage("c", [], [], ("a",)),
+                Stage("w", [], [], ("b",), wide), Stage("d", [], [], ("w",))]
+
+    wall = {"a": 3.0, "b": 1.0, "c": 2.0, "w": 4.0, "d": 1.0}
+    # a, b at 0; w ready at 1 but waits for a; at 3 c (listed first) starts, w waits for it; w 5-9 alone; d 9-10
+    assert replay(stages(True), wall, jobs=2) == 10.0
+    # narrow: w starts at 1 beside a, ends at 5 with c (3-5); d 5-6
+    assert replay(stages(False), wall, jobs=2) == 6.0
+    assert replay(stages(False), wall, jobs=1) == sum(wall.values())
+    with pytest.raises(RuntimeError, match="do not exist"):
+        replay([Stage("a", [], [], ("missing",))], {"a": 1.0}, jobs=2)
+
+
+def test_a_wide_stage_gets_every_thread_and_a_thread_change_reruns_nothing(tmp_path):
+    def threads_of(name: str, needs=(), wide=False):
+        body = (f"import os, pathlib; pathlib.Path({str(tmp_path / name)!r})"
+                ".write_text(os.environ['OMP_NUM_THREADS'] + ' ' + os.environ['MKL_NUM_THREADS'])")
+        return Stage(name, script(body), [tmp_path / name], tuple(needs), wide)
+
+    stages = [threads_of("a"), threads_of("w", ["a"], wide=True), threads_of("b", ["w"])]
+    run_stages(stages, tmp_path, jobs=2, threads=3, rerun=False, console=Console(quiet=True))
+    assert [(tmp_path / name).read_text() for name in "awb"] == ["3 3", "6 6", "3 3"]
+    assert [json.loads((tmp_path / "stages" / f"{name}.json").read_text())["threads"] for name in "awb"] == [3, 6, 3]
+    again = run_stages(stages, tmp_path, jobs=1, threads=1, rerun=False, console=Console(quiet=True))
+    assert all(result["reused"] for result in again.values())
+
+
 def test_a_failing_stage_stops_the_recipe_naming_its_log(tmp_path):
     stages = [Stage("fine", writer(tmp_path / "fine"), [tmp_path / "fine"]),
               Stage("broken", script("import sys; print('it broke'); sys.exit(3)"), [tmp_path / "never"]),
@@ -225,7 +266,10 @@ def test_recipe_runs_every_stage_then_skips_them(tmp_path, tokenizer_path):
     assert len(list((tmp_path / "seed0" / "teacher_rollouts").glob("*.jsonl"))) == 1
     again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((tmp_path / "recipe_summary.json").read_text())["reused_stages"] == list(summary["stage_wall_s"])
+    reused = json.loads((tmp_path / "recipe_summary.json").read_text())
+    assert reused["reused_stages"] == list(summary["stage_wall_s"])
+    # every stage reused: its cost from nothing is still the first run's stage times replayed
+    assert reused["wall_s_from_nothing"] == summary["wall_s_from_nothing"] >= max(summary["stage_wall_s"].values())
     changed = subprocess.run([*command, "student.sft_steps=3"], cwd=REPO_ROOT, capture_output=True, text=True,
                              timeout=900)
     assert changed.returncode == 0, changed.stderr[-3000:]
@@ -292,7 +336,7 @@ def _runner(tmp_path, stage: list[str]) -> subprocess.Popen:
     """A process running ``stage`` as the only stage of a run in ``tmp_path``, as the recipe and study do."""
     return subprocess.Popen([sys.executable, "-c", (
         "from pathlib import Path; from rich.console import Console; "
-        "from experiments.stages import Stage, run_stages; from common.user_errors import exit_on_user_error\n"
+        "from experiments.stages import Stage, replay, run_stages, stages_to_start; from common.user_errors import exit_on_user_error\n"
         f"with exit_on_user_error(): run_stages([Stage('stage', {stage!r}, [])], Path({str(tmp_path)!r}), jobs=1, "
         "threads=1, rerun=False, console=Console(quiet=True))")], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
 

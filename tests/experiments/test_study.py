@@ -85,6 +85,8 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert argument(robust_sft.command, "data") == str(paths.file("train_noisy_demonstrations"))
     assert robust.needs == ("teacher-robust-sft",) and robust.outputs == [paths.teacher("robust")]
     assert argument(robust.command, "model.checkpoint") == str(paths.robust_sft())
+    # they take every core (an SFT writes the same weights under any thread count); what generates does not
+    assert [name for name, stage in stages.items() if stage.wide] == ["teacher-robust-sft", "teacher-robust"]
     # the noise rates reach the noisy files' stage only, by default from the noise-match stage's file
     noisy = stages["noisy-data"].command
     assert noisy[noisy.index("--noise-rates") + 1] == str(paths.noise_rates()) and "--noise-rates" not in stages["data"].command
@@ -108,7 +110,7 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
         p for p in robust.command if not p.startswith(varying)]
     # without the anneal, the first continuation is the robust teacher
     plain = {stage.name: stage for stage in study_stages(study_config(tmp_path, "sft.robust_anneal_steps=0"))}
-    assert "teacher-robust-sft" not in plain
+    assert "teacher-robust-sft" not in plain and [name for name, stage in plain.items() if stage.wide] == ["teacher-robust"]
     assert plain["teacher-robust"].needs == ("teacher-gold", "noisy-data")
     assert argument(plain["teacher-robust"].command, "model.checkpoint") == str(paths.teacher("gold"))
     assert argument(plain["teacher-robust"].command, "max_steps") == "900"
@@ -413,6 +415,7 @@ def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_pa
     assert {(row["arm"], row["decoding"]) for row in summary["per_seed"]} == {
         (arm, decoding) for arm in ("warm_student", "kd", "opd") for decoding in ("t1", "greedy")}
     assert (tmp_path / "accuracy_vs_horizon.png").is_file() and (tmp_path / "accuracy_vs_steps.png").is_file()
+    assert max(summary["stage_wall_s"].values()) <= summary["wall_s_from_nothing"] <= summary["stage_wall_s_total"]
     again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "started" not in again.stdout
 
