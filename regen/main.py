@@ -13,7 +13,7 @@ the first line of this file on (Hydra importing and composing the config include
 from common.entry_help import exit_with_help_if_asked
 from common.package_files import CONFIG_DIR, register_resolvers
 from common.user_errors import exit_on_user_error
-from regen.stop_signals import stop_at_start_up
+from regen.stop_signals import start_up_interrupts, stop_at_start_up
 
 
 def job(cfg) -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     is even imported; ``--help`` lists the groups and keys from the YAML (no dataset needs to be chosen first)."""
     exit_with_help_if_asked("regen", "regen/main.py")
     stop_at_start_up()
-    with exit_on_user_error():
+    with exit_on_user_error(), start_up_interrupts():
         import hydra
 
         register_resolvers()

@@ -9,7 +9,8 @@ signal number (130 for SIGINT, 143 for SIGTERM).
 
 Before that, from the first line of ``regen/main.py`` (imports, Hydra composing the config), ``stop_at_start_up()``
 makes both signals raise :class:`Interrupted` with the start-up line, so a signal then ends with 130 / 143 and that
-one line too, never a ``KeyboardInterrupt`` traceback or a bare kill by SIGTERM.
+one line too, never a ``KeyboardInterrupt`` traceback or a bare kill by SIGTERM; ``start_up_interrupts()`` keeps it
+so when the signal cut a library's code and another error came out of it.
 
 Only in the main thread, and only over Python's default handlers (or the start-up one): a second ``stop_signals()`` inside the first
 (a multirun's shared server holds one for every job) returns the first, and under a handler someone else
@@ -42,9 +43,37 @@ def _quiet_finalizers() -> None:
         sys.unraisablehook = lambda unraisable: None
 
 
+class _StartUp:
+    """The start-up signal, once one came, and the stderr it found (``start_up_interrupts``)."""
+
+    signum: int | None = None
+    stderr = None
+
+
 def _interrupt_start_up(signum: int, frame: Any) -> None:
     _quiet_finalizers()
+    if _StartUp.signum is None:
+        _StartUp.signum, _StartUp.stderr = signum, sys.stderr
+        if os.environ.get("HYDRA_FULL_ERROR") != "1":  # what the cut library prints on its way out is dropped
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process, which is ending
     raise Interrupted(signum, START_UP_MESSAGE.format(signal=signal.Signals(signum).name))
+
+
+@contextmanager
+def start_up_interrupts() -> Iterator[None]:
+    """Whatever ends the block after a start-up signal ends it as that signal's ``Interrupted``: the signal can land
+    in a library's cleanup-guarded code, whose cleanup then fails on the half-changed state and raises another
+    error instead (CI once saw omegaconf's ``flag_override`` end in ``AttributeError`` while Hydra composed the
+    config; Hydra printed it and exited 1). The stderr the signal found is back for the one line."""
+    try:
+        yield
+    except BaseException:
+        if _StartUp.signum is None:
+            raise
+        if _StartUp.stderr is not None:
+            sys.stderr = _StartUp.stderr
+        raise Interrupted(_StartUp.signum,
+                          START_UP_MESSAGE.format(signal=signal.Signals(_StartUp.signum).name)) from None
 
 
 def stop_at_start_up() -> None:

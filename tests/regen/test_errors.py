@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -279,6 +280,45 @@ def test_a_signal_in_plain_code_drops_the_finalizer_reports_of_what_it_cut(monke
         _interrupt_start_up(signal.SIGINT, None)
     HalfBuilt()
     assert len(seen) == 1 + reports
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("after", ["raised", "reported_and_exited"])
+def test_a_start_up_signal_that_a_library_turned_into_another_error_is_still_one_line(monkeypatch, capsys, signum,
+                                                                                      after):
+    """CI once saw SIGINT land in omegaconf's ``flag_override`` while Hydra composed the config: its cleanup then
+    failed on the half-changed flags (``AttributeError``), which replaced the interrupt; Hydra printed that with its
+    traceback and exited 1. Whatever comes out of the start-up after its signal ends as the signal's one line."""
+    from common.user_errors import exit_on_user_error
+    from regen.stop_signals import START_UP_MESSAGE, _interrupt_start_up, _StartUp, start_up_interrupts
+
+    monkeypatch.setattr(_StartUp, "signum", None)
+    monkeypatch.setattr(_StartUp, "stderr", None)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+
+    @contextmanager
+    def flags_restored():  # a cleanup that fails on the state the signal cut
+        try:
+            yield
+        finally:
+            raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+
+    def compose():
+        with flags_restored():
+            _interrupt_start_up(signum, None)
+
+    def hydra_main():  # as Hydra's run_and_report: an Exception is printed with its traceback, then exit 1
+        try:
+            compose()
+        except Exception as error:
+            print(f"Error executing job with overrides: []\nTraceback ...\n{error!r}", file=sys.stderr)
+            sys.exit(1)
+
+    with pytest.raises(SystemExit) as ended, exit_on_user_error(), start_up_interrupts():
+        compose() if after == "raised" else hydra_main()
+    assert ended.value.code == 128 + signum
+    assert capsys.readouterr().err == START_UP_MESSAGE.format(signal=signal.Signals(signum).name) + "\n"
 
 
 def test_a_full_disk_is_one_error_and_the_output_stays_resumable(serve, tmp_path, tokenizer_path):
