@@ -70,8 +70,7 @@ def start_up_interrupts() -> Iterator[None]:
     except BaseException:
         if _StartUp.signum is None:
             raise
-        if _StartUp.stderr is not None:
-            sys.stderr = _StartUp.stderr
+        sys.stderr = _StartUp.stderr
         raise Interrupted(_StartUp.signum,
                           START_UP_MESSAGE.format(signal=signal.Signals(_StartUp.signum).name)) from None
 
