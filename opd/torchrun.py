@@ -5,7 +5,8 @@ It runs ``torch.distributed.run`` itself, so every torchrun option and environme
 ``torchrun``. A rank that stops on a user error writes its lines to torchrun's error file and only rank 0 prints
 them (``common.user_errors``); when the job fails this prints, from those files, the lines of the other failed
 ranks that differ from rank 0's, one line for a rank killed by a signal or one that exited without writing any
-(its own output says why: a traceback), then exits with the first failure's status (128 + N for signal N).
+(its own output says why: a traceback), then exits with the status of the first failure that wrote its lines, else of the first failure (128 + N for
+signal N).
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ def exit_status(failure) -> int:
     return 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
 
 
+def job_status(failures: dict) -> int:
+    """The job's exit status: the first failure's (by time, then rank) that wrote its error lines, since torchrun
+    then stops the other ranks with SIGTERM (in the same second, its timestamps being whole seconds, a stopped
+    rank could come first: CI once saw 143 for a job that ended on a user error); else the first failure's."""
+    ordered = [failure for _, failure in sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))]
+    return exit_status(next((failure for failure in ordered if written_message(failure) is not None), ordered[0]))
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -58,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         lines = failure_lines(failed.failures)
         if lines:
             print("\n".join(lines), file=sys.stderr)
-        sys.exit(exit_status(failed.get_first_failure()[1]))
+        sys.exit(job_status(failed.failures))
     except SignalException as stopped:  # Ctrl-C or SIGTERM: torchrun has stopped the workers, rank 0 said so
         sys.exit(128 + stopped.sigval)
 

@@ -21,7 +21,7 @@ from common.minimind.model import load_native, save_native
 from common.minimind.tokenizer import MINIMIND_VOCAB_SIZE
 from opd.checkpoints import ResumeRefusedError, load_resume
 from opd.distributed import Ranks
-from opd.torchrun import exit_status, failure_lines
+from opd.torchrun import exit_status, failure_lines, job_status
 from opd.train import train
 from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.configs import entry_config
@@ -259,6 +259,19 @@ def test_opd_torchrun_shows_each_other_message_once(tmp_path):
     assert failure_lines(mixed) == ["error: c", "error: rank 2 was killed by SIGKILL",
                                     "error: rank 3 exited with status 1 (its output above says why)"]
     assert [exit_status(f) for f in (mixed[0], mixed[2])] == [130, 137]
+
+
+def test_a_job_that_ended_on_a_user_error_exits_1_though_torchrun_stopped_a_rank_first(tmp_path):
+    """torchrun stops the other ranks with SIGTERM when one fails; in the same (whole) second the stopped rank can be
+    the first failure, so the status is the first one that wrote its lines, else the first failure's."""
+    stopped, failed = failure(tmp_path, 0, -15), failure(tmp_path, 1, 1, "error: batch_size=3 does not divide", at=1000)
+    stopped.timestamp = 1000
+    assert job_status({0: stopped, 1: failed}) == 1
+    killed, also = failure(tmp_path, 2, -9), failure(tmp_path, 3, -15)
+    killed.timestamp, also.timestamp = 1001, 1000
+    assert job_status({2: killed, 3: also}) == 143  # none wrote lines: the first failure, by time
+    also.timestamp = 1001
+    assert job_status({3: also, 2: killed}) == 137  # the same second: the lower rank
 
 
 def test_a_held_out_dir_refuses_a_two_process_run_without_a_hang(workspace):
