@@ -262,7 +262,11 @@ def test_a_signal_in_plain_code_drops_the_finalizer_reports_of_what_it_cut(monke
     whose ``__del__`` then printed "Exception ignored ... Traceback"): once the handler raises, such reports are
     dropped; ``HYDRA_FULL_ERROR=1`` keeps them."""
     from common.user_errors import Interrupted
-    from regen.stop_signals import _interrupt_start_up
+    from regen.stop_signals import _interrupt_start_up, _StartUp
+
+    monkeypatch.setattr(_StartUp, "signum", None)  # the signal is this test's: later runs in this process see none
+    monkeypatch.setattr(_StartUp, "stderr", None)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
 
     class HalfBuilt:
         def __del__(self):
