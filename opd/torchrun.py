@@ -5,8 +5,8 @@ It runs ``torch.distributed.run`` itself, so every torchrun option and environme
 ``torchrun``. A rank that stops on a user error writes its lines to torchrun's error file and only rank 0 prints
 them (``common.user_errors``); when the job fails this prints, from those files, the lines of the other failed
 ranks that differ from rank 0's, one line for a rank killed by a signal or one that exited without writing any
-(its own output says why: a traceback), then exits with the status of the first failure that wrote its lines, else of the first failure (128 + N for
-signal N).
+(its own output says why: a traceback), then exits with the status of the rank whose error ended the job
+(``job_status``; 128 + N for signal N).
 """
 
 from __future__ import annotations
@@ -47,11 +47,14 @@ def exit_status(failure) -> int:
 
 
 def job_status(failures: dict) -> int:
-    """The job's exit status: the first failure's (by time, then rank) that wrote its error lines, since torchrun
-    then stops the other ranks with SIGTERM (in the same second, its timestamps being whole seconds, a stopped
-    rank could come first: CI once saw 143 for a job that ended on a user error); else the first failure's."""
+    """The job's exit status: that of the rank whose error ended the job. torchrun stops the other ranks with
+    SIGTERM once one fails, so a stopped rank can be the first failure (its timestamps are whole seconds), and a rank
+    that had written its error lines can be stopped while it exits (CI saw 143 for a job that ended on a user error,
+    both times). So the first failure (by time, then rank) that wrote its lines and exited with a status of its own
+    gives it, else the first that wrote its lines, else the first failure."""
     ordered = [failure for _, failure in sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))]
-    return exit_status(next((failure for failure in ordered if written_message(failure) is not None), ordered[0]))
+    written = [failure for failure in ordered if written_message(failure) is not None]
+    return exit_status(next((failure for failure in written if failure.exitcode >= 0), (written or ordered)[0]))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -263,10 +263,20 @@ def test_opd_torchrun_shows_each_other_message_once(tmp_path):
 
 def test_a_job_that_ended_on_a_user_error_exits_1_though_torchrun_stopped_a_rank_first(tmp_path):
     """torchrun stops the other ranks with SIGTERM when one fails; in the same (whole) second the stopped rank can be
-    the first failure, so the status is the first one that wrote its lines, else the first failure's."""
-    stopped, failed = failure(tmp_path, 0, -15), failure(tmp_path, 1, 1, "error: batch_size=3 does not divide", at=1000)
+    the first failure, and a rank that wrote its lines can be stopped as it exits (CI: rank 0 wrote the batch error,
+    then died of SIGTERM; rank 1 exited 1 with it). The status is that of the first failure that wrote its lines and
+    exited on its own, else of the first that wrote its lines, else of the first failure."""
+    odd = "error: batch_size=3 does not divide"
+    stopped, failed = failure(tmp_path, 0, -15), failure(tmp_path, 1, 1, odd, at=1000)
     stopped.timestamp = 1000
     assert job_status({0: stopped, 1: failed}) == 1
+    (tmp_path / "wrote").mkdir()
+    wrote_then_stopped = failure(tmp_path / "wrote", 0, -15, odd, at=1000)
+    assert job_status({0: wrote_then_stopped, 1: failed}) == 1  # first by time and rank, but stopped as it exited
+    interrupted, silent = failure(tmp_path, 5, -2, "error: interrupted", at=999), failure(tmp_path, 6, -9)
+    silent.timestamp = 998
+    # none that wrote exited on its own: the first that wrote (not the first failure, which wrote nothing)
+    assert job_status({6: silent, 5: interrupted, 0: wrote_then_stopped}) == 130
     killed, also = failure(tmp_path, 2, -9), failure(tmp_path, 3, -15)
     killed.timestamp, also.timestamp = 1001, 1000
     assert job_status({2: killed, 3: also}) == 143  # none wrote lines: the first failure, by time
