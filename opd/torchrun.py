@@ -4,8 +4,9 @@
 It runs ``torch.distributed.run`` itself, so every torchrun option and environment variable works as with
 ``torchrun``. A rank that stops on a user error writes its lines to torchrun's error file and only rank 0 prints
 them (``common.user_errors``); when the job fails this prints, from those files, the lines of the other failed
-ranks that differ from rank 0's, one line for a rank killed by a signal or one that exited without writing any
-(its own output says why: a traceback), then exits with the status of the rank whose error ended the job
+ranks that differ from rank 0's, one line for a rank killed by a signal (not for one torchrun stopped because
+another rank's error ended the job) or one that exited without writing any (its own output says why: a
+traceback), then exits with the status of the rank whose error ended the job
 (``job_status``; 128 + N for signal N).
 """
 
@@ -20,10 +21,16 @@ from pathlib import Path
 
 def failure_lines(failures: dict) -> list[str]:
     """The lines that tell a person why the job failed, beyond what rank 0 printed: ``failures`` maps a global rank
-    to torchrun's ``ProcessFailure`` (its ``exitcode`` and ``error_file``); each text is shown once."""
+    to torchrun's ``ProcessFailure`` (its ``exitcode`` and ``error_file``); each text is shown once. A rank that
+    SIGTERM killed before it wrote anything, in a job that a rank's own error ended, is one torchrun stopped for that
+    error (a rank slower to reach it than torchrun's poll), and gets no line."""
     shown, lines = {written_message(failures[0])} if 0 in failures else set(), []
+    ended_by_an_error = any(failure.exitcode >= 0 and written_message(failure) is not None
+                            for failure in failures.values())
     for rank, failure in sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0])):
         text = written_message(failure)
+        if text is None and ended_by_an_error and failure.exitcode == -signal.SIGTERM:
+            continue
         if text is None:
             text = (f"error: rank {rank} was killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0
                     else f"error: rank {rank} exited with status {failure.exitcode} (its output above says why)")

@@ -259,6 +259,13 @@ def test_opd_torchrun_shows_each_other_message_once(tmp_path):
     assert failure_lines(mixed) == ["error: c", "error: rank 2 was killed by SIGKILL",
                                     "error: rank 3 exited with status 1 (its output above says why)"]
     assert [exit_status(f) for f in (mixed[0], mixed[2])] == [130, 137]
+    # a rank slower to reach the error than torchrun's poll: stopped (SIGTERM) before it wrote; rank 0 printed nothing
+    (tmp_path / "slow").mkdir()
+    slow = {0: failure(tmp_path / "slow", 0, -15), 1: failure(tmp_path / "slow", 1, 1, "error: d")}
+    assert failure_lines(slow) == ["error: d"]
+    slow[1] = failure(tmp_path / "slow", 2, 1)  # nothing written: the job may have been ended by the signal
+    assert failure_lines(slow) == ["error: rank 0 was killed by SIGTERM",
+                                   "error: rank 1 exited with status 1 (its output above says why)"]
 
 
 def test_a_job_that_ended_on_a_user_error_exits_1_though_torchrun_stopped_a_rank_first(tmp_path):
