@@ -1,13 +1,15 @@
 """opd's commands: ``onpolicy-train``, ``onpolicy-sft`` and ``onpolicy-evaluate`` (``python opd/train.py`` etc. in a
 checkout). ``--help`` is written from the YAML before the entry is imported (``import torch`` alone takes seconds);
-anything else goes on to the entry's Hydra ``main``."""
+anything else goes on to the entry's Hydra ``main``, with Ctrl-C / SIGTERM ending its start-up (the imports, Hydra
+composing the config) in one line and 130 / 143 (``common.start_up``)."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 
 from common.entry_help import exit_with_help_if_asked
+from common.start_up import start_up_interrupts, stop_at_start_up
+from common.user_errors import exit_on_user_error
 
 # entry -> (its config in configs/, the groups whose options live in a folder of another name)
 ENTRIES: dict[str, tuple[str, dict[str, str] | None]] = {
@@ -17,11 +19,13 @@ ENTRIES: dict[str, tuple[str, dict[str, str] | None]] = {
 }
 
 
-def run(entry: str, main: Callable[[], None] | None = None) -> None:
-    """``opd/{entry}.py``'s command: its ``--help``, else its ``main`` (imported here unless given)."""
+def run(entry: str) -> None:
+    """``opd/{entry}.py``'s command: its ``--help``, else its ``main``, imported here."""
     config, group_folders = ENTRIES[entry]
     exit_with_help_if_asked(config, f"opd/{entry}.py", group_folders)
-    (main or importlib.import_module(f"opd.{entry}").main)()
+    stop_at_start_up()
+    with exit_on_user_error(), start_up_interrupts():
+        importlib.import_module(f"opd.{entry}").main()
 
 
 def train() -> None:

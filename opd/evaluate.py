@@ -24,6 +24,12 @@ peak is not measured (a process-lifetime maximum would mix checkpoints). Setting
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the script: the imports below happen once, inside the command's start-up (opd.commands)
+    from opd.commands import run
+
+    run("evaluate")
+    raise SystemExit
+
 import json
 import multiprocessing
 import resource
@@ -200,8 +206,3 @@ def evaluate_isolated(name: str, spec: ModelSpec, cfg: EvalConfig) -> dict:
         raise RuntimeError(f"evaluating {name} ({spec.checkpoint}) failed in its worker process:\n{payload}")
     return payload
 
-
-if __name__ == "__main__":
-    from opd.commands import run
-
-    run("evaluate", main)

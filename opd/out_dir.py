@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from common.config_schema import parse_config
 from common.run_folders import discard_unless_checked, note_new_folder
 from common.run_lock import OutputLock
+from common.start_up import started
 from common.user_errors import UserError, exit_on_user_error
 
 LOCK_NAME = ".lock"
@@ -55,7 +56,9 @@ def hold_out_dir(out_dir: str | Path) -> Iterator[None]:
 
 def checked_run(schema: type, cfg: DictConfig, work: Callable) -> None:
     """An entry's run: ``cfg`` parsed and checked as ``schema``, then ``work(settings)`` with ``out_dir`` held. An
-    error a user can fix ends it with one ``error:`` line; a run stopped at its checks leaves no folder behind."""
+    error a user can fix ends it with one ``error:`` line; a run stopped at its checks leaves no folder behind. A
+    signal from here on is no longer the start-up's (``common.start_up``): Ctrl-C is ``error: interrupted``."""
+    started()
     with exit_on_user_error(), discard_unless_checked():
         settings = parse_config(schema, cfg)
         with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads

@@ -12,6 +12,12 @@ exact resume, checkpoints and logs of ``opd/train.py``. Settings: ``configs/sft.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the script: the imports below happen once, inside the command's start-up (opd.commands)
+    from opd.commands import run
+
+    run("sft")
+    raise SystemExit
+
 from dataclasses import asdict, dataclass
 
 import hydra
@@ -80,8 +86,3 @@ class FineTuning(Recipe):
         return sft_loss_step(forward, episodes, batch, self.cfg.precision,
                              share_prefix=not self.cfg.gradient_checkpointing)
 
-
-if __name__ == "__main__":
-    from opd.commands import run
-
-    run("sft", main)

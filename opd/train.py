@@ -14,6 +14,12 @@ micro-batch from the teacher's cached rollouts instead; ``guidance`` lets the te
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the script: the imports below happen once, inside the command's start-up (opd.commands)
+    from opd.commands import run
+
+    run("train")
+    raise SystemExit
+
 from dataclasses import dataclass
 
 import hydra
@@ -141,8 +147,3 @@ class Distillation(Recipe):
             return {}
         return {"turn_share": self.guide.turn_share(step)}  # Guided-OPD's scheduled turn share
 
-
-if __name__ == "__main__":
-    from opd.commands import run
-
-    run("train", main)

@@ -12,8 +12,9 @@ the first line of this file on (Hydra importing and composing the config include
 
 from common.entry_help import exit_with_help_if_asked
 from common.package_files import CONFIG_DIR, register_resolvers
+from common.start_up import start_up_interrupts, stop_at_start_up
 from common.user_errors import exit_on_user_error
-from regen.stop_signals import start_up_interrupts, stop_at_start_up
+from regen.stop_signals import START_UP_MESSAGE
 
 
 def job(cfg) -> None:
@@ -29,7 +30,7 @@ def main() -> None:
     """``@hydra.main`` over :func:`job` (the ``onpolicy-regen`` command), with Ctrl-C / SIGTERM handled before Hydra
     is even imported; ``--help`` lists the groups and keys from the YAML (no dataset needs to be chosen first)."""
     exit_with_help_if_asked("regen", "regen/main.py")
-    stop_at_start_up()
+    stop_at_start_up(START_UP_MESSAGE)
     with exit_on_user_error(), start_up_interrupts():
         import hydra
 

@@ -14,3 +14,10 @@ def communicate(process: subprocess.Popen) -> tuple[str, str]:
         process.kill()
         process.communicate()
         raise
+
+
+def loaded(pid: int, library: str) -> bool:
+    """Whether the process has mapped a shared library whose name contains ``library`` (``_yaml``: PyYAML's C
+    extension, mapped while Hydra is being imported)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return any(library in line for line in maps)

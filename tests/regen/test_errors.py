@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ from common.minimind.model import build_model, save_native
 from common.minimind.spec import MiniMindArch
 from tests.helpers.entries import Ran, run_main
 from tests.helpers.paths import REPO_ROOT, small_tmpfs
-from tests.helpers.processes import communicate
+from tests.helpers.processes import communicate, loaded
 from tests.helpers.regen_support import EOS, ok, read_jsonl, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port, install_standin_vllm, wait_until
 
@@ -213,12 +212,6 @@ def test_interrupting_a_run_on_the_embedded_server(tmp_path, tokenizer_path):
     assert not generating()  # the embedded server was stopped with the run
 
 
-def _loaded(pid: int, library: str) -> bool:
-    """Whether the process has mapped a shared library whose name contains ``library``."""
-    with open(f"/proc/{pid}/maps") as maps:
-        return any(library in line for line in maps)
-
-
 @pytest.mark.parametrize("moment", ["imports", "models"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_start_up_is_one_line_and_130_or_143(tmp_path, tokenizer_path, signum, moment):
@@ -240,7 +233,7 @@ def test_a_signal_during_start_up_is_one_line_and_130_or_143(tmp_path, tokenizer
         return True
 
     try:
-        wait_until(lambda: _loaded(process.pid, "_yaml"), process, "Hydra is being imported")
+        wait_until(lambda: loaded(process.pid, "_yaml"), process, "Hydra is being imported")
         if moment == "models":
             wait_until(connected, process, "regen asks /v1/models")
         process.send_signal(signum)
@@ -254,75 +247,6 @@ def test_a_signal_during_start_up_is_one_line_and_130_or_143(tmp_path, tokenizer
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"regen: interrupted ({signal.Signals(signum).name})"), stderr
     assert not (tmp_path / "out.jsonl").exists()
-
-
-@pytest.mark.parametrize("full_error, reports", [(None, 0), ("1", 1)])
-def test_a_signal_in_plain_code_drops_the_finalizer_reports_of_what_it_cut(monkeypatch, full_error, reports):
-    """A signal raised in plain code may cut a constructor (CI once saw an asyncio transport without ``_closing``,
-    whose ``__del__`` then printed "Exception ignored ... Traceback"): once the handler raises, such reports are
-    dropped; ``HYDRA_FULL_ERROR=1`` keeps them."""
-    from common.user_errors import Interrupted
-    from regen.stop_signals import _interrupt_start_up, _StartUp
-
-    monkeypatch.setattr(_StartUp, "signum", None)  # the signal is this test's: later runs in this process see none
-    monkeypatch.setattr(_StartUp, "stderr", None)
-    monkeypatch.setattr(sys, "stderr", sys.stderr)
-
-    class HalfBuilt:
-        def __del__(self):
-            raise AttributeError("'HalfBuilt' object has no attribute '_closing'")
-
-    seen = []
-    monkeypatch.setattr(sys, "unraisablehook", seen.append)
-    if full_error is None:
-        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    else:
-        monkeypatch.setenv("HYDRA_FULL_ERROR", full_error)
-    HalfBuilt()  # freed at once: reported before the signal
-    assert len(seen) == 1
-    with pytest.raises(Interrupted):
-        _interrupt_start_up(signal.SIGINT, None)
-    HalfBuilt()
-    assert len(seen) == 1 + reports
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-@pytest.mark.parametrize("after", ["raised", "reported_and_exited"])
-def test_a_start_up_signal_that_a_library_turned_into_another_error_is_still_one_line(monkeypatch, capsys, signum,
-                                                                                      after):
-    """CI once saw SIGINT land in omegaconf's ``flag_override`` while Hydra composed the config: its cleanup then
-    failed on the half-changed flags (``AttributeError``), which replaced the interrupt; Hydra printed that with its
-    traceback and exited 1. Whatever comes out of the start-up after its signal ends as the signal's one line."""
-    from common.user_errors import exit_on_user_error
-    from regen.stop_signals import START_UP_MESSAGE, _interrupt_start_up, _StartUp, start_up_interrupts
-
-    monkeypatch.setattr(_StartUp, "signum", None)
-    monkeypatch.setattr(_StartUp, "stderr", None)
-    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-
-    @contextmanager
-    def flags_restored():  # a cleanup that fails on the state the signal cut
-        try:
-            yield
-        finally:
-            raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
-
-    def compose():
-        with flags_restored():
-            _interrupt_start_up(signum, None)
-
-    def hydra_main():  # as Hydra's run_and_report: an Exception is printed with its traceback, then exit 1
-        try:
-            compose()
-        except Exception as error:
-            print(f"Error executing job with overrides: []\nTraceback ...\n{error!r}", file=sys.stderr)
-            sys.exit(1)
-
-    with pytest.raises(SystemExit) as ended, exit_on_user_error(), start_up_interrupts():
-        compose() if after == "raised" else hydra_main()
-    assert ended.value.code == 128 + signum
-    assert capsys.readouterr().err == START_UP_MESSAGE.format(signal=signal.Signals(signum).name) + "\n"
 
 
 def test_a_full_disk_is_one_error_and_the_output_stays_resumable(serve, tmp_path, tokenizer_path):

@@ -1,0 +1,91 @@
+"""Ctrl-C and SIGTERM while a command starts (importing torch and Hydra, composing the config): one line and exit
+status 130 / 143, never a ``KeyboardInterrupt`` traceback or a silent kill by SIGTERM.
+
+Every entry (regen's and opd's) calls ``stop_at_start_up()`` before its heavy imports and runs them and
+Hydra inside ``exit_on_user_error()`` and ``start_up_interrupts()``: from then on both signals raise
+:class:`~common.user_errors.Interrupted` with its line (``{signal}`` in it is the signal's name). Once the job runs,
+``started()`` gives the signals back to Python's defaults (opd) or the job's own handler takes over (regen's
+``stop_signals``), so the start-up line is never said of a run that had begun.
+
+Only in the main thread, only over Python's default handlers, and not under torchrun: there SIGTERM is torchrun
+stopping a rank because another one failed, and what the job says is up to ``python -m opd.torchrun``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from common.user_errors import Interrupted
+
+DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+LINE = "error: interrupted ({signal}) while starting"  # opd's; regen says more
+
+
+def quiet_finalizers() -> None:
+    """A signal raised in plain code can land inside a constructor (an asyncio transport, a socket) and leave a
+    half-built object whose ``__del__`` then fails: Python reports that as "Exception ignored ... Traceback". The run
+    is ending with its one line, so such reports are dropped from here on (``HYDRA_FULL_ERROR=1`` keeps them)."""
+    if os.environ.get("HYDRA_FULL_ERROR") != "1":
+        sys.unraisablehook = lambda unraisable: None
+
+
+class _StartUp:
+    """The start-up line, the signal once one came, and the stderr it found (``start_up_interrupts``)."""
+
+    message = LINE
+    signum: int | None = None
+    stderr = None
+
+    @classmethod
+    def interrupted(cls) -> Interrupted:
+        return Interrupted(cls.signum, cls.message.format(signal=signal.Signals(cls.signum).name))
+
+
+def interrupt_start_up(signum: int, frame: Any) -> None:
+    """The start-up handler: raise the start-up ``Interrupted`` (and keep the signal for ``start_up_interrupts``)."""
+    quiet_finalizers()
+    if _StartUp.signum is None:
+        _StartUp.signum, _StartUp.stderr = signum, sys.stderr
+        if os.environ.get("HYDRA_FULL_ERROR") != "1":  # what the cut library prints on its way out is dropped
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process, which is ending
+    raise Interrupted(signum, _StartUp.message.format(signal=signal.Signals(signum).name))
+
+
+def stop_at_start_up(message: str = LINE) -> None:
+    """Make SIGINT and SIGTERM raise :class:`Interrupted` with ``message`` (main thread, default handlers only, not
+    under torchrun)."""
+    if threading.current_thread() is not threading.main_thread() or "TORCHELASTIC_ERROR_FILE" in os.environ:
+        return
+    _StartUp.message = message
+    for signum, default in DEFAULTS.items():
+        if signal.getsignal(signum) == default:
+            signal.signal(signum, interrupt_start_up)
+
+
+def started() -> None:
+    """The job runs: a signal is no longer one that stopped its start-up (Python's default handlers again)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum, default in DEFAULTS.items():
+            if signal.getsignal(signum) == interrupt_start_up:
+                signal.signal(signum, default)
+
+
+@contextmanager
+def start_up_interrupts() -> Iterator[None]:
+    """Whatever ends the block after a start-up signal ends it as that signal's ``Interrupted``: the signal can land
+    in a library's cleanup-guarded code, whose cleanup then fails on the half-changed state and raises another
+    error instead (CI once saw omegaconf's ``flag_override`` end in ``AttributeError`` while Hydra composed the
+    config; Hydra printed it and exited 1). The stderr the signal found is back for the one line."""
+    try:
+        yield
+    except BaseException:
+        if _StartUp.signum is None:
+            raise
+        sys.stderr = _StartUp.stderr
+        raise _StartUp.interrupted() from None
