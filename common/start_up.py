@@ -5,7 +5,8 @@ Every entry (regen's and opd's) calls ``stop_at_start_up()`` before its heavy im
 Hydra inside ``exit_on_user_error()`` and ``start_up_interrupts()``: from then on both signals raise
 :class:`~common.user_errors.Interrupted` with its line (``{signal}`` in it is the signal's name). Once the job runs,
 ``started()`` gives the signals back to Python's defaults (opd) or the job's own handler takes over (regen's
-``stop_signals``), so the start-up line is never said of a run that had begun.
+``stop_signals``), so the start-up line is never said of a run that had begun; a start-up signal whose exception a
+library lost stops the job there (``raise_if_signalled``).
 
 Only in the main thread, only over Python's default handlers, and not under torchrun: there SIGTERM is torchrun
 stopping a rank because another one failed, and what the job says is up to ``python -m opd.torchrun``.
@@ -68,8 +69,19 @@ def stop_at_start_up(message: str = LINE) -> None:
             signal.signal(signum, interrupt_start_up)
 
 
+def raise_if_signalled() -> None:
+    """Stop here if a start-up signal came and what it raised was lost. A handler runs wherever the main thread is,
+    and in a finalizer (``__del__``, a weakref callback) Python only reports what it raises (``quiet_finalizers``
+    drops that), so the start-up went on: seen once, ``python -m opd.torchrun`` started its workers after a Ctrl-C
+    while torch imported. Called where the job begins, outside its own ``exit_on_user_error``."""
+    if _StartUp.signum is not None:
+        raise _StartUp.interrupted()
+
+
 def started() -> None:
-    """The job runs: a signal is no longer one that stopped its start-up (Python's default handlers again)."""
+    """The job runs (unless a start-up signal came: ``raise_if_signalled``): a signal is no longer one that stopped
+    its start-up (Python's default handlers again)."""
+    raise_if_signalled()
     if threading.current_thread() is threading.main_thread():
         for signum, default in DEFAULTS.items():
             if signal.getsignal(signum) == interrupt_start_up:

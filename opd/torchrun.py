@@ -18,6 +18,9 @@ import signal
 import sys
 from pathlib import Path
 
+from common.start_up import start_up_interrupts, started, stop_at_start_up
+from common.user_errors import exit_on_user_error
+
 
 def failure_lines(failures: dict) -> list[str]:
     """The lines that tell a person why the job failed, beyond what rank 0 printed: ``failures`` maps a global rank
@@ -65,21 +68,25 @@ def job_status(failures: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    stop_at_start_up()  # Ctrl-C while torch imports: one line (torchrun's own handlers come with the workers)
+    with exit_on_user_error(), start_up_interrupts():
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
 
-    # the failure is reported here, not as torchrun's "failed (exitcode: 1) local_rank: 0 ..." log line
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
-    try:
-        run(parse_args(argv))
-    except ChildFailedError as failed:
-        lines = failure_lines(failed.failures)
-        if lines:
-            print("\n".join(lines), file=sys.stderr)
-        sys.exit(job_status(failed.failures))
-    except SignalException as stopped:  # Ctrl-C or SIGTERM: torchrun has stopped the workers, rank 0 said so
-        sys.exit(128 + stopped.sigval)
+        # the failure is reported here, not as torchrun's "failed (exitcode: 1) local_rank: 0 ..." log line
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+        arguments = parse_args(argv)
+        started()
+        try:
+            run(arguments)
+        except ChildFailedError as failed:
+            lines = failure_lines(failed.failures)
+            if lines:
+                print("\n".join(lines), file=sys.stderr)
+            sys.exit(job_status(failed.failures))
+        except SignalException as stopped:  # Ctrl-C or SIGTERM: torchrun has stopped the workers, rank 0 said so
+            sys.exit(128 + stopped.sigval)
 
 
 if __name__ == "__main__":

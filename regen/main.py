@@ -12,7 +12,7 @@ the first line of this file on (Hydra importing and composing the config include
 
 from common.entry_help import exit_with_help_if_asked
 from common.package_files import CONFIG_DIR, register_resolvers
-from common.start_up import start_up_interrupts, stop_at_start_up
+from common.start_up import raise_if_signalled, start_up_interrupts, stop_at_start_up
 from common.user_errors import exit_on_user_error
 from regen.stop_signals import START_UP_MESSAGE
 
@@ -22,6 +22,7 @@ def job(cfg) -> None:
     from common.run_folders import discard_unless_checked
     from regen.job import run
 
+    raise_if_signalled()
     with exit_on_user_error(), discard_unless_checked():
         run(cfg)
 
