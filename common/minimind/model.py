@@ -148,6 +148,16 @@ def _meta_state(arch: MiniMindArch) -> dict[str, torch.Tensor]:
         return build_model(arch).state_dict()
 
 
+def load_failure(error: Exception) -> str:
+    """Why ``torch.load`` refused a file, in one line: the safe loader's own reason (its message is mostly advice
+    about ``weights_only``), else the message's first sentence, else the error's type (an empty file: EOFError)."""
+    text = str(error)
+    if reason := re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", text, re.DOTALL):
+        return " ".join(reason.group(1).split())
+    first = text.strip().splitlines()[0].split(". ")[0].rstrip(".") if text.strip() else ""
+    return first or f"{type(error).__name__}: the file is empty or cut short"
+
+
 def read_native_state_dict(path: str | Path, *, role: str = "model") -> dict[str, torch.Tensor]:
     """Read a native MiniMind ``.pth`` (plain state dict, or a dict holding one under ``model``)."""
     path = Path(path).expanduser()
@@ -159,7 +169,8 @@ def read_native_state_dict(path: str | Path, *, role: str = "model") -> dict[str
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for corrupt / non-torch files
-        raise UserError(f"{role} checkpoint {path} is not a readable torch state dict: {error}") from error
+        raise UserError(f"{role} checkpoint {path} is not a readable torch state dict "
+                        f"({load_failure(error)})") from error
     if isinstance(state, Mapping) and isinstance(state.get("model"), Mapping):
         state = state["model"]
     if not isinstance(state, Mapping):

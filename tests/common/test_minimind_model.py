@@ -101,11 +101,17 @@ def test_missing_checkpoint_names_the_path(tmp_path):
         load_native(tmp_path / "nope.pth", DENSE, role="teacher")
 
 
-def test_corrupt_checkpoint_is_reported(tmp_path):
+@pytest.mark.parametrize("content, reason", [
+    (b"not a torch file", "Unsupported operand 110"),  # torch's safe loader: its reason, not its weights_only advice
+    (b"", "EOFError: the file is empty or cut short"),
+    (b"PK\x03\x04garbage", "PytorchStreamReader failed reading zip archive: not a ZIP archive"),
+])
+def test_corrupt_checkpoint_is_reported_in_one_line_with_torchs_reason(tmp_path, content, reason):
     bad = tmp_path / "bad.pth"
-    bad.write_bytes(b"not a torch file")
-    with pytest.raises(ValueError, match="bad.pth is not a readable torch state dict"):
+    bad.write_bytes(content)
+    with pytest.raises(ValueError) as refused:
         load_native(bad, DENSE)
+    assert str(refused.value) == f"model checkpoint {bad} is not a readable torch state dict ({reason})"
 
 
 def test_a_checkpoint_transformers_cannot_load_is_a_user_error_naming_the_key(tmp_path):
