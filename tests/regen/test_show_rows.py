@@ -41,10 +41,11 @@ def show(argv: list[str], capsys) -> tuple[int, list[str], str]:
         main(argv)
         raise SystemExit(0)
     captured = capsys.readouterr()
-    return ended.value.code, captured.err.splitlines(), " ".join(captured.out.split())  # as rich wrapped it, unwrapped
+    return ended.value.code, captured.err.splitlines(), " ".join(captured.out.split())
 
 
-def test_show_rows_decodes_the_first_row_by_its_mask(tmp_path, tokenizer_path, capsys):
+def test_show_rows_decodes_the_first_row_by_its_mask(tmp_path, tokenizer_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # rich wraps at 80 columns otherwise, within the long tmp path too
     tokenizer = load_tokenizer(str(tokenizer_path))
     prompt, generated = tokenizer.encode("What is 2+3?"), tokenizer.encode("It is 5.")
     output = tmp_path / "out.jsonl"
