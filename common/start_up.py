@@ -1,8 +1,9 @@
 """Ctrl-C and SIGTERM while a command starts (importing torch and Hydra, composing the config): one line and exit
 status 130 / 143, never a ``KeyboardInterrupt`` traceback or a silent kill by SIGTERM.
 
-Every entry (regen's and opd's) calls ``stop_at_start_up()`` before its heavy imports and runs them and
-Hydra inside ``exit_on_user_error()`` and ``start_up_interrupts()``: from then on both signals raise
+Every entry (regen's, opd's, the embedded server's) calls ``stop_at_start_up()`` before its heavy imports and runs
+them and Hydra inside ``exit_on_user_error()`` and ``start_up_interrupts()`` (``run_entry`` does all three for a
+module's ``main``): from then on both signals raise
 :class:`~common.user_errors.Interrupted` with its line (``{signal}`` in it is the signal's name). Once the job runs,
 ``started()`` gives the signals back to Python's defaults (opd) or the job's own handler takes over (regen's
 ``stop_signals``), so the start-up line is never said of a run that had begun; a start-up signal whose exception a
@@ -14,6 +15,7 @@ stopping a rank because another one failed, and what the job says is up to ``pyt
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -22,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from common.user_errors import Interrupted
+from common.user_errors import Interrupted, exit_on_user_error
 
 DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 LINE = "error: interrupted ({signal}) while starting"  # opd's; regen says more
@@ -101,3 +103,11 @@ def start_up_interrupts() -> Iterator[None]:
             raise
         sys.stderr = _StartUp.stderr
         raise _StartUp.interrupted() from None
+
+
+def run_entry(module: str, message: str = LINE) -> None:
+    """Import ``module`` and run its ``main()``, its start-up (the import included) under the start-up handler, and
+    any user error or interrupt ending in its ``error:`` lines."""
+    stop_at_start_up(message)
+    with exit_on_user_error(), start_up_interrupts():
+        importlib.import_module(module).main()

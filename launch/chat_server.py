@@ -13,6 +13,12 @@ event loop; a body over the size limit is a 413. Binds 127.0.0.1 unless ``--host
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the script: the imports below happen once, inside the command's start-up (launch.serve)
+    from launch.serve import main
+
+    main()
+    raise SystemExit
+
 import argparse
 import asyncio
 import json
@@ -27,6 +33,7 @@ from aiohttp import web
 from jinja2 import TemplateError
 
 from common.entry_help import program_name
+from common.start_up import started
 from launch.batch_engine import BatchEngine, SamplingParams
 from launch.chat_reply import REASONING_PARSERS, TOOL_CALL_PARSERS, build_reply
 from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, decode_body, parse_chat_request
@@ -229,6 +236,7 @@ async def _exit_with_parent(parent_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Load the model, then serve until SIGINT / SIGTERM (aiohttp's handlers from then on)."""
     args = build_parser().parse_args(argv)
     service = load_service(args)
     app = create_app(service)
@@ -238,8 +246,5 @@ def main(argv: list[str] | None = None) -> None:
         app.on_startup.append(watch_parent)
     print(f"serving {service.model_name} on http://{args.host}:{args.port} "
           f"(max batch {args.max_batch_size}, max model len {service.max_model_len})", flush=True)
+    started()
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
-
-
-if __name__ == "__main__":
-    main()

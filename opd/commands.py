@@ -5,11 +5,8 @@ composing the config) in one line and 130 / 143 (``common.start_up``)."""
 
 from __future__ import annotations
 
-import importlib
-
 from common.entry_help import exit_with_help_if_asked
-from common.start_up import start_up_interrupts, stop_at_start_up
-from common.user_errors import exit_on_user_error
+from common.start_up import run_entry
 
 # entry -> (its config in configs/, the groups whose options live in a folder of another name)
 ENTRIES: dict[str, tuple[str, dict[str, str] | None]] = {
@@ -23,9 +20,7 @@ def run(entry: str) -> None:
     """``opd/{entry}.py``'s command: its ``--help``, else its ``main``, imported here."""
     config, group_folders = ENTRIES[entry]
     exit_with_help_if_asked(config, f"opd/{entry}.py", group_folders)
-    stop_at_start_up()
-    with exit_on_user_error(), start_up_interrupts():
-        importlib.import_module(f"opd.{entry}").main()
+    run_entry(f"opd.{entry}")
 
 
 def train() -> None:

@@ -1,10 +1,11 @@
 """Ctrl-C and SIGTERM while a command starts (``common.start_up``): the start-up line, whatever a library made of
-the signal, the finalizer reports of what it cut dropped, and the defaults back once the job runs. The commands
-themselves are signalled in tests/regen/test_errors.py and tests/opd/test_signals.py."""
+the signal, the finalizer reports of what it cut dropped, and the defaults back once the job runs; opd's commands,
+its torchrun launcher and the embedded server signalled as they start (regen's: tests/regen/test_errors.py)."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 from contextlib import contextmanager
 
@@ -19,6 +20,9 @@ from common.start_up import (
     stop_at_start_up,
 )
 from common.user_errors import Interrupted, exit_on_user_error
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.processes import communicate, loaded
+from tests.helpers.standin_vllm_cli import wait_until
 
 LINE = "tool: interrupted ({signal}) while starting"
 
@@ -139,3 +143,32 @@ def test_a_start_up_signal_whose_exception_a_finalizer_lost_stops_the_job_where_
     with pytest.raises(Interrupted) as stopped:
         started()
     assert (stopped.value.exit_status, stopped.value.message) == (143, "tool: interrupted (SIGTERM) while starting")
+
+
+# command -> its arguments and a library it maps while it starts: PyYAML's C extension (Hydra being imported, before
+# torch), and for the torchrun launcher and the embedded server, which import torch first, torch's first one
+STARTING = {"train": (["opd/train.py", "out_dir={out}", "hydra.run.dir={run}"], "_yaml"),
+            "sft": (["opd/sft.py", "out_dir={out}", "hydra.run.dir={run}"], "_yaml"),
+            "evaluate": (["opd/evaluate.py", "out_dir={out}", "hydra.run.dir={run}"], "_yaml"),
+            "torchrun": (["-m", "opd.torchrun", "--standalone", "--nproc_per_node=2", "opd/train.py", "out_dir={out}",
+                          "hydra.run.dir={run}"], "libtorch_global_deps"),
+            "serve": (["-m", "launch.chat_server", "--checkpoint", "{out}/model.pth"], "libtorch_global_deps")}
+
+
+@pytest.mark.parametrize("name, signum", [("train", signal.SIGINT), ("train", signal.SIGTERM), ("sft", signal.SIGTERM),
+                                          ("evaluate", signal.SIGINT), ("torchrun", signal.SIGINT),
+                                          ("torchrun", signal.SIGTERM), ("serve", signal.SIGINT),
+                                          ("serve", signal.SIGTERM)])
+def test_a_signal_while_a_command_starts_is_one_line_and_130_or_143(tmp_path, name, signum):
+    """Without the start-up handler, SIGINT was a ``KeyboardInterrupt`` traceback from inside an import and SIGTERM a
+    silent kill; ``python -m opd.torchrun`` starts no worker (torchrun's own handlers come with them)."""
+    arguments, library = STARTING[name]
+    out, run = tmp_path / "out", tmp_path / "run"
+    process = subprocess.Popen([sys.executable, *(argument.format(out=out, run=run) for argument in arguments)],
+                               cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: loaded(process.pid, library), process, f"{library} is mapped")
+    process.send_signal(signum)
+    _, stderr = communicate(process)
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    assert stderr.splitlines() == [f"error: interrupted ({signal.Signals(signum).name}) while starting"]
+    assert not out.exists() and not run.exists()

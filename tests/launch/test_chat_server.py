@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 
 import aiohttp
@@ -19,6 +21,7 @@ from transformers import Qwen3ForCausalLM
 from common.minimind.spec import MiniMindArch
 from launch.batch_engine import BatchEngine
 from launch.chat_server import ChatService, create_app
+from tests.helpers.paths import REPO_ROOT
 
 EOS = 2
 MODEL_NAME = "tiny-test"
@@ -355,3 +358,24 @@ async def test_tokenizing_a_long_prompt_does_not_hold_up_the_event_loop(serve, m
     held.release.set()
     status, reply = await slow
     assert status == 200 and reply["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("written, message", [
+    (None, "error: server checkpoint not found: {path} (MiniMind writes inference weights as "
+           "{{save_dir}}/{{prefix}}_{{hidden}}{{_moe}}.pth, e.g. out/agent_768.pth)"),
+    (b"not a torch file",
+     "error: server checkpoint {path} is not a readable torch state dict (Unsupported operand 110)"),
+])
+def test_a_checkpoint_the_server_cannot_load_is_one_error_line(tmp_path, tokenizer_path, written, message):
+    """``onpolicy-serve`` (``python -m launch.chat_server``) on a checkpoint that is missing or no state dict: its
+    ``error:`` line and status 1 (regen shows it as the log tail of a local server that would not start)."""
+    path = tmp_path / "model.pth"
+    if written is not None:
+        path.write_bytes(written)
+    done = subprocess.run([sys.executable, "-m", "launch.chat_server", "--checkpoint", str(path), "--tokenizer",
+                           str(tokenizer_path), "--hidden-size", "64", "--num-hidden-layers", "2",
+                           "--num-attention-heads", "2", "--num-key-value-heads", "1"],
+                          cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert lines == [message.format(path=path)], done.stderr[-3000:]

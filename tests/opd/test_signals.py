@@ -1,6 +1,5 @@
-"""Ctrl-C and SIGTERM on opd's commands: while one starts (importing Hydra and torch, composing the config), one
-line and 130 / 143 (``common.start_up``); once it runs, Ctrl-C is ``error: interrupted`` and 130. Never a
-traceback."""
+"""Ctrl-C on an opd command once it runs: ``error: interrupted`` and 130, no traceback (while it starts:
+tests/common/test_start_up.py)."""
 
 from __future__ import annotations
 
@@ -8,41 +7,15 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
 from experiments.recipe.synthetic_task import write_task
 from tests.helpers.paths import REPO_ROOT
-from tests.helpers.processes import communicate, loaded
+from tests.helpers.processes import communicate
 from tests.helpers.standin_vllm_cli import wait_until
 
 
 def start(command: list[str], *overrides: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *command, *overrides], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-
-
-# command -> a library it maps while it starts: PyYAML's C extension (Hydra being imported, before torch), and for
-# the launcher, which imports torch first, torch's first one
-STARTING = {"train": (["opd/train.py"], "_yaml"), "sft": (["opd/sft.py"], "_yaml"),
-            "evaluate": (["opd/evaluate.py"], "_yaml"),
-            "torchrun": (["-m", "opd.torchrun", "--standalone", "--nproc_per_node=2", "opd/train.py"],
-                         "libtorch_global_deps")}
-
-
-@pytest.mark.parametrize("name, signum", [("train", signal.SIGINT), ("train", signal.SIGTERM), ("sft", signal.SIGTERM),
-                                          ("evaluate", signal.SIGINT), ("torchrun", signal.SIGINT),
-                                          ("torchrun", signal.SIGTERM)])
-def test_a_signal_while_a_command_starts_is_one_line_and_130_or_143(tmp_path, name, signum):
-    """Without the start-up handler, SIGINT was a ``KeyboardInterrupt`` traceback from inside an import and SIGTERM a
-    silent kill; ``python -m opd.torchrun`` starts no worker (torchrun's own handlers come with them)."""
-    command, library = STARTING[name]
-    process = start(command, f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'run'}")
-    wait_until(lambda: loaded(process.pid, library), process, f"{library} is mapped")
-    process.send_signal(signum)
-    _, stderr = communicate(process)
-    assert process.returncode == 128 + signum, stderr[-3000:]
-    assert stderr.splitlines() == [f"error: interrupted ({signal.Signals(signum).name}) while starting"]
-    assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
 
 
 def test_ctrl_c_while_a_command_runs_is_error_interrupted_and_130(tmp_path, tokenizer_path):
