@@ -26,6 +26,12 @@ Settings: ``configs/recipe.yaml`` (schema ``experiments.recipe.config.RecipeConf
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the script: the imports below happen once, inside the start-up (common.start_up)
+    from common.start_up import run_entry
+
+    run_entry("experiments.recipe.recipe")
+    raise SystemExit
+
 import json
 import math
 import sys
@@ -40,6 +46,8 @@ from rich.table import Table
 
 from common.atomic_write import atomic_write_json
 from common.config_schema import parse_config
+from common.package_files import CONFIG_DIR
+from common.start_up import started
 from common.user_errors import exit_on_user_error
 from experiments.charts import write_curve_chart
 from experiments.estimates import paired_difference, read_evaluation
@@ -272,8 +280,9 @@ def print_report(report: dict, console: Console) -> None:
     console.print(curves)
 
 
-@hydra.main(version_base="1.3", config_path="../../configs", config_name="recipe")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="recipe")
 def main(cfg: DictConfig) -> None:
+    started()  # Ctrl-C from here on stops the stages (experiments.stages)
     with exit_on_user_error():
         run(parse_config(RecipeConfig, cfg))
 
@@ -307,6 +316,3 @@ def run(cfg: RecipeConfig) -> dict:
     console.print(f"wrote {out / 'recipe_summary.json'} and {chart}")
     return summary
 
-
-if __name__ == "__main__":
-    main()

@@ -43,6 +43,12 @@ rerun continues where the last one stopped.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the script: the imports below happen once, inside the start-up (common.start_up)
+    from common.start_up import run_entry
+
+    run_entry("experiments.study.study")
+    raise SystemExit
+
 import math
 import sys
 import time
@@ -55,6 +61,8 @@ from rich.console import Console
 
 from common.atomic_write import atomic_write_json
 from common.config_schema import parse_config
+from common.package_files import CONFIG_DIR
+from common.start_up import started
 from common.user_errors import exit_on_user_error
 from experiments.charts import write_study_charts
 from experiments.recipe.config import RecipeModel
@@ -329,8 +337,9 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     return stages + evaluations
 
 
-@hydra.main(version_base="1.3", config_path="../../configs", config_name="study")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="study")
 def main(cfg: DictConfig) -> None:
+    started()  # Ctrl-C from here on stops the stages (experiments.stages)
     with exit_on_user_error():
         run(parse_config(StudyConfig, cfg))
 
@@ -359,6 +368,3 @@ def run(cfg: StudyConfig) -> dict:
     console.print(f"wrote {out / 'study_summary.json'} and {', '.join(str(chart) for chart in charts)}")
     return summary
 
-
-if __name__ == "__main__":
-    main()

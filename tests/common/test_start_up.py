@@ -1,6 +1,7 @@
 """Ctrl-C and SIGTERM while a command starts (``common.start_up``): the start-up line, whatever a library made of
 the signal, the finalizer reports of what it cut dropped, and the defaults back once the job runs; opd's commands,
-its torchrun launcher and the embedded server signalled as they start (regen's: tests/regen/test_errors.py)."""
+its torchrun launcher, the embedded server and the experiments signalled as they start (regen's:
+tests/regen/test_errors.py)."""
 
 from __future__ import annotations
 
@@ -152,13 +153,16 @@ STARTING = {"train": (["opd/train.py", "out_dir={out}", "hydra.run.dir={run}"], 
             "evaluate": (["opd/evaluate.py", "out_dir={out}", "hydra.run.dir={run}"], "_yaml"),
             "torchrun": (["-m", "opd.torchrun", "--standalone", "--nproc_per_node=2", "opd/train.py", "out_dir={out}",
                           "hydra.run.dir={run}"], "libtorch_global_deps"),
-            "serve": (["-m", "launch.chat_server", "--checkpoint", "{out}/model.pth"], "libtorch_global_deps")}
+            "serve": (["-m", "launch.chat_server", "--checkpoint", "{out}/model.pth"], "libtorch_global_deps"),
+            "study": (["-m", "experiments.study.study", "out_dir={out}"], "_yaml"),
+            "recipe": (["-m", "experiments.recipe.recipe", "out_dir={out}"], "_yaml")}
 
 
 @pytest.mark.parametrize("name, signum", [("train", signal.SIGINT), ("train", signal.SIGTERM), ("sft", signal.SIGTERM),
                                           ("evaluate", signal.SIGINT), ("torchrun", signal.SIGINT),
                                           ("torchrun", signal.SIGTERM), ("serve", signal.SIGINT),
-                                          ("serve", signal.SIGTERM)])
+                                          ("serve", signal.SIGTERM), ("study", signal.SIGINT),
+                                          ("recipe", signal.SIGTERM)])
 def test_a_signal_while_a_command_starts_is_one_line_and_130_or_143(tmp_path, name, signum):
     """Without the start-up handler, SIGINT was a ``KeyboardInterrupt`` traceback from inside an import and SIGTERM a
     silent kill; ``python -m opd.torchrun`` starts no worker (torchrun's own handlers come with them)."""
