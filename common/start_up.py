@@ -46,8 +46,10 @@ class _StartUp:
     stderr = None
 
     @classmethod
-    def interrupted(cls) -> Interrupted:
-        return Interrupted(cls.signum, cls.message.format(signal=signal.Signals(cls.signum).name))
+    def interrupted(cls, signum: int | None = None) -> Interrupted:
+        """The start-up ``Interrupted`` for ``signum`` (the first start-up signal by default)."""
+        signum = cls.signum if signum is None else signum
+        return Interrupted(signum, cls.message.format(signal=signal.Signals(signum).name))
 
 
 def interrupt_start_up(signum: int, frame: Any) -> None:
@@ -57,7 +59,7 @@ def interrupt_start_up(signum: int, frame: Any) -> None:
         _StartUp.signum, _StartUp.stderr = signum, sys.stderr
         if os.environ.get("HYDRA_FULL_ERROR") != "1":  # what the cut library prints on its way out is dropped
             sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process, which is ending
-    raise Interrupted(signum, _StartUp.message.format(signal=signal.Signals(signum).name))
+    raise _StartUp.interrupted(signum)
 
 
 def stop_at_start_up(message: str = LINE) -> None:

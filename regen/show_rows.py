@@ -37,8 +37,8 @@ def split_row(row: object, where: str, vocab_size: int) -> tuple[list[int], list
     start = loss_mask.index(1) if 1 in loss_mask else len(loss_mask)
     if any(mask != 0 for mask in loss_mask[:start]) or any(mask != 1 for mask in loss_mask[start:]):
         raise UserError(f"{where}: loss_mask is not 0s followed by 1s")
-    if outside := [token for token in input_ids if not 0 <= token < vocab_size]:
-        raise UserError(f"{where}: input_ids holds {outside[0]}, outside the tokenizer's {vocab_size} ids",
+    if (outside := next((token for token in input_ids if not 0 <= token < vocab_size), None)) is not None:
+        raise UserError(f"{where}: input_ids holds {outside}, outside the tokenizer's {vocab_size} ids",
                         "give the tokenizer the rows were written with (--tokenizer)")
     return input_ids[:start], input_ids[start:]
 
