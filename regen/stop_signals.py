@@ -10,24 +10,23 @@ signal number (130 for SIGINT, 143 for SIGTERM).
 Before that, from the first line of ``regen/main.py`` (imports, Hydra composing the config), a signal ends the run
 with ``START_UP_MESSAGE`` (``common.start_up``).
 
-Only in the main thread, and only over Python's default handlers (or the start-up one): a second ``stop_signals()``
-inside the first (a multirun's shared server holds one for every job) returns the first, and under a handler someone
-else installed nothing is changed.
+A second ``stop_signals()`` inside the first (a multirun's shared server holds one for every job) returns the first;
+where ``common.stop_signals.handling`` installs nothing (not the main thread, someone else's handler), nothing
+changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-import threading
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from common.start_up import interrupt_start_up, quiet_finalizers
+from common.start_up import quiet_finalizers
+from common.stop_signals import SIGNALS, handling
 from common.user_errors import Interrupted
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
 MESSAGE = "regen: interrupted ({signal}); finished conversations are kept, continue with resume=true"
 START_UP_MESSAGE = "regen: interrupted ({signal}) while starting; no conversation was started"
 
@@ -72,21 +71,11 @@ class StopSignals:
 @contextmanager
 def stop_signals() -> Iterator[StopSignals]:
     """Handle SIGINT and SIGTERM as the module doc says while the block runs; yields the handler."""
-    current = signal.getsignal(signal.SIGTERM)
-    if isinstance(getattr(current, "__self__", None), StopSignals):  # already handled: the outer block's
-        yield current.__self__
-        return
-    handler = StopSignals()
-    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
-    if (threading.current_thread() is not threading.main_thread()
-            or previous[signal.SIGTERM] not in (signal.SIG_DFL, interrupt_start_up)
-            or previous[signal.SIGINT] not in (signal.default_int_handler, interrupt_start_up)):
-        yield handler  # someone else's handling stays; until_signal then just runs the work
-        return
     for signum in SIGNALS:
-        signal.signal(signum, handler._handle)
-    try:
+        current = getattr(signal.getsignal(signum), "__self__", None)
+        if isinstance(current, StopSignals):  # already handled: the outer block's
+            yield current
+            return
+    handler = StopSignals()
+    with handling(handler._handle):  # a signal it does not take: until_signal just runs the work
         yield handler
-    finally:
-        for signum, restored in previous.items():
-            signal.signal(signum, restored)

@@ -1,0 +1,40 @@
+"""A job's own Ctrl-C and SIGTERM handling once it runs: ``handling(handler)`` makes one handler take both signals
+while a block runs and gives the previous handlers back after it.
+
+regen's run (``regen.stop_signals``: the conversations in flight are cancelled, the finished ones kept) and opd's
+training loop (``opd.stop_signals``: the step in progress finishes and is saved) each install theirs with it; before
+that, the start-up handler of ``common.start_up`` (or Python's default) has them.
+
+Only in the main thread, and each signal only over Python's default handler or the start-up one: a signal someone
+else handles (a program that embeds the job, an outer block) or ignores (SIGINT of a job a shell started in the
+background) stays so.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from common.start_up import DEFAULTS, interrupt_start_up
+
+SIGNALS = tuple(DEFAULTS)  # SIGINT, SIGTERM
+
+
+@contextmanager
+def handling(handler: Callable[[int, Any], None]) -> Iterator[set[int]]:
+    """``handler`` takes SIGINT and SIGTERM while the block runs; yields the signals it takes (see the module doc)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield set()
+        return
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    taken = {signum for signum, default in DEFAULTS.items() if previous[signum] in (default, interrupt_start_up)}
+    for signum in taken:
+        signal.signal(signum, handler)
+    try:
+        yield taken
+    finally:
+        for signum in taken:
+            signal.signal(signum, previous[signum])

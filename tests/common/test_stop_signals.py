@@ -1,0 +1,64 @@
+"""``common.stop_signals.handling``: a job's own handler takes SIGINT and SIGTERM for a block, each signal only over
+Python's default handler or the start-up one, in the main thread only, and the previous handlers are back after."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from common.start_up import interrupt_start_up
+from common.stop_signals import handling
+
+
+def handler(signum, frame):
+    raise AssertionError("never called")
+
+
+def foreign(signum, frame):
+    raise AssertionError("never called")
+
+
+@pytest.fixture(autouse=True)
+def defaults():
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for signum, restored in previous.items():
+        signal.signal(signum, restored)
+
+
+@pytest.mark.parametrize("before", [None, interrupt_start_up])
+def test_the_handler_takes_both_signals_over_the_defaults_and_the_start_up_one(before):
+    if before is not None:
+        signal.signal(signal.SIGINT, before)
+    expected = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.SIG_DFL}
+    with handling(handler) as taken:
+        assert taken == {signal.SIGINT, signal.SIGTERM}
+        assert signal.getsignal(signal.SIGINT) is handler and signal.getsignal(signal.SIGTERM) is handler
+    assert {signum: signal.getsignal(signum) for signum in expected} == expected
+
+
+@pytest.mark.parametrize("other", [foreign, signal.SIG_IGN])
+def test_a_signal_someone_else_handles_or_ignores_stays_so(other):
+    """SIG_IGN: SIGINT of a job a shell started in the background; its SIGTERM is still the job's."""
+    signal.signal(signal.SIGINT, other)
+    with handling(handler) as taken:
+        assert taken == {signal.SIGTERM}
+        assert signal.getsignal(signal.SIGINT) is other and signal.getsignal(signal.SIGTERM) is handler
+    assert signal.getsignal(signal.SIGINT) is other and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_outside_the_main_thread_nothing_changes():
+    seen = []
+
+    def block():
+        with handling(handler) as taken:
+            seen.append((taken, signal.getsignal(signal.SIGTERM)))
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    thread.join()
+    assert seen == [(set(), signal.SIG_DFL)]
