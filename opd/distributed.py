@@ -60,6 +60,14 @@ class Ranks:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
+    def largest(self, value: int) -> int:
+        """The largest of every rank's ``value`` (the value itself on one process)."""
+        if not self.distributed:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64, device=self._collective_device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
+
     def gather(self, item) -> list:
         """Every rank's ``item``, in rank order, on every rank."""
         if not self.distributed:

@@ -15,7 +15,8 @@ plus a MoE model's router loss). ``TrainingRun`` does the rest, the same for eve
    ranks' gradients summed on the last micro-batch only, a rank with nothing to train joining with a zero loss);
    one clipped step; the step's metrics, summed over the ranks, to the loggers and the run log
    (``opd.reporting.TrainLog``); a checkpoint every ``save_interval`` steps and at the end; then the run summary.
-   Only rank 0 logs and writes files.
+   Only rank 0 logs and writes files. Ctrl-C or SIGTERM (``opd.stop_signals``): the step in progress finishes and is
+   saved, then the run stops with the resume file's name.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from opd.episodes import Episode, PackedBatch, pack_episodes
 from opd.loss import TargetLogits
 from opd.optimization import Optimization
 from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
+from opd.stop_signals import stopping
 
 LossStep = Callable[[torch.nn.Module, list[Episode], PackedBatch], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -183,7 +185,7 @@ class TrainingRun:
         run_dir, start_step, paths, losses, tokens, seen = run_dir_of(cfg.out_dir), step, (None, None), [], 0, 0
         started = time.perf_counter()
         with TrainLog(run_dir, cfg.logger, total_steps=order.total_steps, start_step=step, label=recipe.name,
-                      enabled=ranks.is_main, config=asdict(cfg)) as log:
+                      enabled=ranks.is_main, config=asdict(cfg)) as log, stopping(ranks) as signals:
             for window in order.windows(cursor, step):
                 began = time.perf_counter()
                 micro_batches = recipe.collect(window)
@@ -195,12 +197,15 @@ class TrainingRun:
                 losses.append(metrics["loss"])
                 tokens += metrics["assistant_tokens"]
                 seen += sum(len(episodes) for episodes in micro_batches)
-                if step % cfg.save_interval == 0 or step == order.total_steps:
+                signum = signals.agreed()  # Ctrl-C or SIGTERM on any rank: this step is saved, then the run stops
+                if signum or step % cfg.save_interval == 0 or step == order.total_steps:
                     rng_states = ranks.gather(rng_state(recipe.sampler))
                     if ranks.is_main:
                         paths = save_checkpoint(cfg.out_dir, self.stem, model, optimization=learner.optimization,
                                                 step=step, cursor=cursor, rng_states=rng_states,
                                                 signature=self.resume_signature, keep_weights=cfg.keep_saved_weights)
+                if signum and step < order.total_steps:
+                    raise signals.interrupted(signum, step, order.total_steps, paths[1])
         result = run_summary(step=step, start_step=start_step, losses=losses, tokens=tokens,
                              wall=time.perf_counter() - started, precision=cfg.precision, paths=paths, run_dir=run_dir)
         result.update(world_size=ranks.world_size, episodes_per_rank=ranks.gather(seen), **(summary or {}))

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import HOLD_OUT_DIR, write_agent_data
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.standin_vllm_cli import wait_until
 
 # The logged loss is the mean over the window's targets of each token's KL, sum_v p_v (log p_v - log q_v) over the
 # 6,400 ids. Each log-softmax row is z - logsumexp(z) with logsumexp near log(6400) = 8.8 for these near-uniform
@@ -224,15 +226,42 @@ def test_a_global_batch_that_does_not_split_is_refused(workspace):
     assert not out.exists() and not run.exists()  # held from the start, taken back: the run stopped at its checks
 
 
-def test_opd_torchrun_ends_a_failed_job_with_one_error_line(workspace):
-    """``python -m opd.torchrun``: torchrun's options, then the one line, without torchrun's report and traceback."""
-    out, run = workspace["root"] / "odd-launcher", workspace["root"] / "odd-launcher-run"
+def launch_wrapped(workspace, name: str, *overrides: str) -> tuple[subprocess.Popen, Path, Path]:
+    """``python -m opd.torchrun --standalone --nproc_per_node=2 opd/train.py ...``; the process and the run's folders."""
+    out, run = workspace["root"] / name, workspace["root"] / f"{name}-run"
     process = subprocess.Popen(
         [sys.executable, "-m", "opd.torchrun", "--standalone", "--nproc_per_node=2", "opd/train.py",
-         *workspace["base"], "batch_size=3", f"out_dir={out}", f"hydra.run.dir={run}"],
+         *workspace["base"], f"out_dir={out}", f"hydra.run.dir={run}", *overrides],
         cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
+    return process, out, run
+
+
+def test_sigterm_stops_a_two_process_run_after_a_step_both_ranks_saved(workspace):
+    """A scheduler's SIGTERM to ``python -m opd.torchrun``: torchrun passes it to both ranks, which agree on the step
+    to stop after; rank 0 saves it with every rank's RNG state and says so in the one line; 143; it resumes."""
+    longer = ["epochs=1000", "save_interval=1000"]
+    process, out, run = launch_wrapped(workspace, "stopped", *longer, "max_steps=2000")
+    wait_until(lambda: (run / "metrics.jsonl").is_file() and len(metrics(run)) >= 2, process,
+               "the run's second step is logged")
+    process.send_signal(signal.SIGTERM)
     done = finish(process)
+    assert done.returncode == 143, done.stderr[-4000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    (line,) = error_lines(done)
+    resume = out / "agent_opd_64_resume.pth"
+    step = int(re.fullmatch(rf"error: interrupted \(SIGTERM\) after step (\d+) of 2000; continue with resume={resume}",
+                            line)[1])
+    saved = load_resume(resume)
+    assert saved["step"] == step == len(metrics(run)) and len(saved["rng"]) == 2
+    resumed = finish(launch_wrapped(workspace, "stopped", *longer, f"max_steps={step + 1}", f"resume={resume}")[0])
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert load_resume(resume)["step"] == step + 1
+
+
+def test_opd_torchrun_ends_a_failed_job_with_one_error_line(workspace):
+    """``python -m opd.torchrun``: torchrun's options, then the one line, without torchrun's report and traceback."""
+    done = finish(launch_wrapped(workspace, "odd-launcher", "batch_size=3")[0])
     assert done.returncode == 1
     assert error_lines(done) == [ODD_BATCH]
     assert "Traceback" not in done.stdout + done.stderr and "ChildFailedError" not in done.stderr, done.stderr
