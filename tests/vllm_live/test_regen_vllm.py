@@ -215,16 +215,19 @@ def test_tool_calls_are_paired_with_the_cached_results_in_order(proxy, live_rege
 
 
 def test_concurrency_auto_steers_by_the_servers_metrics(server, live_regen):
+    """24 conversations of 640 tokens (about 5 s here): long enough that the steering and the test's poller read the
+    loaded server several times on a busy machine too (with 160 tokens, 1.2 s, either could miss it), and readings
+    may take up to 2 s (twice the interval)."""
     rows = [{"id": f"load-{i}", "prompt": f"Count to {i}."} for i in range(24)]
     poller = MetricsPoller(server)
     try:
-        summary, out, _ = live_regen(server, rows, {"ignore_eos": True}, "max_tokens=160", "concurrency=auto",
-                                     "concurrency_interval_s=0.5")
+        summary, out, _ = live_regen(server, rows, {"ignore_eos": True}, "max_tokens=640", "concurrency=auto",
+                                     "concurrency_interval_s=1.0")
     finally:
         pages = poller.stop()
     (endpoint,) = summary["endpoints"].values()
-    assert endpoint["concurrency_control"] == "metrics" and endpoint["concurrency_control_reason"] is None
-    assert endpoint["metrics_readings_failed"] == 0 and len(out) == 24
+    assert endpoint["concurrency_control"] == "metrics" and endpoint["concurrency_control_reason"] is None, endpoint
+    assert endpoint["metrics_readings_failed"] == 0 and len(out) == 24, endpoint
     page = loaded_page(pages)
     assert page is not None
     record_or_check("metrics_dp1.txt", page)
