@@ -10,9 +10,12 @@ check (``LoggerConfig``) already refused a backend whose package is missing.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
+from common.atomic_write import no_space
 from opd.config import LoggerConfig
 
 
@@ -28,7 +31,7 @@ class MetricLoggers:
 
     def __enter__(self) -> MetricLoggers:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = self.metrics_path.open("a", encoding="utf-8")
+        self._jsonl = self.metrics_path.open("ab", buffering=0)  # unbuffered: a line is on disk whole, or not at all
         self._tensorboard = self._wandb = None
         if "tensorboard" in self.settings.backends:
             from torch.utils.tensorboard import SummaryWriter
@@ -49,11 +52,23 @@ class MetricLoggers:
         if self._wandb is not None:
             self._wandb.finish()
 
+    def _append(self, line: bytes) -> None:
+        """``line`` at the end of ``metrics.jsonl``; a full disk cuts off what it wrote of it (a resumed run appends
+        whole lines after the ones before) and is ``no_space`` naming the file."""
+        end, written = self._jsonl.tell(), 0
+        try:
+            while written < len(line):
+                written += self._jsonl.write(line[written:])
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            os.ftruncate(self._jsonl.fileno(), end)
+            raise no_space(self.metrics_path, len(line)) from None
+
     def log(self, row: dict, *, step: int, prefix: str) -> None:
         """One row at ``step``: written whole to ``metrics.jsonl``; its numbers (not ``step``, booleans or None) as
         ``{prefix}/{key}`` scalars to TensorBoard and W&B."""
-        self._jsonl.write(json.dumps(row) + "\n")
-        self._jsonl.flush()
+        self._append(json.dumps(row).encode() + b"\n")
         scalars = {f"{prefix}/{key}": value for key, value in row.items()
                    if key != "step" and isinstance(value, int | float) and not isinstance(value, bool)}
         if self._tensorboard is not None:

@@ -25,7 +25,7 @@ from common.config_schema import parse_config
 from common.run_folders import discard_unless_checked, note_new_folder
 from common.run_lock import OutputLock
 from common.start_up import started
-from common.user_errors import UserError, exit_on_user_error
+from common.user_errors import UserError, exit_on_user_error, full_disk_is_one_error
 
 LOCK_NAME = ".lock"
 
@@ -54,12 +54,16 @@ def hold_out_dir(out_dir: str | Path) -> Iterator[None]:
         lock.release()
 
 
+DISK_FULL_HINT = ("make room on that disk; a training run continues from its last checkpoint with resume= (the "
+                  "checkpoints saved before are intact)")
+
+
 def checked_run(schema: type, cfg: DictConfig, work: Callable) -> None:
     """An entry's run: ``cfg`` parsed and checked as ``schema``, then ``work(settings)`` with ``out_dir`` held. An
-    error a user can fix ends it with one ``error:`` line; a run stopped at its checks leaves no folder behind. A
-    signal from here on is no longer the start-up's (``common.start_up``): Ctrl-C is ``error: interrupted``."""
+    error a user can fix ends it with one ``error:`` line (a full disk too: ``DISK_FULL_HINT``); a run stopped at its
+    checks leaves no folder behind. A signal from here on is no longer the start-up's (``common.start_up``)."""
     started()
-    with exit_on_user_error(), discard_unless_checked():
+    with exit_on_user_error(), discard_unless_checked(), full_disk_is_one_error(DISK_FULL_HINT):
         settings = parse_config(schema, cfg)
         with hold_out_dir(settings.out_dir):  # one run per out_dir, checked writable before anything loads
             work(settings)

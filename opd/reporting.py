@@ -67,6 +67,17 @@ def run_summary(*, step: int, start_step: int, losses: list[float], tokens: int,
             "resume_file": str(paths[1]) if paths[1] else None, "metrics": str(run_dir / "metrics.jsonl")}
 
 
+class RunLogFile(logging.FileHandler):
+    """The file handler of the entries' run log (``<hydra.run.dir>/<entry>.log``): a line it cannot write (a full
+    disk) is left out of the file quietly, not reported as logging's "--- Logging error ---" and a traceback. The
+    console has the line, and the run's next write to that disk (``metrics.jsonl`` after every step, a checkpoint)
+    ends it with the one error naming the file."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handleError(record)
+
+
 class StdoutHandler(logging.StreamHandler):
     """The console handler of the entries' run log (``configs/hydra/job_logging/run_log.yaml``): writes to
     ``sys.stdout`` as it is at each line, so rich's live progress display (which redirects it) keeps its bar below

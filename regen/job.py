@@ -5,7 +5,7 @@ writable, not taken by another run, not an earlier run's without ``resume=true``
 settings); when the served model decides the output's name (``server=external`` without ``server.model``) the
 endpoints are asked first, still before any request. Ctrl-C and SIGTERM stop the run between requests: finished
 conversations stay, the summary says ``interrupted`` (``regen.stop_signals``). A full disk ends the run with one
-``error:`` line naming the file and the space its write needed (:class:`DiskFull`); the output keeps whole blocks
+``error:`` line naming the file and the space its write needed (``common.user_errors.DiskFull``); the output keeps whole blocks
 only, and the summary is written when there is room for it.
 """
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -22,7 +20,7 @@ from rich.markup import escape
 
 from common.atomic_write import atomic_write_json
 from common.run_folders import checks_passed
-from common.user_errors import UserError
+from common.user_errors import UserError, full_disk_is_one_error
 from regen.conversations.detokenizer import Detokenizer, load_detokenizer
 from regen.conversations.regenerate import Regeneration, RequestShape
 from regen.conversations.request_params import RequestParams
@@ -47,21 +45,8 @@ class RunStopped(UserError):
     """The run ended before the end of the source (every endpoint down)."""
 
 
-class DiskFull(UserError):
-    """A file of the run could not be written: no space left on its disk."""
-
-
-@contextmanager
-def full_disk_is_one_error() -> Iterator[None]:
-    """A full disk (ENOSPC, from any write of the run) as :class:`DiskFull`: its message names the file and the
-    space needed (``common.atomic_write.no_space``), its hint says how to go on."""
-    try:
-        yield
-    except OSError as error:
-        if error.errno != errno.ENOSPC:
-            raise
-        raise DiskFull(error.strerror or str(error), "make room on that disk, then run again with resume=true "
-                       "(finished conversations are kept; resume repairs the rest)") from None
+REGEN_DISK_FULL_HINT = ("make room on that disk, then run again with resume=true (finished conversations are kept; "
+                        "resume repairs the rest)")
 
 
 class NothingSucceeded(UserError):
@@ -70,7 +55,7 @@ class NothingSucceeded(UserError):
 
 def run(cfg) -> dict[str, Any]:
     """Regenerate the configured dataset; returns the summary (also written beside the output)."""
-    with full_disk_is_one_error():
+    with full_disk_is_one_error(REGEN_DISK_FULL_HINT):
         return _run(cfg)
 
 
