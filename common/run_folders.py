@@ -8,22 +8,29 @@ of use there. The checks end where each job calls :func:`checks_passed`: regen o
 (``regen.job``), opd's entries once data, models and ``out_dir`` are checked, before any compute.
 
 :class:`NewRunFolders`, a Hydra callback every entry's config lists (``configs/job_dirs.yaml``), notes which of the
-run's folders do not exist yet, before Hydra makes them; :func:`note_new_folder` does the same for a folder an entry
-makes itself (opd's ``out_dir``, regen's output folder). :func:`discard_unless_checked` wraps a job: when the job ends with an error (or
-Ctrl-C) before it calls :func:`checks_passed`, each noted folder loses the files this run put there at its start
-(Hydra's config copies and log, the lock) and is removed if that leaves it empty, and so is each parent this run
-made. A folder holding anything else (another run's files) stays as it is. After :func:`checks_passed` nothing is
+run's folders do not exist yet, before Hydra makes them, and checks that Hydra can make them and write there
+(:func:`check_run_folder`: a ``hydra.run.dir`` under a file, without permission or on a full disk is one ``error:``
+line, where Hydra's own attempt ends in its traceback); :func:`note_new_folder` notes a folder an entry makes
+itself (opd's ``out_dir``, regen's output folder). :func:`discard_unless_checked` wraps a job: when the job ends with
+an error (or Ctrl-C) before it calls :func:`checks_passed`, each noted folder loses the files this run put there at
+its start (Hydra's config copies and log, the lock) and is removed if that leaves it empty, and so is each parent
+this run made. A folder holding anything else (another run's files) stays as it is. After :func:`checks_passed` nothing is
 removed: the folders and the log are the run's record.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+
+from common.user_errors import UserError, exit_on_user_error
 
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 
@@ -91,22 +98,56 @@ def discard_unless_checked() -> Iterator[None]:
         forget()
 
 
+def check_run_folder(folder: Path, setting: str) -> None:
+    """Check that Hydra can make its run (or sweep) ``folder`` and write there, before it tries (its own attempt
+    ends in its traceback), by making it and writing a byte, then removing what this made (Hydra makes it later,
+    after the other callbacks' checks); ``setting`` is the key that names it. A folder that cannot be made or written
+    to (a path that cannot exist, a file, no permission, a full disk) ends the run with one ``error:`` line and a
+    hint."""
+    made = [path for path in (folder, *folder.parents) if not path.exists()]
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"{setting}={folder} is not a folder", f"choose another {setting}=")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder) as probe:
+                probe.write(b"\0")
+                probe.flush()
+                os.fsync(probe.fileno())
+        except OSError as error:
+            hint = "make room on that disk, or choose another" if error.errno == errno.ENOSPC else "choose another"
+            raise UserError(f"cannot write to the run folder {folder} ({setting}): {error.strerror or error}",
+                            f"{hint} {setting}=") from None
+    except UserError:
+        forget()
+        with exit_on_user_error():  # its SystemExit passes through Hydra, which reports only Exceptions
+            raise
+    finally:
+        for path in made:  # deepest first
+            with suppress(OSError):
+                path.rmdir()
+
+
 class NewRunFolders(Callback):
-    """Notes a run's Hydra folders before Hydra makes them (``hydra.callbacks`` in ``configs/job_dirs.yaml``)."""
+    """Notes a run's Hydra folders before Hydra makes them, and checks that it can (``hydra.callbacks`` in
+    ``configs/job_dirs.yaml``; ``check_run_folder``)."""
 
     def on_run_start(self, config, **kwargs) -> None:
         global _sweep
         forget()
         _sweep = None
         # `now` in the folder's name is cached in this config: Hydra makes exactly this folder
-        note_new_folder(str(config.hydra.run.dir), (*HYDRA_FILES, f"{config.hydra.job.name}.log"))
+        folder = Path(str(config.hydra.run.dir)).expanduser().absolute()
+        note_new_folder(folder, (*HYDRA_FILES, f"{config.hydra.job.name}.log"))
+        check_run_folder(folder, "hydra.run.dir")
 
     def on_multirun_start(self, config, **kwargs) -> None:
         global _sweep
         forget()
-        sweep = Path(str(config.hydra.sweep.dir)).absolute()
+        sweep = Path(str(config.hydra.sweep.dir)).expanduser().absolute()
         _sweep = None if sweep.exists() else sweep
         note_new_folder(sweep, ("multirun.yaml",))
+        check_run_folder(sweep, "hydra.sweep.dir")
 
     def on_job_start(self, config, **kwargs) -> None:
         """A job of a sweep this run made: its folder (made by now, inside the sweep's) is this run's."""

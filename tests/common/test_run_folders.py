@@ -10,6 +10,7 @@ from common import run_folders
 from common.run_folders import checks_passed, discard_unless_checked, note_new_folder
 from tests.helpers.entries import run_main
 from tests.helpers.opd_support import run_entry, write_agent_data
+from tests.helpers.paths import small_tmpfs
 
 
 def regen(*overrides: str, cwd):
@@ -59,6 +60,45 @@ def test_evaluate_with_a_missing_checkpoint_stops_at_its_checks_naming_the_model
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == f"error: models.s.checkpoint: no such file: {tmp_path / 'none.pth'}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.jsonl"]  # before: outputs/ and out/eval stayed
+
+
+def error_lines(result) -> list[str]:
+    assert "Traceback" not in result.stderr, result.stderr
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_a_run_folder_that_cannot_be_written_is_two_error_lines_for_every_entry(tmp_path):
+    """Hydra's own mkdir or config copy would fail with its traceback: a file in the way, a path under one, a sweep
+    folder under one."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for setting, overrides in (("hydra.run.dir", [f"hydra.run.dir={blocker}"]),
+                               ("hydra.run.dir", [f"hydra.run.dir={blocker / 'run'}"]),
+                               ("hydra.sweep.dir", ["-m", f"hydra.sweep.dir={blocker / 'sweep'}", "seed=1,2"])):
+        for name, run in (("regen", lambda *o: regen(*o, "dataset=local", "dataset.path=x.jsonl", cwd=tmp_path)),
+                          ("sft", lambda *o: run_entry("sft", *o, "data=x.jsonl", "model=tiny_student",
+                                                       cwd=tmp_path))):
+            if name == "regen" and "seed=1,2" in overrides:
+                overrides = [*overrides[:-1], "sampling.temperature=0.6,1.0"]
+            result = run(*overrides)
+            assert result.returncode == 1, (name, result.stderr)
+            folder = overrides[-1 if "-m" not in overrides else 1].split("=", 1)[1]
+            expected = ([f"error: {setting}={folder} is not a folder"] if folder == str(blocker) else
+                        [f"error: cannot write to the run folder {folder} ({setting}): Not a directory"])
+            assert error_lines(result) == [*expected, f"error: choose another {setting}="], name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_full_disk_under_the_run_folder_is_two_error_lines_and_leaves_nothing(tmp_path):
+    with small_tmpfs(tmp_path / "disk", 8 << 10) as disk:
+        (disk / "fill").write_bytes(b"\0" * (8 << 10))
+        result = run_entry("sft", "data=x.jsonl", "model=tiny_student", f"hydra.run.dir={disk / 'a' / 'run'}",
+                           cwd=tmp_path)
+        assert result.returncode == 1
+        assert error_lines(result) == [
+            f"error: cannot write to the run folder {disk / 'a' / 'run'} (hydra.run.dir): No space left on device",
+            "error: make room on that disk, or choose another hydra.run.dir="]
+        assert sorted(p.name for p in disk.iterdir()) == ["fill"]
 
 
 def test_opd_run_past_its_checks_keeps_its_folders(tmp_path, tokenizer_path):
