@@ -132,6 +132,9 @@ class NewRunFolders(Callback):
     """Notes a run's Hydra folders before Hydra makes them, and checks that it can (``hydra.callbacks`` in
     ``configs/job_dirs.yaml``; ``check_run_folder``)."""
 
+    def __init__(self, run_dir_setting: str = "hydra.run.dir") -> None:
+        self.run_dir_setting = run_dir_setting  # the key a person sets to move the run folder (an experiment's out_dir)
+
     def on_run_start(self, config, **kwargs) -> None:
         global _sweep
         forget()
@@ -139,7 +142,7 @@ class NewRunFolders(Callback):
         # `now` in the folder's name is cached in this config: Hydra makes exactly this folder
         folder = Path(str(config.hydra.run.dir)).expanduser().absolute()
         note_new_folder(folder, (*HYDRA_FILES, f"{config.hydra.job.name}.log"))
-        check_run_folder(folder, "hydra.run.dir")
+        check_run_folder(folder, self.run_dir_setting)
 
     def on_multirun_start(self, config, **kwargs) -> None:
         global _sweep

@@ -4,6 +4,8 @@ a run past its checks keeps them, and a folder holding anyone else's files is ne
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from common import run_folders
@@ -87,6 +89,17 @@ def test_a_run_folder_that_cannot_be_written_is_two_error_lines_for_every_entry(
                         [f"error: cannot write to the run folder {folder} ({setting}): Not a directory"])
             assert error_lines(result) == [*expected, f"error: choose another {setting}="], name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.parametrize("module", ["experiments.study.study", "experiments.recipe.recipe"])
+def test_an_experiment_whose_out_dir_cannot_be_written_is_two_error_lines_naming_out_dir(tmp_path, module):
+    """Their run folder is ``${out_dir}/hydra``: the error names the key a person sets."""
+    (tmp_path / "file").write_text("x")
+    result = run_main(importlib.import_module(module).main, f"out_dir={tmp_path / 'file'}", cwd=tmp_path)
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        f"error: cannot write to the run folder {tmp_path / 'file' / 'hydra'} (out_dir): Not a directory",
+        "error: choose another out_dir="]
 
 
 def test_a_full_disk_under_the_run_folder_is_two_error_lines_and_leaves_nothing(tmp_path):
