@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from common.atomic_write import commit, stage
-from common.minimind.model import native_state_dict
+from common.minimind.model import load_failure, native_state_dict
 from common.user_errors import UserError
 from opd.data_order import DataCursor
 
@@ -219,7 +219,7 @@ def load_resume(path: str | Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for corrupt / non-torch files
-        raise ResumeRefusedError(f"resume file {path} is not a readable torch file ({error}); it is damaged: "
+        raise ResumeRefusedError(f"resume file {path} is not a readable torch file ({load_failure(error)}); it is damaged: "
                                  "resume from an earlier copy or start a new run") from None
     written = state.get("format") if isinstance(state, dict) else None
     if isinstance(written, str) and written.startswith("opd-resume/") and written != RESUME_FORMAT:

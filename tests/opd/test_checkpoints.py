@@ -69,8 +69,14 @@ def test_a_silently_corrupted_tensor_is_refused(tmp_path):
     with pytest.raises(ResumeRefusedError, match="is damaged or was edited: its content does not match the checksum"):
         load_resume(resume)
     resume.write_bytes(resume.read_bytes()[:1000])  # a torn file
-    with pytest.raises(ResumeRefusedError, match="is not a readable torch file"):
+    with pytest.raises(ResumeRefusedError, match="is not a readable torch file") as torn:
         load_resume(resume)
+    assert "\n" not in str(torn.value)  # torch's reason in one line, not its advice about weights_only
+    resume.write_bytes(bytes(range(256)) * 4)  # not a torch file at all: torch's reason is its unpickler's
+    with pytest.raises(ResumeRefusedError) as garbage:
+        load_resume(resume)
+    assert str(garbage.value) == (f"resume file {resume} is not a readable torch file (Unsupported operand 0); it is "
+                                  "damaged: resume from an earlier copy or start a new run")
 
 
 def test_weights_of_an_unsaved_step_beside_the_resume_file_are_kept_aside_and_written_again(tmp_path, caplog):
