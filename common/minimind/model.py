@@ -129,18 +129,15 @@ def check_native_state_dict(state: Mapping[str, torch.Tensor], arch: MiniMindArc
                      "num_key_value_heads", "num_experts", "vocab_size")
         if implied.get(name) is not None and implied[name] != getattr(arch, name)
     ]
-    lines = [f"checkpoint {source} does not match the configured architecture {arch}"]
-    if hints:
-        lines.append("the file looks like: " + ", ".join(hints) + " -- fix those flags in the model config")
-    for label, keys in (("missing", missing), ("unexpected", unexpected), ("not tensors", non_tensors)):
-        if keys:
-            lines.append(f"{len(keys)} {label} key(s), e.g. {keys[:4]}")
+    found = [f"{len(keys)} {label} key(s), e.g. {keys[:2]}" for label, keys in
+             (("missing", missing), ("unexpected", unexpected), ("not tensors", non_tensors)) if keys]
     if wrong_shape:
-        lines.append(
-            f"{len(wrong_shape)} shape mismatch(es), e.g. "
-            + "; ".join(f"{k}: file {actual[k]} vs model {expected[k]}" for k in wrong_shape[:4])
-        )
-    raise CheckpointMismatchError("\n  ".join(lines))
+        found.append(f"{len(wrong_shape)} shape mismatch(es), e.g. "
+                     + ", ".join(f"{k}: file {actual[k]} vs model {expected[k]}" for k in wrong_shape[:2]))
+    # one line of what differs, one of what to do: the flags the file implies, when it implies any
+    hint = ("the file looks like " + ", ".join(hints) + ": fix those flags in the model config") if hints else None
+    raise CheckpointMismatchError(f"checkpoint {source} does not match the configured architecture {arch}: "
+                                  + "; ".join(found), hint)
 
 
 def _meta_state(arch: MiniMindArch) -> dict[str, torch.Tensor]:
