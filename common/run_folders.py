@@ -98,13 +98,15 @@ def discard_unless_checked() -> Iterator[None]:
         forget()
 
 
-def check_run_folder(folder: Path, setting: str) -> None:
+def check_run_folder(folder: Path, setting: str, *, keep: bool) -> None:
     """Check that Hydra can make its run (or sweep) ``folder`` and write there, before it tries (its own attempt
-    ends in its traceback), by making it and writing a byte, then removing what this made (Hydra makes it later,
-    after the other callbacks' checks); ``setting`` is the key that names it. A folder that cannot be made or written
-    to (a path that cannot exist, a file, no permission, a full disk) ends the run with one ``error:`` line and a
-    hint."""
-    made = [path for path in (folder, *folder.parents) if not path.exists()]
+    ends in its traceback): make it and write a byte there; ``setting`` is the key that names it. A folder that cannot
+    be made or written to (a path that cannot exist, a file, no permission, a full disk) ends the run with one
+    ``error:`` line and a hint, and what this made is removed. Otherwise ``keep`` keeps the folders made: a run's, which
+    Hydra makes next anyway and which every rank of a torchrun job checks at once (none may remove it under
+    another); a sweep's is removed, since Hydra makes it only after the other callbacks' checks (regen's shared
+    server)."""
+    made = [path for path in (folder, *folder.parents) if not path.exists()]  # deepest first
     try:
         if folder.exists() and not folder.is_dir():
             raise UserError(f"{setting}={folder} is not a folder", f"choose another {setting}=")
@@ -119,13 +121,18 @@ def check_run_folder(folder: Path, setting: str) -> None:
             raise UserError(f"cannot write to the run folder {folder} ({setting}): {error.strerror or error}",
                             f"{hint} {setting}=") from None
     except UserError:
+        _remove_empty(made)
         forget()
         with exit_on_user_error():  # its SystemExit passes through Hydra, which reports only Exceptions
             raise
-    finally:
-        for path in made:  # deepest first
-            with suppress(OSError):
-                path.rmdir()
+    if not keep:
+        _remove_empty(made)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for path in folders:
+        with suppress(OSError):  # not empty: someone else wrote there
+            path.rmdir()
 
 
 class NewRunFolders(Callback):
@@ -142,7 +149,7 @@ class NewRunFolders(Callback):
         # `now` in the folder's name is cached in this config: Hydra makes exactly this folder
         folder = Path(str(config.hydra.run.dir)).expanduser().absolute()
         note_new_folder(folder, (*HYDRA_FILES, f"{config.hydra.job.name}.log"))
-        check_run_folder(folder, self.run_dir_setting)
+        check_run_folder(folder, self.run_dir_setting, keep=True)
 
     def on_multirun_start(self, config, **kwargs) -> None:
         global _sweep
@@ -150,7 +157,7 @@ class NewRunFolders(Callback):
         sweep = Path(str(config.hydra.sweep.dir)).expanduser().absolute()
         _sweep = None if sweep.exists() else sweep
         note_new_folder(sweep, ("multirun.yaml",))
-        check_run_folder(sweep, "hydra.sweep.dir")
+        check_run_folder(sweep, "hydra.sweep.dir", keep=False)
 
     def on_job_start(self, config, **kwargs) -> None:
         """A job of a sweep this run made: its folder (made by now, inside the sweep's) is this run's."""

@@ -91,6 +91,15 @@ def test_a_run_folder_that_cannot_be_written_is_two_error_lines_for_every_entry(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
+def test_a_checked_run_folder_stays_and_a_checked_sweep_folder_goes(tmp_path):
+    """Every rank of a torchrun job checks the same run folder at once: one that removed it after its own check
+    made another's check fail (CI saw a rank exit 1). A sweep's is made by Hydra only after regen's own checks."""
+    run_folders.check_run_folder(tmp_path / "outputs" / "run", "hydra.run.dir", keep=True)
+    assert (tmp_path / "outputs" / "run").is_dir() and list((tmp_path / "outputs" / "run").iterdir()) == []
+    run_folders.check_run_folder(tmp_path / "multirun" / "sweep", "hydra.sweep.dir", keep=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+
+
 @pytest.mark.parametrize("module", ["experiments.study.study", "experiments.recipe.recipe"])
 def test_an_experiment_whose_out_dir_cannot_be_written_is_two_error_lines_naming_out_dir(tmp_path, module):
     """Their run folder is ``${out_dir}/hydra``: the error names the key a person sets."""
