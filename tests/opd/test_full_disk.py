@@ -22,13 +22,13 @@ def steps(metrics) -> list[int]:
     return [json.loads(line)["step"] for line in metrics.read_text().splitlines()]  # each line whole
 
 
-def test_a_full_run_folder_ends_the_run_with_two_lines_and_it_resumes(tmp_path, tokenizer_path):
+def test_a_full_run_folder_ends_the_run_with_two_lines_and_it_resumes(tmp_path, standin_tokenizer_path):
     data = write_task(tmp_path / "task", train=8, heldout=2, seed=0)["files"]["train_demonstrations"]
     out = tmp_path / "out"
     with small_tmpfs(tmp_path / "disk", 32 << 10) as disk:
         def sft(*overrides: str) -> subprocess.CompletedProcess:
             return subprocess.run(
-                [sys.executable, "opd/sft.py", "model=tiny_student", f"tokenizer={tokenizer_path}", f"data={data}",
+                [sys.executable, "opd/sft.py", "model=tiny_student", f"tokenizer={standin_tokenizer_path}", f"data={data}",
                  "from_scratch=true", "batch_size=4", "epochs=100000", "device=cpu", "optim.lr_schedule_steps=400",
                  "save_interval=5", f"out_dir={out}", f"hydra.run.dir={disk / 'run'}", *overrides],
                 cwd=REPO_ROOT, capture_output=True, text=True)

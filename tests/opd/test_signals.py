@@ -29,11 +29,11 @@ STOPPED = re.compile(r"error: interrupted \((SIGINT|SIGTERM)\) after step (\d+) 
 
 
 @pytest.fixture
-def sft(tmp_path, tokenizer_path):
+def sft(tmp_path, standin_tokenizer_path):  # which tokenizer does not matter here: run once, not again by test-standin
     data = write_task(tmp_path / "task", train=8, heldout=2, seed=0)["files"]["train_demonstrations"]
 
     def start(name: str, *overrides: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, *SFT, f"tokenizer={tokenizer_path}", f"data={data}",
+        return subprocess.Popen([sys.executable, *SFT, f"tokenizer={standin_tokenizer_path}", f"data={data}",
                                  f"out_dir={tmp_path / name}", f"hydra.run.dir={tmp_path / name}-run", *overrides],
                                 cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
