@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from common.user_errors import Interrupted, exit_on_user_error
+from common.user_errors import Interrupted, exit_on_user_error, under_torchrun
 
 DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 LINE = "error: interrupted ({signal}) while starting"  # opd's; regen says more
@@ -65,7 +65,7 @@ def interrupt_start_up(signum: int, frame: Any) -> None:
 def stop_at_start_up(message: str = LINE) -> None:
     """Make SIGINT and SIGTERM raise :class:`Interrupted` with ``message`` (main thread, default handlers only, not
     under torchrun)."""
-    if threading.current_thread() is not threading.main_thread() or "TORCHELASTIC_ERROR_FILE" in os.environ:
+    if threading.current_thread() is not threading.main_thread() or under_torchrun():
         return
     _StartUp.message = message
     for signum, default in DEFAULTS.items():

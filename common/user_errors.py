@@ -77,6 +77,11 @@ def error_lines(error: BaseException) -> list[str]:
     return [f"error: {line}" for part in (message, hint) if part for line in part.splitlines() if line.strip()]
 
 
+def under_torchrun() -> bool:
+    """Whether this process is a rank torchrun started (it sets ``$TORCHELASTIC_ERROR_FILE`` for each)."""
+    return "TORCHELASTIC_ERROR_FILE" in os.environ
+
+
 def report(text: str) -> None:
     """Print ``text`` on stderr, or under torchrun (``$TORCHELASTIC_ERROR_FILE`` set) only on rank 0; every rank's
     goes to its error file there, as torch's ``ErrorHandler.record_exception`` writes one, less the call stack
@@ -86,7 +91,7 @@ def report(text: str) -> None:
         record = {"message": text, "extraInfo": {"timestamp": str(int(time.time()))}}
         with suppress(OSError):  # the error itself is what matters; a report lost is torchrun's default
             Path(error_file).write_text(json.dumps({"message": record}))
-    if not error_file or os.environ.get("RANK", "0") == "0":
+    if not under_torchrun() or os.environ.get("RANK", "0") == "0":
         print(text, file=sys.stderr)
 
 

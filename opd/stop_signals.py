@@ -29,7 +29,7 @@ from typing import Any
 
 from common.start_up import quiet_finalizers
 from common.stop_signals import handling
-from common.user_errors import Interrupted
+from common.user_errors import Interrupted, under_torchrun
 from opd.distributed import Ranks
 from opd.reporting import show
 
@@ -47,7 +47,7 @@ class StepStop:
         if self.caught is None:
             self.caught = signum
             if self.ranks.is_main:
-                again = signum == signal.SIGINT and "TORCHELASTIC_ERROR_FILE" not in os.environ  # torchrun's gets it
+                again = signum == signal.SIGINT and not under_torchrun()  # there torchrun gets the next Ctrl-C
                 show(f"{signal.Signals(signum).name}: stopping after this step, which is saved"
                      + (" (Ctrl-C again stops at once, without saving)" if again else ""))
         elif signum == signal.SIGINT:
