@@ -14,8 +14,8 @@ line, where Hydra's own attempt ends in its traceback); :func:`note_new_folder` 
 itself (opd's ``out_dir``, regen's output folder). :func:`discard_unless_checked` wraps a job: when the job ends with
 an error (or Ctrl-C) before it calls :func:`checks_passed`, each noted folder loses the files this run put there at
 its start (Hydra's config copies and log, the lock) and is removed if that leaves it empty, and so is each parent
-this run made. A folder holding anything else (another run's files) stays as it is. After :func:`checks_passed` nothing is
-removed: the folders and the log are the run's record.
+this run made. A folder holding anything else (another run's files) stays as it is. After :func:`checks_passed`
+nothing is removed: the folders and the log are the run's record.
 """
 
 from __future__ import annotations

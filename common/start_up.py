@@ -6,8 +6,8 @@ imports and runs them and Hydra inside ``exit_on_user_error()`` and ``start_up_i
 three for a module's ``main``): from then on both signals raise :class:`~common.user_errors.Interrupted` with its
 line (``{signal}`` in it is the signal's name). Once the job runs, ``started()`` gives the signals back to Python's
 defaults (opd, the experiments) or the job's own handler takes over (``common.stop_signals``: regen's run, opd's step
-loop), so the start-up line is never said of a run that had begun; a start-up signal whose exception a library lost stops the job there
-(``raise_if_signalled``).
+loop), so the start-up line is never said of a run that had begun; a start-up signal whose exception a library lost
+stops the job there (``raise_if_signalled``).
 
 Only in the main thread, only over Python's default handlers, and not under torchrun: there SIGTERM is torchrun
 stopping a rank because another one failed, and what the job says is up to ``python -m opd.torchrun``.

@@ -219,8 +219,8 @@ def load_resume(path: str | Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for corrupt / non-torch files
-        raise ResumeRefusedError(f"resume file {path} is not a readable torch file ({load_failure(error)}); it is damaged: "
-                                 "resume from an earlier copy or start a new run") from None
+        raise ResumeRefusedError(f"resume file {path} is not a readable torch file ({load_failure(error)}); it is "
+                                 "damaged: resume from an earlier copy or start a new run") from None
     written = state.get("format") if isinstance(state, dict) else None
     if isinstance(written, str) and written.startswith("opd-resume/") and written != RESUME_FORMAT:
         raise ResumeRefusedError(

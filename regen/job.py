@@ -5,8 +5,8 @@ writable, not taken by another run, not an earlier run's without ``resume=true``
 settings); when the served model decides the output's name (``server=external`` without ``server.model``) the
 endpoints are asked first, still before any request. Ctrl-C and SIGTERM stop the run between requests: finished
 conversations stay, the summary says ``interrupted`` (``regen.stop_signals``). A full disk ends the run with one
-``error:`` line naming the file and the space its write needed (``common.user_errors.DiskFull``); the output keeps whole blocks
-only, and the summary is written when there is room for it.
+``error:`` line naming the file and the space its write needed (``common.user_errors.DiskFull``); the output keeps
+whole blocks only, and the summary is written when there is room for it.
 """
 
 from __future__ import annotations
