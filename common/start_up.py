@@ -4,10 +4,11 @@ status 130 / 143, never a ``KeyboardInterrupt`` traceback or a silent kill by SI
 Every entry (regen's, opd's, the embedded server's, the experiments') calls ``stop_at_start_up()`` before its heavy
 imports and runs them and Hydra inside ``exit_on_user_error()`` and ``start_up_interrupts()`` (``run_entry`` does all
 three for a module's ``main``): from then on both signals raise :class:`~common.user_errors.Interrupted` with its
-line (``{signal}`` in it is the signal's name). Once the job runs, ``started()`` gives the signals back to Python's
-defaults (opd, the experiments) or the job's own handler takes over (``common.stop_signals``: regen's run, opd's step
-loop), so the start-up line is never said of a run that had begun; a start-up signal whose exception a library lost
-stops the job there (``raise_if_signalled``).
+line (``{signal}`` in it is the signal's name). Once the job runs, ``started()`` gives SIGINT back to Python's
+default (``error: interrupted``) and SIGTERM to ``interrupt_job`` (``error: interrupted (SIGTERM)``, 143, where
+Python's default is a silent kill), or the job's own handler takes over (``common.stop_signals``: regen's run, opd's
+step loop), so the start-up line is never said of a run that had begun; a start-up signal whose exception a library
+lost stops the job there (``raise_if_signalled``).
 
 Only in the main thread, only over Python's default handlers, and not under torchrun: there SIGTERM is torchrun
 stopping a rank because another one failed, and what the job says is up to ``python -m opd.torchrun``.
@@ -28,6 +29,7 @@ from common.user_errors import Interrupted, exit_on_user_error, under_torchrun
 
 DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 LINE = "error: interrupted ({signal}) while starting"  # opd's; regen says more
+JOB_LINE = "error: interrupted ({signal})"  # SIGTERM once the job runs, outside its own handler (``interrupt_job``)
 
 
 def quiet_finalizers() -> None:
@@ -62,6 +64,13 @@ def interrupt_start_up(signum: int, frame: Any) -> None:
     raise _StartUp.interrupted(signum)
 
 
+def interrupt_job(signum: int, frame: Any) -> None:
+    """SIGTERM once the job runs, where it has no handler of its own (loading, an evaluation, a summary): ``Interrupted``
+    with ``JOB_LINE``, as Ctrl-C is a ``KeyboardInterrupt`` there."""
+    quiet_finalizers()
+    raise Interrupted(signum, JOB_LINE.format(signal=signal.Signals(signum).name))
+
+
 def stop_at_start_up(message: str = LINE) -> None:
     """Make SIGINT and SIGTERM raise :class:`Interrupted` with ``message`` (main thread, default handlers only, not
     under torchrun)."""
@@ -82,14 +91,17 @@ def raise_if_signalled() -> None:
         raise _StartUp.interrupted()
 
 
+RUNNING = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: interrupt_job}
+
+
 def started() -> None:
     """The job runs (unless a start-up signal came: ``raise_if_signalled``): a signal is no longer one that stopped
-    its start-up (Python's default handlers again)."""
+    its start-up (``RUNNING``'s handlers, where the start-up one was installed)."""
     raise_if_signalled()
     if threading.current_thread() is threading.main_thread():
-        for signum, default in DEFAULTS.items():
+        for signum, running in RUNNING.items():
             if signal.getsignal(signum) == interrupt_start_up:
-                signal.signal(signum, default)
+                signal.signal(signum, running)
 
 
 @contextmanager

@@ -5,9 +5,9 @@ regen's run (``regen.stop_signals``: the conversations in flight are cancelled, 
 training loop (``opd.stop_signals``: the step in progress finishes and is saved) each install theirs with it; before
 that, the start-up handler of ``common.start_up`` (or Python's default) has them.
 
-Only in the main thread, and each signal only over Python's default handler or the start-up one: a signal someone
-else handles (a program that embeds the job, an outer block) or ignores (SIGINT of a job a shell started in the
-background) stays so.
+Only in the main thread, and each signal only over Python's default handler or ``common.start_up``'s (the start-up
+one, or ``interrupt_job`` once the job runs): a signal someone else handles (a program that embeds the job, an outer
+block) or ignores (SIGINT of a job a shell started in the background) stays so.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from common.start_up import DEFAULTS, interrupt_start_up
+from common.start_up import DEFAULTS, interrupt_job, interrupt_start_up
 
 SIGNALS = tuple(DEFAULTS)  # SIGINT, SIGTERM
 
@@ -30,7 +30,8 @@ def handling(handler: Callable[[int, Any], None]) -> Iterator[set[int]]:
         yield set()
         return
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
-    taken = {signum for signum, default in DEFAULTS.items() if previous[signum] in (default, interrupt_start_up)}
+    ours = (interrupt_start_up, interrupt_job)
+    taken = {signum for signum, default in DEFAULTS.items() if previous[signum] in (default, *ours)}
     for signum in taken:
         signal.signal(signum, handler)
     try:

@@ -16,7 +16,8 @@ Under torchrun the ranks get the signal from torchrun, which also stops the rank
 with SIGTERM. Their step then cannot finish (a collective has lost a rank): a rank whose step fails while it keeps a
 signal ends by that signal, as it did before signals were handled, so the failed rank's error is the job's.
 
-Before the loop (loading, restoring a resume file) and after it (the summary), the signals are Python's defaults.
+Before the loop (loading, restoring a resume file) and after it (the summary), either signal ends the run at once
+(``common.start_up.started``): ``error: interrupted`` (130) or ``error: interrupted (SIGTERM)`` (143).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import pytest
 
 from common.start_up import (
     _StartUp,
+    interrupt_job,
     interrupt_start_up,
     raise_if_signalled,
     start_up_interrupts,
@@ -101,7 +102,8 @@ def test_a_start_up_signal_that_a_library_turned_into_another_error_is_still_one
 
 def test_the_start_up_handler_replaces_only_the_defaults_and_leaves_when_the_job_starts(monkeypatch):
     """Installed over Python's defaults (never over someone else's handler, never under torchrun, whose SIGTERM
-    stops a rank for another's failure); ``started()`` gives back the defaults, and only where it was installed."""
+    stops a rank for another's failure); ``started()`` gives SIGINT back to Python's default and SIGTERM to
+    ``interrupt_job`` (not the silent kill of its default), and only where the start-up handler was installed."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     stop_at_start_up(LINE)
@@ -112,7 +114,10 @@ def test_the_start_up_handler_replaces_only_the_defaults_and_leaves_when_the_job
     monkeypatch.setattr(_StartUp, "signum", None)  # that signal was handled: the start-up went on without it
     started()
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == [signal.default_int_handler,
-                                                                               signal.SIG_DFL]
+                                                                               interrupt_job]
+    with pytest.raises(Interrupted) as stopped:
+        signal.raise_signal(signal.SIGTERM)
+    assert (stopped.value.exit_status, stopped.value.message) == (143, "error: interrupted (SIGTERM)")
 
     def theirs(signum, frame):
         pass

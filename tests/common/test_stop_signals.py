@@ -1,5 +1,5 @@
 """``common.stop_signals.handling``: a job's own handler takes SIGINT and SIGTERM for a block, each signal only over
-Python's default handler or the start-up one, in the main thread only, and the previous handlers are back after."""
+Python's default handler or common.start_up's, in the main thread only, and the previous handlers are back after."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from common.start_up import interrupt_start_up
+from common.start_up import interrupt_job, interrupt_start_up
 from common.stop_signals import handling
 
 
@@ -30,11 +30,12 @@ def defaults():
         signal.signal(signum, restored)
 
 
-@pytest.mark.parametrize("before", [None, interrupt_start_up])
-def test_the_handler_takes_both_signals_over_the_defaults_and_the_start_up_one(before):
+@pytest.mark.parametrize("before", [None, interrupt_start_up, interrupt_job])
+def test_the_handler_takes_both_signals_over_the_defaults_and_common_start_ups(before):
+    """``interrupt_job``: SIGTERM once the job runs (``common.start_up.started``), e.g. before opd's step loop."""
     if before is not None:
-        signal.signal(signal.SIGINT, before)
-    expected = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.SIG_DFL}
+        signal.signal(signal.SIGTERM, before)
+    expected = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
     with handling(handler) as taken:
         assert taken == {signal.SIGINT, signal.SIGTERM}
         assert signal.getsignal(signal.SIGINT) is handler and signal.getsignal(signal.SIGTERM) is handler

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,8 +19,9 @@ from experiments.recipe.synthetic_task import write_task
 from opd.checkpoints import load_resume
 from opd.distributed import Ranks
 from opd.stop_signals import AGAIN, StepStop, stopping
+from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.paths import REPO_ROOT
-from tests.helpers.processes import communicate
+from tests.helpers.processes import communicate, loaded
 from tests.helpers.standin_vllm_cli import wait_until
 
 # the schedule spans a fixed 40 steps, so a run may end after any step (max_steps) and still resume the stopped one
@@ -119,3 +121,31 @@ def test_under_torchrun_a_step_that_fails_while_a_signal_is_kept_ends_the_rank_b
     done = subprocess.run([sys.executable, "-c", child], cwd=REPO_ROOT, capture_output=True, text=True)
     assert done.returncode == -signal.SIGTERM, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as listed:
+        return [int(child) for child in listed.read().split()]
+
+
+def test_sigterm_while_evaluating_is_one_line_and_143_and_stops_the_checkpoints_process(
+        tmp_path, standin_tokenizer_path, tiny_checkpoints):
+    """Outside a step loop (loading, an evaluation) SIGTERM was Python's default, a silent kill; now it ends the run
+    as Ctrl-C does (``common.start_up.interrupt_job``). The checkpoint's own process (isolate=true) goes with it."""
+    data = write_task(tmp_path / "task", train=2, heldout=200, seed=4)["files"]["heldout_prompts"]
+    arch = tiny_arch("student")
+    model = (f"models={{student: {{checkpoint: '{tiny_checkpoints['student']}', hidden_size: {arch.hidden_size}, "
+             f"num_hidden_layers: {arch.num_hidden_layers}, num_attention_heads: {arch.num_attention_heads}, "
+             f"num_key_value_heads: {arch.num_key_value_heads}}}}}")
+    process = subprocess.Popen([sys.executable, "opd/evaluate.py", f"data={data}", f"tokenizer={standin_tokenizer_path}",
+                                model, "device=cpu", "batch_size=1", "rollout.max_gen_len=64", "chart=false",
+                                f"out_dir={tmp_path / 'eval'}", f"hydra.run.dir={tmp_path / 'run'}"],
+                               cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    (worker,) = wait_until(lambda: [child for child in children(process.pid) if loaded(child, "libtorch_global_deps")],
+                           process, "the checkpoint's process has imported torch")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = communicate(process)
+    assert process.returncode == 143, stderr[-3000:]
+    assert error_lines(stderr) == ["error: interrupted (SIGTERM)"] and stderr.strip() == "error: interrupted (SIGTERM)"
+    assert not (tmp_path / "eval" / "evaluation.json").exists()
+    assert not Path(f"/proc/{worker}").exists()  # terminated and reaped before the run exited (a daemon process)
