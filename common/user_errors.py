@@ -95,6 +95,16 @@ def report(text: str) -> None:
         print(text, file=sys.stderr)
 
 
+def exit_status(error: BaseException | None) -> int:
+    """The status a job that ``error`` ends exits with (``exit_on_user_error``): 0 without one, 128 + N for signal N
+    (130 for a bare Ctrl-C), else 1."""
+    if error is None:
+        return 0
+    if isinstance(error, KeyboardInterrupt):
+        return error.exit_status if isinstance(error, Interrupted) else 128 + signal.SIGINT
+    return 1
+
+
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
     """Turn user errors and interrupts into what the module doc says, and exit."""

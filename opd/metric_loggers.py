@@ -4,8 +4,9 @@ folder always, and TensorBoard and W&B when ``logger.backends`` lists them (``op
 One ``log`` call is one row at one step: the row as it is to ``metrics.jsonl``, its numbers as scalars named
 ``{prefix}/{key}`` to the other backends, with the step as their x axis (``train/loss``, ``eval/student/accuracy``).
 TensorBoard's event files go to ``tensorboard/`` in the run folder, W&B's run to ``wandb/`` there. Only the process
-that logs makes one (rank 0 under torchrun). The packages are imported here, when a backend is used: the config
-check (``LoggerConfig``) already refused a backend whose package is missing.
+that logs makes one (rank 0 under torchrun), and a W&B run is finished with the run's exit status (``exit_status``),
+so one that an error or a signal ended shows as failed. The packages are imported here, when a backend is used: the
+config check (``LoggerConfig``) already refused a backend whose package is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from common.atomic_write import no_space
+from common.user_errors import exit_status
 from opd.config import LoggerConfig
 
 
@@ -45,12 +47,12 @@ class MetricLoggers:
                                      mode=wandb_settings.mode, dir=str(self.run_dir), config=self.config)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, error, traceback) -> None:
         self._jsonl.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        if self._wandb is not None:  # W&B shows a run that ended by an error or a signal as failed, not finished
+            self._wandb.finish(exit_code=exit_status(error))
 
     def _append(self, line: bytes) -> None:
         """``line`` at the end of ``metrics.jsonl``; a full disk cuts off what it wrote of it (a resumed run appends

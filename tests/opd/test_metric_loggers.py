@@ -4,15 +4,20 @@ line, only the logging process writes, Hydra's run log holds the step lines, the
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import logging
 import re
+import signal
+import sys
+import types
 
 import numpy as np
 import pytest
 
 from common.config_schema import ConfigError
+from common.user_errors import Interrupted, UserError
 from experiments.recipe.synthetic_task import write_task
 from opd.config import LoggerConfig, WandbConfig
 from opd.metric_loggers import MetricLoggers
@@ -106,12 +111,18 @@ def test_evaluation_scores_go_to_the_loggers_at_log_step(tmp_path, tokenizer_pat
     assert re.search(r"eval small .* 2/2 .* \d+:\d\d:\d\d \d+:\d\d:\d\d", result.stdout), result.stdout
 
 
-def test_wandb_offline_run_records_the_scalars_without_network(tmp_path, monkeypatch):
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """The real ``wandb`` package, offline: nothing leaves the machine, every file stays under ``tmp_path``."""
     wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install -e '.[wandb]'); "
                                                 "W&B logging is untested here")
     for name, value in (("WANDB_MODE", "offline"), ("WANDB_DIR", str(tmp_path)), ("WANDB_SILENT", "true"),
                         ("WANDB_CONFIG_DIR", str(tmp_path / "config")), ("WANDB_CACHE_DIR", str(tmp_path / "cache"))):
         monkeypatch.setenv(name, value)
+    return wandb
+
+
+def test_wandb_offline_run_records_the_scalars_without_network(tmp_path, offline_wandb):
     rows = [{"step": 1, "loss": 2.5, "lr": 1e-3}, {"step": 2, "loss": 2.0, "lr": 5e-4}]
     with MetricLoggers(logger_settings("wandb"), tmp_path / "run", config={"seed": 1}) as loggers:
         run = loggers._wandb
@@ -120,8 +131,40 @@ def test_wandb_offline_run_records_the_scalars_without_network(tmp_path, monkeyp
         # a step's row is committed when a later step arrives: step 1's scalars are the run's summary now
         assert (run.summary["train/loss"], run.summary["train/lr"]) == (2.5, 1e-3)
         assert run.settings.mode == "offline" and dict(run.config) == {"seed": 1}
-    assert wandb.run is None  # finished
+    assert offline_wandb.run is None  # finished
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_wandb_marks_a_run_that_an_error_or_a_signal_ended_as_failed(tmp_path, monkeypatch):
+    """Without an exit code W&B calls every finished run a success; the code is the one the run exits with. A stand-in
+    ``wandb`` module records the calls, so this runs without the extra (the real one: the test below)."""
+    finished = []
+
+    class Run:
+        def finish(self, exit_code=None):
+            finished.append(exit_code)
+
+    stand_in = types.ModuleType("wandb")
+    stand_in.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # what LoggerConfig's check finds
+    stand_in.init = lambda **settings: Run()
+    monkeypatch.setitem(sys.modules, "wandb", stand_in)
+    settings = logger_settings("wandb")
+    with MetricLoggers(settings, tmp_path / "run"):
+        pass
+    endings = [(UserError("data: no such file"), 1), (RuntimeError("a bug"), 1), (KeyboardInterrupt(), 130),
+               (Interrupted(signal.SIGTERM, "error: interrupted (SIGTERM)"), 143)]
+    for error, _ in endings:
+        with pytest.raises(type(error)), MetricLoggers(settings, tmp_path / "run"):
+            raise error
+    assert finished == [0] + [code for _, code in endings]
+
+
+def test_wandb_offline_run_that_a_signal_ended_is_finished_with_its_exit_status(tmp_path, offline_wandb):
+    with pytest.raises(Interrupted), MetricLoggers(logger_settings("wandb"), tmp_path / "run") as loggers:
+        run = loggers._wandb
+        loggers.log({"step": 1, "loss": 2.5}, step=1, prefix="train")
+        raise Interrupted(signal.SIGTERM, "error: interrupted (SIGTERM)")
+    assert run._exit_code == 143  # what W&B's finish recorded (its offline file holds it for `wandb sync`)
 
 
 @pytest.mark.parametrize("entry,arguments", [
