@@ -54,7 +54,8 @@ def train(cfg: SFTConfig) -> dict:
     model, tokenizer = initial_model(cfg)
     torch.manual_seed(cfg.seed)
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.open_thinking)
-    _, episodes = fitting_episodes(demonstrations, chat_format, cfg.max_total_len, drop_too_long=cfg.drop_too_long)
+    _, episodes = fitting_episodes(demonstrations, chat_format, cfg.max_total_len, drop_too_long=cfg.drop_too_long,
+                                   shown=run.ranks.is_main)
     order = run.data_order(len(episodes))
     signature = run.signature(
         order, {"from_scratch": cfg.from_scratch, "max_total_len": cfg.max_total_len, "open_thinking": cfg.open_thinking,

@@ -21,13 +21,13 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.chat_records import AgentRecord
 from opd.chat_format import ChatFormat
 from opd.config import OPDConfig, RolloutConfig, SamplingConfig
 from opd.distributed import Ranks
 from opd.episodes import STOP_REASONS, Episode, Turn
+from opd.reporting import progress_bar
 from opd.rollout import AgentRollout
 from opd.sampling import derived_seed, record_sampler
 from tools.tool_environment import CallOutcome
@@ -117,7 +117,7 @@ def teacher_episodes(cache: TeacherRolloutCache, records: list[AgentRecord], nee
     if not missing:
         return episodes
     base_seed = sampling.seed_or(seed)
-    progress = Progress(TextColumn("[bold]teacher rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    progress = progress_bar("teacher rollouts", "")  # done of total, the time so far and the ETA
     with progress:
         task = progress.add_task("rollouts", total=len(missing))
         for start in range(0, len(missing), batch_size):

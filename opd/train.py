@@ -69,7 +69,7 @@ def train(cfg: OPDConfig) -> dict:
     fixed = {}
     if demonstrated:
         demonstrations, episodes = fitting_episodes(demonstrations, chat_format, cfg.rollout.max_total_len,
-                                                    drop_too_long=cfg.offline.drop_too_long)
+                                                    drop_too_long=cfg.offline.drop_too_long, shown=run.ranks.is_main)
         records, fixed = [demonstration.record for demonstration in demonstrations], dict(enumerate(episodes))
     for record in records:
         chat_format.prompt_ids(record, cfg.rollout.max_total_len)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,6 +71,10 @@ def test_sft_cli(workspace, tmp_path):
         cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sft summary" in result.stdout and (tmp_path / "out" / "teacher_sft_64.pth").is_file()
+    # tokenizing the demonstrations (seconds per thousand) shows its progress: done of total, time so far, ETA
+    demonstrations = len(Path(workspace["data"]).read_text().splitlines())
+    assert re.search(rf"demonstrations .* {demonstrations}/{demonstrations} +\d+:\d\d:\d\d \d+:\d\d:\d\d",
+                     result.stdout), result.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["curves"] == str(tmp_path / "run" / "training_curves.png")
     assert "[opd][INFO] - step 1  loss " in (tmp_path / "run" / "sft.log").read_text()  # Hydra's run log
