@@ -2,7 +2,8 @@
 it reads are done, ``jobs`` at a time, timed, its output in ``logs/{name}.log``, and skipped on a rerun when
 ``stages/{name}.json`` records the same command, its outputs exist and none of the stages it reads ran again. Each
 stage runs in a session of its own, so a stopped run (a failing stage, Ctrl-C, SIGTERM) stops every process a stage
-started, not only the stage's own (a pick's SFT, say).
+started, not only the stage's own (a pick's SFT, say). Each stage that ends says how many of all are done (the
+skipped ones too) and the time since the run began.
 
 A stage has ``threads`` torch threads (``OMP_NUM_THREADS``), or, when ``wide``, all ``jobs × threads`` of the run: a
 wide stage starts when nothing else runs, nothing starts beside it, and the stages listed after it wait while it is
@@ -116,6 +117,7 @@ def run_stages(stages: list[Stage], out: Path, *, jobs: int, threads: int, rerun
         raise UserError(f"jobs and threads must be >= 1, got jobs={jobs}, threads={threads}")
     (out / "logs").mkdir(parents=True, exist_ok=True)
     results, ran, checked, waiting, running = {}, set(), set(), list(stages), {}
+    begun = time.perf_counter()
     previous_handler = signal.signal(signal.SIGTERM, _interrupt)  # a terminated experiment stops its stages too
     try:
         while waiting or running:
@@ -148,7 +150,9 @@ def run_stages(stages: list[Stage], out: Path, *, jobs: int, threads: int, rerun
                 atomic_write_json(out / "stages" / f"{name}.json",
                                   {"command": stage.command, "wall_s": wall, "threads": count})
                 results[name], ran = {"wall_s": wall, "reused": False}, ran | {name}
-                console.print(f"[bold]{name}[/]: done in {wall:.0f} s")
+                elapsed = time.strftime("%H:%M:%S", time.gmtime(time.perf_counter() - begun))
+                console.print(f"[bold]{name}[/]: done in {wall:.0f} s ({len(results)} of {len(stages)} stages done, "
+                              f"{elapsed} since the start)")
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         for _, process, *_ in running.values():  # each stage is a process group: its own children stop too

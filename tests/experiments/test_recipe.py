@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -153,8 +155,12 @@ def test_stages_run_after_what_they_read_two_at_a_time_and_are_skipped_when_done
     again = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=Console(quiet=True))
     assert all(result["reused"] for result in again.values())
     (tmp_path / "stages" / "b.json").unlink()  # b runs again, so d (which reads it) does too; a and c are reused
-    partly = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=Console(quiet=True))
+    shown = Console(file=io.StringIO(), width=200)
+    partly = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=shown)
     assert {name for name, result in partly.items() if not result["reused"]} == {"b", "d"}
+    # each stage that ends says how far the run is: stages done (the reused ones too) of all, time since the start
+    assert re.findall(r"(\w): done in \d+ s \((\d) of 4 stages done, \d\d:\d\d:\d\d since the start\)",
+                      shown.file.getvalue()) == [("b", "3"), ("d", "4")]
     # stages start in listed order among all that can start, also behind skipped ones: with a reused, c (listed
     # first, reading a) takes the one slot before e, which reads nothing
     log.write_text("")
