@@ -65,8 +65,8 @@ def interrupt_start_up(signum: int, frame: Any) -> None:
 
 
 def interrupt_job(signum: int, frame: Any) -> None:
-    """SIGTERM once the job runs, where it has no handler of its own (loading, an evaluation, a summary): ``Interrupted``
-    with ``JOB_LINE``, as Ctrl-C is a ``KeyboardInterrupt`` there."""
+    """SIGTERM once the job runs, where it has no handler of its own (loading, an evaluation, a summary):
+    ``Interrupted`` with ``JOB_LINE``, as Ctrl-C is a ``KeyboardInterrupt`` there."""
     quiet_finalizers()
     raise Interrupted(signum, JOB_LINE.format(signal=signal.Signals(signum).name))
 

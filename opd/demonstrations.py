@@ -100,7 +100,8 @@ def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatForma
     """The demonstrations that fit ``max_total_len`` and their episodes. A longer one (or one whose prompt alone
     leaves no room) is an error naming it, or, with ``drop_too_long``, left out (as axolotl drops sequences over its
     ``sequence_len``) and named in a log line; leaving out all of them is an error. Rendering each turn by the chat
-    template takes about 5 ms a demonstration on a CPU core (6,000: 28 s), so ``shown`` (rank 0) gets a progress bar with an ETA."""
+    template takes about 5 ms a demonstration on a CPU core (6,000: 28 s), so ``shown`` (rank 0) gets a progress
+    bar with an ETA."""
     kept, episodes, dropped = [], [], []
     progress = progress_bar("demonstrations", "")
     task = progress.add_task("tokenized", total=len(demonstrations))

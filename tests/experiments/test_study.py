@@ -155,11 +155,13 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
 
 def test_the_students_start_before_the_gold_teacher_so_a_student_at_its_cap_ends_first(tmp_path):
     """The third full run: seed 1's student ran to its cap (3,089 s), the gold teacher took 1,366 s, and the robust
-    teacher waits for both. Listed first, the students start first, and the slow one ends 3,089 s in, not 1,366 s later."""
+    teacher waits for both. Listed first, the students start first, and the slow one ends 3,089 s in, not 1,366 s
+    later."""
     stages = study_stages(study_config(tmp_path))
     names = [stage.name for stage in stages]
     assert max(names.index(f"seed{seed}-student") for seed in (0, 1, 2)) < names.index("teacher-gold")
-    wall = {"data": 1.0, "teacher-gold": 1366.0, "seed0-student": 839.0, "seed1-student": 3089.0, "seed2-student": 703.0}
+    wall = {"data": 1.0, "teacher-gold": 1366.0, "seed0-student": 839.0, "seed1-student": 3089.0,
+            "seed2-student": 703.0}
     before_robust = [stage for stage in stages if stage.name in wall]  # in listed order
     assert replay(before_robust, wall, jobs=2) == 1.0 + 3089.0
     gold_first = sorted(before_robust, key=lambda stage: stage.name != "teacher-gold")

@@ -137,9 +137,10 @@ def test_sigterm_while_evaluating_is_one_line_and_143_and_stops_the_checkpoints_
     model = (f"models={{student: {{checkpoint: '{tiny_checkpoints['student']}', hidden_size: {arch.hidden_size}, "
              f"num_hidden_layers: {arch.num_hidden_layers}, num_attention_heads: {arch.num_attention_heads}, "
              f"num_key_value_heads: {arch.num_key_value_heads}}}}}")
-    process = subprocess.Popen([sys.executable, "opd/evaluate.py", f"data={data}", f"tokenizer={standin_tokenizer_path}",
-                                model, "device=cpu", "batch_size=1", "rollout.max_gen_len=64", "chart=false",
-                                f"out_dir={tmp_path / 'eval'}", f"hydra.run.dir={tmp_path / 'run'}"],
+    process = subprocess.Popen([sys.executable, "opd/evaluate.py", f"data={data}",
+                                f"tokenizer={standin_tokenizer_path}", model, "device=cpu", "batch_size=1",
+                                "rollout.max_gen_len=64", "chart=false", f"out_dir={tmp_path / 'eval'}",
+                                f"hydra.run.dir={tmp_path / 'run'}"],
                                cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     (worker,) = wait_until(lambda: [child for child in children(process.pid) if loaded(child, "libtorch_global_deps")],
                            process, "the checkpoint's process has imported torch")
