@@ -100,8 +100,8 @@ def exit_status(error: BaseException | None) -> int:
     (130 for a bare Ctrl-C), else 1."""
     if error is None:
         return 0
-    if isinstance(error, KeyboardInterrupt):
-        return error.exit_status if isinstance(error, Interrupted) else 128 + signal.SIGINT
+    if isinstance(error, KeyboardInterrupt):  # a bare Ctrl-C ends as ``Interrupted()`` (exit_on_user_error)
+        return (error if isinstance(error, Interrupted) else Interrupted()).exit_status
     return 1
 
 
