@@ -107,15 +107,15 @@ def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatForma
     task = progress.add_task("tokenized", total=len(demonstrations))
     with progress if shown else nullcontext():
         for demonstration in demonstrations:
-            progress.advance(task)
             try:
                 episodes.append(demonstration_episode(demonstration, chat_format, max_total_len))
             except (DemonstrationTooLong, PromptTooLongError):
                 if not drop_too_long:
                     raise
                 dropped.append(demonstration.record.source)
-                continue
-            kept.append(demonstration)
+            else:
+                kept.append(demonstration)
+            progress.advance(task)
     if dropped:
         if not kept:
             raise RecordError(f"every demonstration ({len(dropped)}, first {dropped[0]}) is over "
