@@ -142,7 +142,7 @@ def _merge(shadow: type, schema: type, block: Mapping, prefix: str) -> Any:
     except ConfigKeyError as error:
         key = f"{prefix}{error.full_key}"
         block = key.rpartition(".")[0] or "this entry"
-        raise ConfigError(f"unknown setting {key}", f"{block} has no such key; see configs/ for the keys it takes"
+        raise ConfigError(f"unknown setting {key}", f"{block} has no such key; --help lists the keys"
                           ) from None
     except ValidationError as error:
         key = f"{prefix}{error.full_key}"

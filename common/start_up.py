@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from common.hydra_errors import composition_errors_as_user_errors
 from common.user_errors import Interrupted, exit_on_user_error, under_torchrun
 
 DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
@@ -121,7 +122,8 @@ def start_up_interrupts() -> Iterator[None]:
 
 def run_entry(module: str, message: str = LINE) -> None:
     """Import ``module`` and run its ``main()``, its start-up (the import included) under the start-up handler, and
-    any user error or interrupt ending in its ``error:`` lines."""
+    any user error, interrupt or refusal of the command line by Hydra (``common.hydra_errors``) ending in its
+    ``error:`` lines."""
     stop_at_start_up(message)
-    with exit_on_user_error(), start_up_interrupts():
+    with exit_on_user_error(), start_up_interrupts(), composition_errors_as_user_errors():
         importlib.import_module(module).main()

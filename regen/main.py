@@ -11,6 +11,7 @@ the first line of this file on (Hydra importing and composing the config include
 """
 
 from common.entry_help import exit_with_help_if_asked
+from common.hydra_errors import composition_errors_as_user_errors
 from common.package_files import CONFIG_DIR, register_resolvers
 from common.start_up import raise_if_signalled, start_up_interrupts, stop_at_start_up
 from common.user_errors import exit_on_user_error
@@ -32,7 +33,7 @@ def main() -> None:
     is even imported; ``--help`` lists the groups and keys from the YAML (no dataset needs to be chosen first)."""
     exit_with_help_if_asked("regen", "regen/main.py")
     stop_at_start_up(START_UP_MESSAGE)
-    with exit_on_user_error(), start_up_interrupts():
+    with exit_on_user_error(), start_up_interrupts(), composition_errors_as_user_errors():
         import hydra
 
         register_resolvers()
