@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
 
         # the failure is reported here, not as torchrun's "failed (exitcode: 1) local_rank: 0 ..." log line
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+        # nor a signal as "Received 15 death signal, shutting down workers": rank 0's line says what it stopped
+        logging.getLogger("torch.distributed.elastic.agent.server.api").addFilter(
+            lambda record: "death signal" not in record.getMessage())
         arguments = parse_args(argv)
         started()
         try:
