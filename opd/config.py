@@ -37,6 +37,8 @@ from common.config_schema import (
     check_integers,
     check_name,
     check_positive,
+    is_int,
+    parsed_by,
     require,
 )
 from common.minimind.precision import Precision, resolve_precision
@@ -223,6 +225,14 @@ class OptimConfig:
         require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", "null or > 0", self.grad_clip)
 
 
+def _processes(key: str, value) -> int | str:
+    """``dataset_num_proc``: ``auto`` or an integer >= 1 (``opd.demonstrations.tokenizing_processes``)."""
+    if value != "auto" and not (is_int(value) and value >= 1):
+        raise ConfigError(f"{key} must be auto or an integer >= 1, got {value!r}",
+                          f"set it like {key}=auto (the CPUs of this rank) or {key}=1 (in the training process)")
+    return value
+
+
 @dataclass
 class OfflineConfig:
     """The fixed-data baseline's sequences (``mode=offline``)."""
@@ -230,6 +240,7 @@ class OfflineConfig:
     source: str  # dataset: the records' own assistant turns; teacher_rollouts: the teacher's episodes, cached
     cache_dir: str
     drop_too_long: bool  # source=dataset: leave out (and count) demonstrations over rollout.max_total_len
+    dataset_num_proc: int | str = parsed_by(_processes)  # source=dataset: processes that tokenize them, or auto
 
     def __post_init__(self) -> None:
         check_choice("offline.source", self.source, OFFLINE_SOURCES)
@@ -354,6 +365,7 @@ class SFTConfig(TrainingRunConfig):
     max_total_len: int
     drop_too_long: bool  # leave out (and count) demonstrations over max_total_len instead of refusing the data
     open_thinking: bool
+    dataset_num_proc: int | str = parsed_by(_processes)  # processes that tokenize the demonstrations, or auto
 
     def __post_init__(self) -> None:
         super().__post_init__()

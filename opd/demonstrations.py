@@ -13,7 +13,13 @@ what follows is conditioned on it, but it is not learned (a demonstrated mistake
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import multiprocessing
+import os
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +33,7 @@ from common.chat_records import (
     parse_record,
     read_rows,
 )
+from common.user_errors import UserError
 from opd.chat_format import ChatFormat, PromptTooLongError
 from opd.episodes import ANSWER, MAX_TURNS, Episode, Turn
 from opd.reporting import progress_bar, show
@@ -95,26 +102,44 @@ def _too_long(record: AgentRecord, tokens, max_total_len: int) -> DemonstrationT
                                 f"max_total_len={max_total_len} (fixed sequences are never truncated)")
 
 
+POOL_MIN = 1000  # fewer demonstrations are tokenized in this process: a worker takes seconds to start (spawn)
+CHUNK = 64  # demonstrations per task of a worker
+
+
+def tokenizing_processes(setting: int | str) -> int:
+    """The ``dataset_num_proc`` setting as a number: ``auto`` is the CPUs this process may use, shared among the ranks
+    of this node (torchrun's ``$LOCAL_WORLD_SIZE``), at most 8; 1 tokenizes in this process."""
+    if setting != "auto":
+        return int(setting)
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(8, len(os.sched_getaffinity(0)) // max(1, ranks)))
+
+
 def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatFormat, max_total_len: int, *,
-                     drop_too_long: bool, shown: bool = True) -> tuple[list[Demonstration], list[Episode]]:
+                     drop_too_long: bool, shown: bool = True, processes: int = 1) -> tuple[list[Demonstration],
+                                                                                          list[Episode]]:
     """The demonstrations that fit ``max_total_len`` and their episodes. A longer one (or one whose prompt alone
     leaves no room) is an error naming it, or, with ``drop_too_long``, left out (as axolotl drops sequences over its
     ``sequence_len``) and named in a log line; leaving out all of them is an error. Rendering each turn by the chat
     template takes about 5 ms a demonstration on a CPU core (6,000: 28 s), so ``shown`` (rank 0) gets a progress
-    bar with an ETA."""
+    bar with an ETA, and ``processes`` > 1 spreads them over that many worker processes (``tokenized``): the same
+    episodes, in the same order."""
     kept, episodes, dropped = [], [], []
     progress = progress_bar("demonstrations", "")
     task = progress.add_task("tokenized", total=len(demonstrations))
-    with progress if shown else nullcontext():
-        for demonstration in demonstrations:
-            try:
-                episodes.append(demonstration_episode(demonstration, chat_format, max_total_len))
+    # closing: a run stopped here (an error, Ctrl-C) shuts the pool down now, not at exit after every queued task
+    with progress if shown else nullcontext(), closing(tokenized(demonstrations, chat_format, max_total_len,
+                                                                 processes)) as built:
+        for demonstration, episode in built:
+            try:  # one a worker could not build is built here, to raise or be left out exactly as without workers
+                episode = episode or demonstration_episode(demonstration, chat_format, max_total_len)
             except (DemonstrationTooLong, PromptTooLongError):
                 if not drop_too_long:
                     raise
                 dropped.append(demonstration.record.source)
             else:
                 kept.append(demonstration)
+                episodes.append(episode)
             progress.advance(task)
     if dropped:
         if not kept:
@@ -123,6 +148,57 @@ def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatForma
         show(f"left out {len(dropped)} of {len(demonstrations)} demonstrations over max_total_len={max_total_len} "
              f"(drop_too_long): {', '.join(dropped[:3])}{', ...' if len(dropped) > 3 else ''}")
     return kept, episodes
+
+
+def tokenized(demonstrations: list[Demonstration], chat_format: ChatFormat, max_total_len: int,
+              processes: int) -> Iterator[tuple[Demonstration, Episode | None]]:
+    """Each demonstration, in order, with its episode built by a worker process, or None where the caller builds it
+    (every one, under ``POOL_MIN`` demonstrations or with one process; one a worker could not build). Workers are
+    spawned (no fork of a process whose torch and tokenizer threads run) and ignore SIGINT and SIGTERM: the caller's
+    handlers stop the run, and the pool is shut down with the tasks not started cancelled."""
+    if processes < 2 or len(demonstrations) < POOL_MIN:
+        yield from ((demonstration, None) for demonstration in demonstrations)
+        return
+    chunks = [demonstrations[start:start + CHUNK] for start in range(0, len(demonstrations), CHUNK)]
+    pool = ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), _start_worker,
+                               (chat_format, max_total_len))
+    try:
+        for chunk, built in zip(chunks, pool.map(_episodes, chunks), strict=True):
+            for demonstration, episode in zip(chunk, built, strict=True):
+                if episode is not None:  # sent without its record, which this process holds
+                    episode.record = demonstration.record
+                yield demonstration, episode
+    except BrokenProcessPool:
+        raise UserError("a process tokenizing the demonstrations died (out of memory?)",
+                        "dataset_num_proc=1 tokenizes them in the training process") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_WORKER: tuple[ChatFormat, int] | None = None  # a worker's chat format and max_total_len (``_start_worker``)
+
+
+def _start_worker(chat_format: ChatFormat, max_total_len: int) -> None:
+    global _WORKER
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    _WORKER = chat_format, max_total_len
+
+
+def _episodes(chunk: list[Demonstration]) -> list[Episode | None]:
+    """A worker's task: the chunk's episodes without their records (the caller has them), None for one that raised
+    (the caller builds it again, to raise it)."""
+    chat_format, max_total_len = _WORKER
+    built = []
+    for demonstration in chunk:
+        try:
+            episode = demonstration_episode(demonstration, chat_format, max_total_len)
+        except Exception:  # noqa: BLE001 - the caller raises it, from its own call
+            episode = None
+        else:
+            episode.record = None
+        built.append(episode)
+    return built
 
 
 def demonstration_episode(demonstration: Demonstration, chat_format: ChatFormat,

@@ -29,7 +29,7 @@ from opd.chat_format import ChatFormat
 from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
 from opd.config import SFTConfig
 from opd.data_order import Window
-from opd.demonstrations import fitting_episodes, load_demonstrations
+from opd.demonstrations import fitting_episodes, load_demonstrations, tokenizing_processes
 from opd.distributed import Ranks
 from opd.episodes import Episode
 from opd.loss import sft_loss_step
@@ -55,7 +55,7 @@ def train(cfg: SFTConfig) -> dict:
     torch.manual_seed(cfg.seed)
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.open_thinking)
     _, episodes = fitting_episodes(demonstrations, chat_format, cfg.max_total_len, drop_too_long=cfg.drop_too_long,
-                                   shown=run.ranks.is_main)
+                                   shown=run.ranks.is_main, processes=tokenizing_processes(cfg.dataset_num_proc))
     order = run.data_order(len(episodes))
     signature = run.signature(
         order, {"from_scratch": cfg.from_scratch, "max_total_len": cfg.max_total_len, "open_thinking": cfg.open_thinking,

@@ -33,7 +33,7 @@ from opd.chat_format import ChatFormat
 from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
 from opd.config import OPDConfig, register_model_groups
 from opd.data_order import Window, teacher_count
-from opd.demonstrations import fitting_episodes, load_records
+from opd.demonstrations import fitting_episodes, load_records, tokenizing_processes
 from opd.distributed import Ranks
 from opd.episodes import Episode
 from opd.guidance import Guide
@@ -68,8 +68,9 @@ def train(cfg: OPDConfig) -> dict:
     # record index -> its fixed episode (the dataset's demonstration, or the teacher's cached rollout below)
     fixed = {}
     if demonstrated:
-        demonstrations, episodes = fitting_episodes(demonstrations, chat_format, cfg.rollout.max_total_len,
-                                                    drop_too_long=cfg.offline.drop_too_long, shown=run.ranks.is_main)
+        demonstrations, episodes = fitting_episodes(
+            demonstrations, chat_format, cfg.rollout.max_total_len, drop_too_long=cfg.offline.drop_too_long,
+            shown=run.ranks.is_main, processes=tokenizing_processes(cfg.offline.dataset_num_proc))
         records, fixed = [demonstration.record for demonstration in demonstrations], dict(enumerate(episodes))
     for record in records:
         chat_format.prompt_ids(record, cfg.rollout.max_total_len)

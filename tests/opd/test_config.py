@@ -29,6 +29,8 @@ BASE = ["data=agent.jsonl", "tokenizer=tok", "device=cpu"]
     ("dtype=float16", "dtype=float16 needs CUDA"),
     ("teacher.hidden_size=wide", "teacher.hidden_size must be an integer or null, got 'wide'"),
     ("+optim.momentum=0.9", "unknown setting optim.momentum"),
+    ("offline.dataset_num_proc=0", "offline.dataset_num_proc must be auto or an integer >= 1, got 0"),
+    ("offline.dataset_num_proc=all", "offline.dataset_num_proc must be auto or an integer >= 1, got 'all'"),
 ])
 def test_each_bad_value_names_its_key(override, message):
     with pytest.raises(ConfigError) as caught:

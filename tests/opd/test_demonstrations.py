@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 
+import opd.demonstrations
 from common.chat_records import RecordError
 from opd.chat_format import ChatFormat, PromptTooLongError
 from opd.demonstrations import (
+    _start_worker,
     demonstration_episode,
     fitting_episodes,
     load_demonstrations,
     parse_demonstration,
+    tokenizing_processes,
 )
 from opd.episodes import ANSWER, MAX_TURNS, pack_episodes
 from tests.helpers.opd_support import call_text, encode, observation_text
@@ -164,6 +169,40 @@ def test_demonstrations_over_max_total_len_are_refused_or_left_out_and_named(cha
     assert len(kept) == len(episodes) == 4
     with pytest.raises(RecordError, match=r"every demonstration \(4, first d.jsonl:1\) is over max_total_len=3"):
         fitting_episodes(demonstrations, chat_format, 3, drop_too_long=True)  # prompts that leave no room, too
+
+
+def test_worker_processes_build_the_same_episodes_in_order_and_leave_out_or_refuse_the_same(chat_format,
+                                                                                            monkeypatch):
+    short = {"conversations": [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    rows = [short, DEMONSTRATION, short, short, DEMONSTRATION, short, DEMONSTRATION]
+    demonstrations = [parse_demonstration(row, f"d.jsonl:{line}") for line, row in enumerate(rows, start=1)]
+    limit = len(demonstration_episode(demonstrations[1], chat_format).ids) - 1  # DEMONSTRATION is one token over
+    monkeypatch.setattr(opd.demonstrations, "POOL_MIN", 2)  # a pool for these 7, in chunks of 3: 3 + 3 + 1
+    monkeypatch.setattr(opd.demonstrations, "CHUNK", 3)
+    kept, episodes = fitting_episodes(demonstrations, chat_format, limit, drop_too_long=True, processes=2)
+    alone = fitting_episodes(demonstrations, chat_format, limit, drop_too_long=True, processes=1)
+    assert [demonstration.record.source for demonstration in kept] == ["d.jsonl:1", "d.jsonl:3", "d.jsonl:4",
+                                                                       "d.jsonl:6"]
+    assert kept == alone[0] and episodes == alone[1]  # ids, turns, calls, stop reasons: every field
+    assert all(episode.record is demonstration.record for demonstration, episode in zip(kept, episodes, strict=True))
+    with pytest.raises(RecordError, match=f"d.jsonl:2: the demonstration is {limit + 1} tokens, over max_total_len"):
+        fitting_episodes(demonstrations, chat_format, limit, drop_too_long=False, processes=2)
+
+
+def test_workers_leave_ctrl_c_and_sigterm_to_the_run_and_auto_shares_the_cpus_among_the_ranks(chat_format,
+                                                                                              monkeypatch):
+    installed = []
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.append((signum, handler)))
+    monkeypatch.setattr(opd.demonstrations, "_WORKER", None)
+    _start_worker(chat_format, 100)
+    assert installed == [(signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_IGN)]
+    assert opd.demonstrations._WORKER == (chat_format, 100)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert tokenizing_processes("auto") == 8 and tokenizing_processes(3) == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert tokenizing_processes("auto") == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert tokenizing_processes("auto") == 1
 
 
 def test_load_demonstrations_names_the_line(tmp_path):
