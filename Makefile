@@ -18,7 +18,7 @@ RECIPE_ARGS ?=
 STUDY_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-standin test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd gpu-check recipe study
+.PHONY: help setup test test-standin test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd bench-tokenize gpu-check recipe study
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -54,7 +54,7 @@ tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMi
 lint: setup ## ruff over the code
 	$(PY) -m ruff check common regen opd tools launch standins benchmarks experiments tests
 
-bench: bench-regen bench-concurrency bench-serve bench-opd ## every benchmark below, one after another
+bench: bench-regen bench-concurrency bench-serve bench-opd bench-tokenize ## every benchmark below, one after another
 
 bench-regen: setup ## regen client vs speculators 0.9.0 (BENCH_REGEN_ARGS="--sizes 2000" for a quick run)
 	$(PY) -m benchmarks.regen_client $(BENCH_REGEN_ARGS)
@@ -70,6 +70,9 @@ bench-opd: setup ## OPD rollout vs plain decode, training steps/s, peak memory, 
 	$(PY) -m benchmarks.opd_training --memory --sizes 768 --batch-sizes 8 --out out/bench/opd_memory.json
 	$(PY) -m benchmarks.opd_training --processes --steps 2 --out out/bench/opd_processes.json
 	$(PY) -m benchmarks.opd_training --guidance --sizes 768 --batch-sizes 8 --out out/bench/opd_guidance.json
+
+bench-tokenize: setup ## demonstrations into token sequences (SFT, offline KD): in the training process vs 2 workers
+	$(PY) -m benchmarks.demonstration_tokenizing
 
 gpu-check: setup ## on a CUDA machine: the 768x8 pair in bf16 at batch 8 and 32 (tokens/s per phase, memory, MFU), gpu tests
 	$(PY) -m benchmarks.gpu_check --out out/bench/gpu_check.json
