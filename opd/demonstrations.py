@@ -16,6 +16,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -179,10 +181,20 @@ _WORKER: tuple[ChatFormat, int] | None = None  # a worker's chat format and max_
 
 
 def _start_worker(chat_format: ChatFormat, max_total_len: int) -> None:
+    """A worker's start: the run's signals are the training process's to act on, and a worker whose training process
+    is gone (killed: SIGKILL, or torchrun's SIGTERM to a rank) exits within a second instead of waiting for tasks
+    forever (every worker holds the task queue's write end too, so it never reads an end of file)."""
     global _WORKER
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     _WORKER = chat_format, max_total_len
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def _episodes(chunk: list[Demonstration]) -> list[Episode | None]:

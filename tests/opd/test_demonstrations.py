@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +25,7 @@ from opd.demonstrations import (
 )
 from opd.episodes import ANSWER, MAX_TURNS, pack_episodes
 from tests.helpers.opd_support import call_text, encode, observation_text
+from tests.helpers.paths import REPO_ROOT
 from tools.mock_tools import tool_schemas
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant.",
@@ -203,6 +208,38 @@ def test_workers_leave_ctrl_c_and_sigterm_to_the_run_and_auto_shares_the_cpus_am
     assert tokenizing_processes("auto") == 4
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
     assert tokenizing_processes("auto") == 1
+
+
+WORKER_OF_A_KILLED_RUN = """
+import multiprocessing, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from opd.demonstrations import _start_worker
+pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), _start_worker, (None, 1))
+print(pool.submit(__import__("os").getpid).result(), flush=True)
+time.sleep(600)
+"""
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie whose new parent has not reaped it yet counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_whose_training_process_was_killed_exits_instead_of_waiting_for_tasks():
+    run = subprocess.Popen([sys.executable, "-c", WORKER_OF_A_KILLED_RUN], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                           text=True)
+    worker = int(run.stdout.readline())
+    assert not gone(worker)
+    run.kill()  # SIGKILL: no cleanup runs in the training process
+    run.wait()
+    for _ in range(600):  # it checks its parent once a second
+        if gone(worker):
+            break
+        time.sleep(0.1)
+    assert gone(worker)
 
 
 def test_load_demonstrations_names_the_line(tmp_path):
