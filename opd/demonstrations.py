@@ -134,7 +134,8 @@ def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatForma
                                                                  processes)) as built:
         for demonstration, episode in built:
             try:  # one a worker could not build is built here, to raise or be left out exactly as without workers
-                episode = episode or demonstration_episode(demonstration, chat_format, max_total_len)
+                if episode is None:
+                    episode = demonstration_episode(demonstration, chat_format, max_total_len)
             except (DemonstrationTooLong, PromptTooLongError):
                 if not drop_too_long:
                     raise

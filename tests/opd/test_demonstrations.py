@@ -196,12 +196,22 @@ def test_worker_processes_build_the_same_episodes_in_order_and_leave_out_or_refu
 
 def test_workers_leave_ctrl_c_and_sigterm_to_the_run_and_auto_shares_the_cpus_among_the_ranks(chat_format,
                                                                                               monkeypatch):
-    installed = []
+    installed, watchdogs = [], []
+
+    class Watchdog:  # the worker's thread that exits with its parent (tested below, in a real worker)
+        def __init__(self, target, args, daemon):
+            watchdogs.append((target, args, daemon))
+
+        def start(self):
+            pass
+
     monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.append((signum, handler)))
+    monkeypatch.setattr(opd.demonstrations.threading, "Thread", Watchdog)
     monkeypatch.setattr(opd.demonstrations, "_WORKER", None)
     _start_worker(chat_format, 100)
     assert installed == [(signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_IGN)]
     assert opd.demonstrations._WORKER == (chat_format, 100)
+    assert watchdogs == [(opd.demonstrations._exit_with_parent, (os.getppid(),), True)]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert tokenizing_processes("auto") == 8 and tokenizing_processes(3) == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
