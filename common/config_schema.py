@@ -205,6 +205,14 @@ def require(condition: bool, key: str, wanted: str, value: Any) -> None:
         refuse(key, wanted, value)
 
 
+def auto_or_count(key: str, value: Any, auto_means: str, example: int) -> int | str:
+    """A setting that is ``auto`` or an integer >= 1 (a ``parsed_by`` parser's body), refused with both forms shown."""
+    if value != "auto" and not (is_int(value) and value >= 1):
+        raise ConfigError(f"{key} must be auto or an integer >= 1, got {value!r}",
+                          f"set it like {key}=auto ({auto_means}) or {key}={example}")
+    return value
+
+
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

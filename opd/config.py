@@ -32,12 +32,12 @@ from omegaconf import OmegaConf
 
 from common.config_schema import (
     ConfigError,
+    auto_or_count,
     check_choice,
     check_integer,
     check_integers,
     check_name,
     check_positive,
-    is_int,
     parsed_by,
     require,
 )
@@ -227,10 +227,7 @@ class OptimConfig:
 
 def _processes(key: str, value) -> int | str:
     """``dataset_num_proc``: ``auto`` or an integer >= 1 (``opd.demonstrations.tokenizing_processes``)."""
-    if value != "auto" and not (is_int(value) and value >= 1):
-        raise ConfigError(f"{key} must be auto or an integer >= 1, got {value!r}",
-                          f"set it like {key}=auto (the CPUs of this rank) or {key}=1 (in the training process)")
-    return value
+    return auto_or_count(key, value, "the CPUs of this rank", 1)
 
 
 @dataclass

@@ -35,6 +35,7 @@ from yarl import URL
 
 from common.config_schema import (
     ConfigError,
+    auto_or_count,
     check_choice,
     check_integer,
     check_number,
@@ -248,10 +249,7 @@ def _language(key: str, value: Any) -> str | None:
 
 def _concurrency(key: str, value: Any) -> int | str:
     """``concurrency``: ``auto`` or an integer >= 1."""
-    if value != "auto" and not (is_int(value) and value >= 1):
-        raise ConfigError(f"{key} must be auto or an integer >= 1, got {value!r}",
-                          f"set it like {key}=auto (adapts to each endpoint) or {key}=64")
-    return value
+    return auto_or_count(key, value, "adapts to each endpoint", 64)
 
 
 def _request_params(key: str, value: Any) -> dict[str, Any]:
