@@ -104,7 +104,10 @@ def _too_long(record: AgentRecord, tokens, max_total_len: int) -> DemonstrationT
                                 f"max_total_len={max_total_len} (fixed sequences are never truncated)")
 
 
-POOL_MIN = 1000  # fewer demonstrations are tokenized in this process: a worker takes seconds to start (spawn)
+# fewer demonstrations are tokenized in this process: a spawned worker takes about 4 s to start (it imports torch and
+# receives the tokenizer), and on 2 cores 2 workers broke even at about 2,500 (2,000: 10.3 s against 9.3 s alone;
+# 3,000: 14.5 s against 16.7 s; 6,000: 1.33x; benchmarks/README.md)
+POOL_MIN = 2500
 CHUNK = 64  # demonstrations per task of a worker
 
 
