@@ -1,5 +1,5 @@
 """A job's own Ctrl-C and SIGTERM handling once it runs: ``handling(handler)`` makes one handler take both signals
-while a block runs and gives the previous handlers back after it.
+while a block runs and gives the previous handlers back after it; ``held()`` holds them back while a process is spawned.
 
 regen's run (``regen.stop_signals``: the conversations in flight are cancelled, the finished ones kept) and opd's
 training loop (``opd.stop_signals``: the step in progress finishes and is saved) each install theirs with it; before
@@ -39,3 +39,17 @@ def handling(handler: Callable[[int, Any], None]) -> Iterator[set[int]]:
     finally:
         for signum in taken:
             signal.signal(signum, previous[signum])
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive in the block take effect as it ends, by the handlers they would have met (taken
+    as ``handling`` takes them). For starting a spawned process: ``multiprocessing`` starts the child, then writes it
+    its instructions, so a signal in between leaves the child reading an empty pipe and printing that traceback."""
+    arrived: list[int] = []
+    try:
+        with handling(lambda signum, frame: arrived.append(signum)):
+            yield
+    finally:
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)

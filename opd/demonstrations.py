@@ -35,6 +35,7 @@ from common.chat_records import (
     parse_record,
     read_rows,
 )
+from common.stop_signals import held
 from common.user_errors import UserError
 from opd.chat_format import ChatFormat, PromptTooLongError
 from opd.episodes import ANSWER, MAX_TURNS, Episode, Turn
@@ -169,7 +170,9 @@ def tokenized(demonstrations: list[Demonstration], chat_format: ChatFormat, max_
     pool = ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), _start_worker,
                                (chat_format, max_total_len))
     try:
-        for chunk, built in zip(chunks, pool.map(_episodes, chunks), strict=True):
+        with held():  # every chunk is submitted here, and the workers spawned: a signal waits until they have started
+            results = pool.map(_episodes, chunks)
+        for chunk, built in zip(chunks, results, strict=True):
             for demonstration, episode in zip(chunk, built, strict=True):
                 if episode is not None:  # sent without its record, which this process holds
                     episode.record = demonstration.record

@@ -49,6 +49,7 @@ from common.minimind.spec import ModelSpec, is_native_checkpoint
 from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from common.package_files import CONFIG_DIR
 from common.run_folders import checks_passed
+from common.stop_signals import held
 from common.user_errors import UserError
 from opd.chat_format import ChatFormat
 from opd.checkpoints import vocabulary_fingerprint
@@ -189,7 +190,8 @@ def evaluate_isolated(name: str, spec: ModelSpec, cfg: EvalConfig) -> dict:
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child, args=(sender, name, spec, cfg), daemon=True)
-    process.start()
+    with held():  # a signal now would leave the child half-started, printing a traceback
+        process.start()
     sender.close()
     try:
         status, payload = receiver.recv()

@@ -3,13 +3,15 @@ Python's default handler or common.start_up's, in the main thread only, and the 
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
 import pytest
 
 from common.start_up import interrupt_job, interrupt_start_up
-from common.stop_signals import handling
+from common.stop_signals import handling, held
+from common.user_errors import Interrupted
 
 
 def handler(signum, frame):
@@ -63,3 +65,25 @@ def test_outside_the_main_thread_nothing_changes():
     thread.start()
     thread.join()
     assert seen == [(set(), signal.SIG_DFL)]
+
+
+def test_held_signals_take_effect_when_the_block_ends_by_the_handlers_they_would_have_met():
+    original = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt_job)
+    ran = []
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught, held():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            ran.append("the block ran on")
+        assert ran == ["the block ran on"] and not isinstance(caught.value, Interrupted)  # one Ctrl-C, after it
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(Interrupted) as caught, held():  # a block that fails still gets its signal
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError("the block's own")
+        assert caught.value.exit_status == 143 and isinstance(caught.value.__context__, RuntimeError)
+        assert signal.getsignal(signal.SIGTERM) is interrupt_job
+    finally:
+        for signum, handler in original.items():
+            signal.signal(signum, handler)

@@ -128,6 +128,12 @@ def children(pid: int) -> list[int]:
         return [int(child) for child in listed.read().split()]
 
 
+def spawned(pid: int) -> bool:
+    """The child runs multiprocessing's spawn (a child forked but not yet exec'd still maps its parent's torch)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return b"spawn_main" in cmdline.read()
+
+
 def test_sigterm_while_evaluating_is_one_line_and_143_and_stops_the_checkpoints_process(
         tmp_path, standin_tokenizer_path, tiny_checkpoints):
     """Outside a step loop (loading, an evaluation) SIGTERM was Python's default, a silent kill; now it ends the run
@@ -142,7 +148,8 @@ def test_sigterm_while_evaluating_is_one_line_and_143_and_stops_the_checkpoints_
                                 "rollout.max_gen_len=64", "chart=false", f"out_dir={tmp_path / 'eval'}",
                                 f"hydra.run.dir={tmp_path / 'run'}"],
                                cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    (worker,) = wait_until(lambda: [child for child in children(process.pid) if loaded(child, "libtorch_global_deps")],
+    (worker,) = wait_until(lambda: [child for child in children(process.pid) if spawned(child)
+                                    and loaded(child, "libtorch_global_deps")],
                            process, "the checkpoint's process has imported torch")
     process.send_signal(signal.SIGTERM)
     _, stderr = communicate(process)
