@@ -118,7 +118,8 @@ def tokenizing_processes(setting: int | str) -> int:
     if setting != "auto":
         return int(setting)
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, min(8, len(os.sched_getaffinity(0)) // max(1, ranks)))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: no affinity
+    return max(1, min(8, cpus // max(1, ranks)))
 
 
 def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatFormat, max_total_len: int, *,

@@ -212,8 +212,12 @@ def test_workers_leave_ctrl_c_and_sigterm_to_the_run_and_auto_shares_the_cpus_am
     assert installed == [(signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_IGN)]
     assert opd.demonstrations._WORKER == (chat_format, 100)
     assert watchdogs == [(opd.demonstrations._exit_with_parent, (os.getppid(),), True)]
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert tokenizing_processes("auto") == 8 and tokenizing_processes(3) == 3
+    monkeypatch.delattr(os, "sched_getaffinity")  # macOS has no affinity: the CPU count instead
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert tokenizing_processes("auto") == 6
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert tokenizing_processes("auto") == 4
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
