@@ -164,6 +164,7 @@ class LossConfig:
     kl_direction: str
     temperature: float
     jsd_beta: float  # kl_direction=jsd only: β in (0, 1); β → 0 tends to forward KL (·β), β → 1 to reverse KL (·(1-β))
+    mask_broken_turns: bool = False  # broken turns (unreadable tool calls, cut at max_gen_len) are context, not targets
 
     def __post_init__(self) -> None:
         check_choice("loss.kl_direction", self.kl_direction, DIVERGENCES)

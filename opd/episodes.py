@@ -7,12 +7,12 @@ markers and the tool observations between turns are context.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from common.chat_records import AgentRecord
-from tools.tool_environment import OK, CallOutcome
+from tools.tool_environment import MALFORMED, NOT_A_CALL, OK, CallOutcome
 
 # Why an episode stopped. Only ANSWER (a turn without tool calls) is a complete episode.
 ANSWER = "answer"
@@ -20,6 +20,7 @@ MAX_GEN_LEN = "max_gen_len"  # a turn reached max_gen_len without EOS
 MAX_TOTAL_LEN = "max_total_len"  # the context is full, or the observation would not fit
 MAX_TURNS = "max_turns"  # the last allowed turn still asked for tools
 STOP_REASONS = (ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS)
+UNREADABLE = (NOT_A_CALL, MALFORMED)  # call statuses of a block the tool world could not read as a call
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Turn:
     calls: list[CallOutcome] = field(default_factory=list)
     observation_end: int | None = None  # end of the observation context appended after this turn, if any
     trained: bool = True  # its tokens are targets (a demonstration's assistant message with weight 0 is context)
+    left_out: bool = False  # a broken turn that ``loss.mask_broken_turns`` keeps as context only
 
 
 @dataclass
@@ -66,11 +68,43 @@ class Episode:
     def tool_errors(self) -> int:
         return sum(1 for turn in self.turns for call in turn.calls if call.status != OK)
 
+    def broken(self, index: int) -> bool:
+        """Whether turn ``index`` is broken: the tool world could not read one of its ``<tool_call>`` blocks (not a
+        closed JSON object, or no usable name or arguments), or ``max_gen_len`` cut it before its EOS."""
+        turn = self.turns[index]
+        cut = self.stop_reason == MAX_GEN_LEN and index == len(self.turns) - 1
+        return cut or any(call.status in UNREADABLE for call in turn.calls)
+
+    def target_counts(self) -> tuple[int, int, int]:
+        """(targets of trained turns, those inside broken turns, those left out of the loss as broken)."""
+        targets = broken = left_out = 0
+        for index, turn in enumerate(self.turns):
+            if turn.trained:
+                size = turn.end - turn.start
+                targets += size
+                broken += size if self.broken(index) else 0
+                left_out += size if turn.left_out else 0
+        return targets, broken, left_out
+
+    def without_broken_turns(self) -> Episode:
+        """This episode with its broken turns kept as context but left out of the loss (``loss.mask_broken_turns``);
+        the episode itself when none is broken. A guided rollout's kept teacher logits lose those turns' rows."""
+        broken = [index for index, turn in enumerate(self.turns) if turn.trained and self.broken(index)]
+        if not broken:
+            return self
+        turns = [replace(turn, left_out=True) if index in broken else turn for index, turn in enumerate(self.turns)]
+        teacher_logits = self.teacher_logits
+        if teacher_logits is not None:  # one row per target, in order: drop the rows of the turns now left out
+            keep = [not new.left_out for turn, new in zip(self.turns, turns, strict=True)
+                    if turn.trained and not turn.left_out for _ in range(turn.end - turn.start)]
+            teacher_logits = teacher_logits[torch.tensor(keep, dtype=torch.bool)]
+        return replace(self, turns=turns, teacher_logits=teacher_logits)
+
     def target_mask(self) -> list[bool]:
-        """One flag per id: True for generated (distillation target) tokens of trained turns."""
+        """One flag per id: True for generated (distillation target) tokens of trained turns not left out."""
         mask = [False] * len(self.ids)
         for turn in self.turns:
-            if turn.trained:
+            if turn.trained and not turn.left_out:
                 mask[turn.start:turn.end] = [True] * (turn.end - turn.start)
         return mask
 

@@ -53,6 +53,14 @@ class Optimization:
         self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
 
+    def skip(self) -> float:
+        """A step without an update (a window with no target left, ``loss.mask_broken_turns``): the schedule moves
+        on with the step count; returns the gradient norm, 0. No gradient was accumulated, so AdamW's step changes
+        no weight and no moment (it skips parameters without a gradient, weight decay included)."""
+        self.optimizer.step()
+        self.scheduler.step()
+        return 0.0
+
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict()}

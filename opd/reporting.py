@@ -38,13 +38,17 @@ def run_dir_of(out_dir: str) -> Path:
 
 def episode_counts(episodes: list[Episode], chat_format: ChatFormat) -> dict[str, int]:
     """Sums over a step's episodes (on one rank): episodes, turns, tool calls and errors, generated tokens (and how
-    many the teacher wrote), truncated episodes, and those with ``gt`` graded by MiniMind's answer check
-    (``opd.scoring``)."""
+    many the teacher wrote), truncated episodes, those with ``gt`` graded by MiniMind's answer check
+    (``opd.scoring``), and the targets of trained turns, of broken turns (``Episode.broken``) and left out as
+    broken (``loss.mask_broken_turns``)."""
     graded = [score_episode(e, chat_format).correct for e in episodes if e.record.gt]
+    targets = [e.target_counts() for e in episodes]  # (of trained turns, broken, left out) per episode
     return {"episodes": len(episodes), "turns": sum(len(e.turns) for e in episodes),
             "tool_calls": sum(e.tool_calls for e in episodes), "tool_errors": sum(e.tool_errors for e in episodes),
             "assistant_tokens": sum(e.assistant_tokens for e in episodes),
-            "teacher_tokens": sum(e.teacher_tokens for e in episodes), "truncated": sum(e.truncated for e in episodes), "graded": len(graded), "correct": sum(graded)}
+            "teacher_tokens": sum(e.teacher_tokens for e in episodes), "truncated": sum(e.truncated for e in episodes),
+            "graded": len(graded), "correct": sum(graded), "turn_targets": sum(t[0] for t in targets),
+            "broken_targets": sum(t[1] for t in targets), "masked_targets": sum(t[2] for t in targets)}
 
 
 def episode_figures(counts: dict) -> dict:
@@ -54,7 +58,9 @@ def episode_figures(counts: dict) -> dict:
             "tool_errors": int(counts["tool_errors"]), "assistant_tokens": int(counts["assistant_tokens"]),
             "teacher_token_share": counts["teacher_tokens"] / counts["assistant_tokens"] if counts["assistant_tokens"] else 0.0,
             "episodes": int(episodes), "truncated_fraction": counts["truncated"] / episodes,
-            "answer_accuracy": counts["correct"] / counts["graded"] if counts["graded"] else None}
+            "answer_accuracy": counts["correct"] / counts["graded"] if counts["graded"] else None,
+            "broken_target_share": counts["broken_targets"] / counts["turn_targets"] if counts["turn_targets"] else 0.0,
+            "masked_targets": int(counts["masked_targets"])}
 
 
 def run_summary(*, step: int, start_step: int, losses: list[float], tokens: int, wall: float, precision,
@@ -151,8 +157,15 @@ class TrainLog:
                              truncated=f"{metrics['truncated_fraction']:.2f}")
         show(f"step {metrics['step']}  loss {metrics['loss']:.5f}  turns {metrics['mean_turns']:.2f}  "
              f"calls {metrics['tool_calls']}  tokens {metrics['assistant_tokens']}  "
-             f"trunc {metrics['truncated_fraction']:.2f}  {metrics['tokens_per_s']:.1f} tok/s  lr {metrics['lr']:.3g}"
+             f"trunc {metrics['truncated_fraction']:.2f}  broken {metrics['broken_target_share']:.2f}  "
+             f"{metrics['tokens_per_s']:.1f} tok/s  lr {metrics['lr']:.3g}"
+             + (f"  masked {metrics['masked_targets']}" if metrics["masked_targets"] else "")
              + ("" if metrics.get("answer_accuracy") is None else f"  correct {metrics['answer_accuracy']:.2f}"))
+
+    def warn(self, line: str) -> None:
+        """One warning line to the run log (rank 0 only)."""
+        if self.enabled:
+            RUN_LOG.warning(line)
 
     def summary(self, summary: dict, paths: list[Path]) -> None:
         """Write this run's training curves (``curves``: the PNG, or None without matplotlib or steps), show the
@@ -165,6 +178,43 @@ class TrainLog:
         show(table)
         for path in paths:
             atomic_write_json(path, summary)
+
+
+class BrokenTurnWatch:
+    """One warning, once per run, when on-policy forward KL trains on a high or sharply rising share of targets in
+    broken turns (``Episode.broken``: unreadable tool calls, turns cut at ``rollout.max_gen_len``).
+
+    On such a turn the teacher is nearly sure of tokens that end an answer, and forward KL counts each position in
+    full where reverse KL weighs it by the student's own probability: in the study's full runs this broke 2 of 3
+    forward-KL students in each run and no reverse-KL one (``opd/README.md``, Recommended settings). The share is
+    the mean of the last ``WINDOW`` steps (one step of 8 episodes is noisy). ``LIMIT``: the study's warm students
+    wrote about 5 % of their calls as broken JSON at temperature 1 (the third full run's noise match, 16,066 calls)
+    and its broken students failed 71 % of their calls; 0.2 is four times the first and well below the second.
+    ``RISE``: three times the run's first ``BASELINE_STEPS`` steps and at least ``MIN_RISE`` above them, which a
+    student that starts clean and breaks crosses before the absolute limit."""
+
+    LIMIT, RISE, MIN_RISE, BASELINE_STEPS, WINDOW = 0.2, 3.0, 0.1, 5, 3
+
+    def __init__(self) -> None:
+        self.shares: list[float] = []
+        self.warned = False
+
+    def check(self, step: int, share: float) -> str | None:
+        """The warning for step ``step`` whose broken-target share is ``share``, or None."""
+        self.shares.append(share)
+        if self.warned or len(self.shares) < self.WINDOW:
+            return None
+        recent = sum(self.shares[-self.WINDOW:]) / self.WINDOW
+        first = self.shares[:self.BASELINE_STEPS]
+        baseline = sum(first) / len(first)
+        rose = len(self.shares) > self.BASELINE_STEPS and recent >= max(self.RISE * baseline, baseline + self.MIN_RISE)
+        if recent < self.LIMIT and not rose:
+            return None
+        self.warned = True
+        return (f"warning: step {step}: {recent:.0%} of the targets of the last {self.WINDOW} steps are in broken turns "
+                f"(unreadable tool calls, or cut at rollout.max_gen_len; {baseline:.0%} in the first steps): on-policy "
+                "forward KL pushes hardest there and broke students in the study; try loss.kl_direction=reverse_kl or "
+                "loss.mask_broken_turns=true")
 
 
 # (report key, column title, format)

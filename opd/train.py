@@ -40,6 +40,7 @@ from opd.guidance import Guide
 from opd.loss import distill_loss_step
 from opd.model_loading import load_student_and_teacher
 from opd.out_dir import checked_run
+from opd.reporting import BrokenTurnWatch
 from opd.rollout import AgentRollout
 from opd.teacher_rollouts import cached_teacher_episodes
 from opd.training_loop import Recipe, TrainingRun
@@ -76,8 +77,8 @@ def train(cfg: OPDConfig) -> dict:
         chat_format.prompt_ids(record, cfg.rollout.max_total_len)
     order = run.data_order(len(records))
     on_policy = cfg.mode == "on_policy"
-    # settings that are off (the mixture at 0, guidance, loss.jsd_beta without jsd) are left out of the signature,
-    # so runs from before they existed still resume
+    # settings that are off (the mixture at 0, guidance, loss.jsd_beta without jsd, loss.mask_broken_turns) are
+    # left out of the signature, so runs from before they existed still resume
     signature = run.signature(
         order, {"mode": cfg.mode, "rollout": cfg.rollout, "loss": cfg.loss, "sampling": cfg.sampling,
                 **({"offline.source": cfg.offline.source} if not on_policy else {}),
@@ -90,6 +91,8 @@ def train(cfg: OPDConfig) -> dict:
                       "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)})
     if cfg.loss.kl_direction != "jsd":
         signature.pop("loss.jsd_beta")
+    if not cfg.loss.mask_broken_turns:
+        signature.pop("loss.mask_broken_turns")
     run.claim(student, "agent_opd", signature)
     teacher.to(run.device).eval().requires_grad_(False)
     sampler = TokenSampler(cfg.sampling, run.device, run.ranks.seed(cfg.sampling.seed_or(cfg.seed)))
@@ -125,6 +128,9 @@ class Distillation(Recipe):
         on_policy = self.cfg.mode == "on_policy"
         self.chat_format, self.collect_time = self.rollout.chat_format, "rollout_s" if on_policy else "data_s"
         self.sampler = self.rollout.sampler if on_policy else None  # the baseline's resume files keep no sampler
+        loss = self.cfg.loss
+        watched = on_policy and loss.kl_direction == "forward_kl" and not loss.mask_broken_turns
+        self.watch = BrokenTurnWatch() if watched else None
 
     def collect(self, window: Window) -> list[list[Episode]]:
         micro_batches = []
@@ -136,6 +142,8 @@ class Distillation(Recipe):
             if rolled_out:
                 policy = self.guide.policy(window.step, index, rolled_out) if self.guide else None
                 episodes += self.rollout.run([self.records[batch[p]] for p in rolled_out], policy)
+            if self.cfg.loss.mask_broken_turns:
+                episodes = [episode.without_broken_turns() for episode in episodes]
             micro_batches.append(episodes)
         return micro_batches
 
@@ -147,4 +155,7 @@ class Distillation(Recipe):
         if self.guide is None or self.cfg.guidance.turn_share is None:
             return {}
         return {"turn_share": self.guide.turn_share(step)}  # Guided-OPD's scheduled turn share
+
+    def warning(self, metrics: dict) -> str | None:
+        return self.watch.check(metrics["step"], metrics["broken_target_share"]) if self.watch else None
 

@@ -76,6 +76,10 @@ class Recipe(ABC):
         """The recipe's own figures of step ``step`` for its metrics line."""
         return {}
 
+    def warning(self, metrics: dict) -> str | None:
+        """A warning line about the step whose metrics line is ``metrics`` (shown by rank 0), or None."""
+        return None
+
 
 @dataclass(frozen=True)
 class Update:
@@ -104,6 +108,9 @@ class Learner:
         ranks = self.ranks
         packed = [pack_episodes(episodes, pad_token_id) if episodes else None for episodes in micro_batches]
         (targets,) = ranks.sum([sum(batch.target_count for batch in packed if batch is not None)])
+        if not targets:  # every target of the window was left out as broken (on every rank alike)
+            lr = self.optimization.lr
+            return Update(0.0, 0.0, 0, lr, self.optimization.skip())
         total, aux = 0.0, 0.0
         unwrap(self.forward).train()
         for index, (episodes, batch) in enumerate(zip(micro_batches, packed, strict=True)):
@@ -194,6 +201,8 @@ class TrainingRun:
                 step, cursor = window.step, window.next_cursor
                 metrics = self.step_metrics(window, update, micro_batches, recipe, times=(began, collected))
                 log.step(metrics)
+                if warning := recipe.warning(metrics):
+                    log.warn(warning)
                 losses.append(metrics["loss"])
                 tokens += metrics["assistant_tokens"]
                 seen += sum(len(episodes) for episodes in micro_batches)

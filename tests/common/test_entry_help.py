@@ -54,6 +54,10 @@ def test_opd_help_lists_the_model_presets_for_teacher_and_student_and_the_logger
     assert shown["data=???"].startswith("agent JSONL")
     assert shown["logger.backends=[jsonl]"].startswith("any of jsonl, tensorboard, wandb")  # the logger file's keys
     assert "teacher.hidden_size=768" in shown
+    # the specified default, and the one override the study's evidence recommends for on-policy runs, with the option
+    # that leaves broken turns out of the loss
+    assert "On-policy, reverse_kl is the safe choice" in shown["loss.kl_direction=forward_kl"]
+    assert "TRL's mask_truncated_completions" in shown["loss.mask_broken_turns=false"]
 
 
 def test_no_help_flag_goes_on_to_the_run(tmp_path):
