@@ -44,9 +44,16 @@ definitions.
   **Error rates**: ``broken_json_rate`` and ``failed_call_rate`` over all calls; ``wrong_value_rate``,
   ``wrong_operation_rate`` and ``extra_call_rate`` over the calls of episodes with ``expected_calls``
   (``checked_calls``).
-- **recovery rate**: of the episodes with at least one call error (any type but ``correct`` and ``unchecked``:
-  ``error_episodes``), the share that still ended correct. Without ``expected_calls`` these are the episodes with
-  at least one tool error.
+- **first error**: the type of an episode's first call error (any type but ``correct`` and ``unchecked``), in call
+  order; it is **recoverable** when the tool world answered it (not ``broken_json``, which MiniMind does not read
+  as a call) and the episode went on with another assistant turn (its observation was fed back: not the last
+  allowed turn, not a turn cut by a limit, not an observation that no longer fit). ``first_errors`` counts the
+  episodes by their first error's type, ``recoverable_first_errors`` those whose first error was recoverable.
+- **recovery rate**: of the episodes whose first call error was recoverable, the share that still ended correct.
+  An episode whose first error was broken JSON, or came with no turn left, could not recover and is not counted.
+  ``recovery_rate_all_errors`` is the share over every episode with at least one call error (``error_episodes``),
+  the rate reported before the recoverable one. Without ``expected_calls`` the call errors are the tool world's
+  (``broken_json``, ``failed_call``).
 - **truncation rate**: share of episodes that did not end with an answer.
 - **mean turns** / **mean assistant tokens**: assistant turns / generated tokens (each turn's EOS
   included) per episode.
@@ -95,6 +102,8 @@ class EpisodeScore:
     call_statuses: list[str] = field(default_factory=list)
     call_types: list[str] = field(default_factory=list)  # one per call, parallel to call_statuses
     expected_calls: int | None = None  # how many calls the record expects; None: not known (calls unchecked)
+    first_error: str | None = None  # the type of the first call error, None without one
+    first_error_recoverable: bool = False  # the tool world answered it and another turn followed
 
     @property
     def calls(self) -> int:
@@ -116,6 +125,10 @@ class EpisodeScore:
 
 def score_from_row(row: dict) -> EpisodeScore:
     """The score of one line of an evaluation's ``episodes_{name}.jsonl`` (which holds every field)."""
+    missing = [item.name for item in fields(EpisodeScore) if item.name not in row]
+    if missing:
+        raise RecordError(f"an episode row of {row.get('source')} has no {', '.join(missing)}: written by an older "
+                          "evaluation, rerun it")
     return EpisodeScore(**{item.name: row[item.name] for item in fields(EpisodeScore)})
 
 
@@ -185,22 +198,27 @@ def score_episode(episode: Episode, chat_format: ChatFormat) -> EpisodeScore:
     """Score one finished episode against its record's ``gt`` and ``expected_calls``."""
     record = episode.record
     answer = episode_answer(episode, chat_format)
-    blocks, outcomes = [], []
+    blocks, outcomes, turn_of = [], [], []
     for index, turn in enumerate(episode.turns):
         found = split_tool_calls(chat_format.decode(episode.turn_ids(index)))[1]
         blocks += found
+        turn_of += [index] * len(found)
         # a turn cut by a limit (max_gen_len, max_total_len) before its EOS never had its calls read: they are
         # checked here, not run, as the last allowed turn's are
         ended = len(turn.calls) == len(found)
         outcomes += turn.calls if ended else [check_call(block, record.declared_tools) for block in found]
     expected = expected_outcomes(record)
+    types = classify_calls(blocks, outcomes, expected, record.declared_tools)
+    first = next((call for call, kind in enumerate(types) if kind in CALL_ERRORS), None)
     return EpisodeScore(
         source=record.source, stop_reason=episode.stop_reason, final_answer=answer,
         correct=answer is not None and answer_is_correct(answer, record.gt), turns=len(episode.turns),
         assistant_tokens=episode.assistant_tokens, teacher_tokens=episode.teacher_tokens,
-        call_statuses=[call.status for call in outcomes],
-        call_types=classify_calls(blocks, outcomes, expected, record.declared_tools),
-        expected_calls=None if expected is None else len(expected))
+        call_statuses=[call.status for call in outcomes], call_types=types,
+        expected_calls=None if expected is None else len(expected),
+        first_error=None if first is None else types[first],
+        first_error_recoverable=first is not None and types[first] != BROKEN_JSON and turn_of[first] + 1 < len(
+            episode.turns))
 
 
 def mean_and_se(values: list[float]) -> tuple[float, float | None]:
@@ -224,6 +242,8 @@ def aggregate(scores: list[EpisodeScore]) -> dict:
     episodes, calls = len(scores), sum(score.calls for score in scores)
     stops = Counter(score.stop_reason for score in scores)
     failed = [score for score in scores if score.call_error]
+    recoverable = [score for score in scores if score.first_error_recoverable]
+    first_errors = Counter(score.first_error for score in failed)
     by_prompt = defaultdict(list)
     for score in scores:
         by_prompt[score.source].append(score.correct)
@@ -243,7 +263,10 @@ def aggregate(scores: list[EpisodeScore]) -> dict:
         **{f"{kind}_rate": _share(types[kind], checked if kind in NEEDS_EXPECTED_CALLS else calls)
            for kind in CALL_ERRORS},
         "error_episodes": len(failed),
-        "recovery_rate": _share(sum(score.correct for score in failed), len(failed)),
+        "first_errors": {kind: first_errors[kind] for kind in CALL_ERRORS},
+        "recoverable_first_errors": len(recoverable),
+        "recovery_rate": _share(sum(score.correct for score in recoverable), len(recoverable)),
+        "recovery_rate_all_errors": _share(sum(score.correct for score in failed), len(failed)),
         "truncation_rate": (episodes - stops[ANSWER]) / episodes,
         "mean_turns": sum(score.turns for score in scores) / episodes,
         "mean_assistant_tokens": sum(score.assistant_tokens for score in scores) / episodes,

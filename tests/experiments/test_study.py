@@ -237,11 +237,14 @@ def test_each_bad_setting_stops_the_study_at_start_naming_its_key(tmp_path, over
 
 def write_episodes(directory, name: str, outcomes: dict[int, tuple[bool, list[str]]], data) -> None:
     """An evaluation of one checkpoint, its rows as opd/evaluate.py writes them: line -> (correct, call statuses);
-    no expected calls, so a call that ran is unchecked and a failed one a failed call (its expression no step)."""
+    no expected calls, so a call that ran is unchecked and a failed one a failed call (its expression no step), the
+    tool world's answer to it followed by another turn: recoverable."""
     directory.mkdir(parents=True, exist_ok=True)
     call = '<tool_call>\n{{"name": "calculate_math", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
     rows = [{**asdict(EpisodeScore(f"{data}:{line}", "answer", "", correct, 1, 1, 0, statuses,
-                                   ["unchecked" if status == "ok" else "failed_call" for status in statuses])),
+                                   ["unchecked" if status == "ok" else "failed_call" for status in statuses],
+                                   first_error="failed_call" if set(statuses) - {"ok"} else None,
+                                   first_error_recoverable=bool(set(statuses) - {"ok"}))),
              "sample": 0, "turn_texts": [call.format("1" if status == "ok" else "1 +") for status in statuses]}
             for line, (correct, statuses) in outcomes.items()]
     (directory / f"episodes_{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -65,7 +65,10 @@ def test_every_metric_on_scripted_episodes(tokenizer):
                                            "wrong_value": 0, "extra_call": 0, "unchecked": 2},
         "broken_json_rate": 2 / 5, "failed_call_rate": 1 / 5, "wrong_operation_rate": None, "wrong_value_rate": None,
         "extra_call_rate": None,
-        "error_episodes": 2, "recovery_rate": 2 / 2,  # episodes 3 and 6 had a tool error and still ended correct
+        "error_episodes": 2, "recovery_rate_all_errors": 2 / 2,  # episodes 3 and 6 had a tool error, ended correct
+        # episode 3's first error, a failed call, was answered and a turn followed; episode 6's, broken JSON, ended it
+        "first_errors": {"broken_json": 1, "failed_call": 1, "wrong_operation": 0, "wrong_value": 0, "extra_call": 0},
+        "recoverable_first_errors": 1, "recovery_rate": 1 / 1,
         "truncation_rate": 1 / 6, "mean_turns": 9 / 6, "mean_assistant_tokens": sum(lengths) / 6,
         "teacher_token_share": 0.0,  # the model evaluated on its own wrote every token
         "stop_reasons": {"answer": 5, "max_gen_len": 1, "max_total_len": 0, "max_turns": 0},
@@ -163,9 +166,46 @@ def test_call_error_types_and_recovery_on_scripted_episodes(tokenizer):
                                                     "broken_json")} == pytest.approx(
         {"wrong_value": 1 / 13, "wrong_operation": 3 / 13, "extra_call": 1 / 13, "failed_call": 2 / 15,
          "broken_json": 1 / 15})
-    # episodes with a call error: 2 (recovered), 3, 4, 5 (recovered), 6, g1 (recovered)
-    assert metrics["error_episodes"] == 6 and metrics["recovery_rate"] == pytest.approx(3 / 6)
+    # episodes with a call error: 2 (recovered), 3, 4, 5 (recovered), 6, g1 (recovered); all but 4 (broken JSON
+    # ends the episode) had a turn after their first error, with the tool world's answer before it
+    assert [(score.first_error, score.first_error_recoverable) for score in scores] == [
+        (None, False), ("wrong_value", True), ("wrong_operation", True), ("broken_json", False), ("failed_call", True),
+        ("wrong_operation", True), ("failed_call", True)]
+    assert metrics["error_episodes"] == 6 and metrics["recovery_rate_all_errors"] == pytest.approx(3 / 6)
+    assert metrics["recoverable_first_errors"] == 5 and metrics["recovery_rate"] == pytest.approx(3 / 5)
+    assert metrics["first_errors"] == {"broken_json": 1, "failed_call": 2, "wrong_operation": 2, "wrong_value": 1,
+                                       "extra_call": 0}
     assert metrics["tool_error_rate"] == pytest.approx(3 / 15)  # not_a_call, tool_error, tool_error
+
+
+def test_a_first_error_with_no_turn_after_it_is_not_recoverable(tokenizer):
+    """A first error in the last allowed turn, in a turn cut by max_gen_len, or whose observation no longer fits the
+    context: no turn followed, so the episode is out of the recovery rate's denominator (but in the all-errors one)."""
+    chat_format = ChatFormat(tokenizer)
+    eos = [tokenizer.eos_token_id]
+    first, wrong = (encode(tokenizer, call_text("calculate_math", expression=e)) for e in ("(3 + 4) % 20", "(3 + 9) % 20"))
+    record = replace(with_gt(agent_record("c.jsonl:1", "Start with 3. Add four, twice, modulo 20."), "11"),
+                     expected_calls=CHAIN)
+    def run(limits: RolloutConfig, script: list[list[int]]):
+        return AgentRollout(tiny_model(), chat_format, ScriptedSampler({"c.jsonl:1": script}), limits).run([record])[0]
+
+    # where the second turn starts: after the prompt, the first call and the tool world's answer to it
+    second = run(RolloutConfig(2, 200, 4096, open_thinking=False), [first + eos, wrong + eos]).turns[0].observation_end
+    cases = {  # stop reason -> (limits, the script)
+        "max_turns": (RolloutConfig(2, 200, 4096, open_thinking=False), [first + eos, wrong + eos]),
+        "max_gen_len": (RolloutConfig(6, len(wrong) + 2, 4096, open_thinking=False),
+                        [first + eos, wrong + encode(tokenizer, " and so on and on")]),
+        # the second turn ends with its EOS, 2 ids short of the limit: the tool world's answer would not fit
+        "max_total_len": (RolloutConfig(6, 200, second + len(wrong) + 3, open_thinking=False),
+                          [first + eos, wrong + eos]),
+    }
+    for reason, (limits, script) in cases.items():
+        score = score_episode(run(limits, script), chat_format)
+        assert (score.stop_reason, score.call_types, score.first_error, score.first_error_recoverable) == (
+            reason, ["correct", "wrong_value"], "wrong_value", False), reason
+        metrics = aggregate([score])
+        assert (metrics["recoverable_first_errors"], metrics["recovery_rate"], metrics["error_episodes"],
+                metrics["recovery_rate_all_errors"]) == (0, None, 1, 0.0)
 
 
 def test_an_expected_call_must_run_in_the_tool_world(tmp_path):
