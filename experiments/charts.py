@@ -47,11 +47,11 @@ def _arm_styles(report: dict) -> dict[str, dict]:
 
 
 def write_study_charts(report: dict, out: str | Path) -> list[Path]:
-    """The study's two charts in ``out``, one row of panels per decoding, the legend beside the panels:
+    """The study's two charts in ``out``, the legend beside the panels:
     ``accuracy_vs_horizon.png`` (every arm's accuracy after the last step at each horizon, ± 1 SE over seeds, arms
     shifted apart along x so that their bars do not overlap; the teacher every arm distils and the warm student) and
-    ``accuracy_vs_steps.png`` (one panel per horizon: every arm's accuracy against optimizer steps, ± 1 SE bars,
-    shifted apart in the same way)."""
+    ``accuracy_vs_steps.png`` (the learning curves, ``report["curve"]``: every arm's accuracy against optimizer steps,
+    ± 1 SE bars over seeds, shifted apart in the same way, the area under each curve in the legend)."""
     plt, out = pyplot(), Path(out)
     horizons, seeds, decodings = report["horizons"], len(report["seeds"]), list(report["decodings"])
     styles, arms = _arm_styles(report), list(report["arms"])
@@ -78,22 +78,22 @@ def write_study_charts(report: dict, out: str | Path) -> list[Path]:
     axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.suptitle(f"accuracy after {report['steps'][-1]} steps ({seeds} seed{'s' if seeds > 1 else ''}, ± 1 SE; dashed: off-policy arms)")
     paths = [save_png(figure, out / "accuracy_vs_horizon.png")]
-    figure, axes = plt.subplots(len(decodings), len(horizons), figsize=(3.6 * len(horizons) + 1.8, 3.4 * len(decodings)),
-                                sharey=True, sharex=True, squeeze=False)
-    spread = (report["steps"][-1] or 1) * 0.012
-    for row, decoding in zip(axes, decodings, strict=True):
-        for axis, horizon in zip(row, horizons, strict=True):
-            for arm, by_group in report["decodings"][decoding]["curves"].items():
-                points = by_group[horizon]
-                axis.errorbar([p["step"] + shift[arm] / 0.08 * spread for p in points], [p["accuracy"] for p in points],
-                              yerr=[p["se"] or 0.0 for p in points], capsize=2, markersize=3, label=arm, **styles[arm])
-            axis.set_title(f"{decoding}, H = {horizon}", fontsize=10)
-            axis.set_ylim(-0.03, 1.03)
-            axis.grid(alpha=0.3)
-        row[0].set_ylabel("held-out accuracy")
-    for axis in axes[-1]:
-        axis.set_xlabel("optimizer steps")
-    axes[0, -1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    figure.suptitle(f"learning curves ({seeds} seed{'s' if seeds > 1 else ''}, ± 1 SE over seeds; arms shifted apart along x)")
+    curve = report["curve"]
+    figure, axis = plt.subplots(figsize=(8.5, 4.2))
+    spread = (curve["steps"][-1] or 1) * 0.012
+    for arm, figures in curve["arms"].items():
+        points = figures["points"]
+        axis.errorbar([p["step"] + shift[arm] / 0.08 * spread for p in points], [p["accuracy"] for p in points],
+                      yerr=[p["se"] or 0.0 for p in points], capsize=2, markersize=3,
+                      label=f"{arm} (area {figures['area']['mean']:.3f})", **styles[arm])
+    axis.set_ylim(-0.03, 1.03)
+    axis.grid(alpha=0.3)
+    axis.set_xlabel("optimizer steps (0: the warm student)")
+    axis.set_ylabel("held-out accuracy")
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    samples = curve["samples_per_prompt"]
+    axis.set_title(f"learning curves: {curve['problems']} held-out problems of H = {curve['horizon']}, "
+                   f"{curve['decoding']} ({samples} sample{'s' if samples > 1 else ''} each), {seeds} "
+                   f"seed{'s' if seeds > 1 else ''}, ± 1 SE over seeds", fontsize=10)
     paths.append(save_png(figure, out / "accuracy_vs_steps.png"))
     return paths

@@ -191,6 +191,17 @@ class Endpoint:
     decoding: str
 
 
+@dataclass
+class CurveSettings:
+    """``curve``: the cheap learning curves, every arm's kept checkpoints (every ``distill.eval_every`` steps, the last
+    included) and the warm student evaluated on the first ``problems`` held-out problems of ``horizon`` under
+    ``decoding``; the full evaluation (every horizon and decoding) runs on the last step only."""
+
+    horizon: int
+    problems: int
+    decoding: str
+
+
 GATES = ("G0_teacher_t1_accuracy", "G1_student_intermediate_errors", "G2_recoverable_errors", "G3_kd_horizon_drop",
          "G4_teacher_continuation", "G5_kd_recovery")  # experiments.study.gates: each gate's value and direction
 
@@ -217,6 +228,7 @@ class StudyConfig:
     arm_settings: dict[str, StudyArm]
     baseline_arm: str
     endpoint: Endpoint
+    curve: CurveSettings
     divergence: DivergenceSettings
     evaluation: StudyEvaluation
     gates: dict[str, float]
@@ -261,6 +273,10 @@ class StudyConfig:
                 "a decoding named t1 (the gates read the temperature-1 evaluations)", list(self.evaluation.decodings))
         require(self.distill.eval_every <= steps, "distill.eval_every", f"at most distill.steps ({steps})",
                 self.distill.eval_every)
+        require(self.curve.horizon in self.horizons, "curve.horizon", f"one of {self.horizons}", self.curve.horizon)
+        check_integer("curve.problems", self.curve.problems, 1)
+        require(self.curve.decoding in self.evaluation.decodings, "curve.decoding",
+                f"one of {', '.join(self.evaluation.decodings)}", self.curve.decoding)
 
     @property
     def running_arms(self) -> list[str]:

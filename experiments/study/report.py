@@ -12,12 +12,16 @@
 - **endpoint**: the pre-registered comparison (``endpoint``: arm, horizon, decoding) after the last step, with its
   95 % Student's t interval over seeds, and the secondary one: the slope over the horizons of the arm's paired
   difference (per seed the least-squares slope, per unit of H; mean, SE and interval over seeds).
+- **curve**: the learning curves (``curve_report``): the warm student and every arm's kept checkpoints on the
+  curve's problems (one horizon, fewer problems, one decoding), with the area under each curve; the figures above
+  are after the last step, on every held-out problem.
 - **ties**: every seed, decoding and step at which all arms scored the same at every horizon (a ceiling or a floor:
   there the paired differences can only read 0).
 - **gates**: ``experiments.study.gates``.
 - **recovery**, **error episodes**, **tool errors** and the call error types: ``opd.scoring``'s (the evaluation's own
-  classifier, run on the episodes' rows): recovery is, of the episodes with a call error (and how many there were),
-  the share that still ended correct; tool errors the share of calls that returned no result.
+  classifier, run on the episodes' rows): recovery is, of the episodes whose first call error was recoverable (the
+  tool world answered it and a turn followed), the share that still ended correct; error episodes count every episode
+  with a call error; tool errors the share of calls that returned no result.
 - **seconds**: the run's ``elapsed_s`` at the step (loading and cached teacher rollouts included), mean over seeds.
 - **warm picks**: per seed, the warm student's SFT step and validation accuracy, and whether it reached
   ``warm.min_accuracy`` (a seed short of it starts from the best checkpoint by the cap, ``warm.best_if_none``).
@@ -156,19 +160,56 @@ def _decoding_report(cfg, paths, steps: list[int], decoding: str, horizons: dict
             "paired_vs_baseline": paired}, per_seed
 
 
+def curve_report(cfg, paths, steps: list[int], walls: dict[str, list[float]]) -> dict:
+    """The learning curves (``curve``): per arm, the warm student (step 0) and its checkpoints at ``steps`` on the
+    curve's problems, accuracy mean ± SE over seeds with the per-seed levels and the paired difference to the
+    baseline arm; and the area under each curve, per seed the trapezoid over the steps divided by the last step (the
+    mean accuracy over training), mean ± SE over seeds. ``walls``: each arm's seconds at ``steps``."""
+    c, seeds, baseline = cfg.curve, list(cfg.seeds), cfg.baseline_arm
+    horizons = horizons_by_line(paths.curve_prompts())
+    student = {seed: _evaluated(paths.curve(seed, "student"), horizons)["student"][c.horizon] for seed in seeds}
+    runs = {arm: {seed: _evaluated(paths.curve(seed, arm), horizons) for seed in seeds} for arm in cfg.running_arms}
+
+    def scores(arm: str, step: int) -> list[dict]:
+        return [student[seed] if step == 0 else runs[arm][seed][f"step{step}"][c.horizon] for seed in seeds]
+
+    points, arms = [0, *steps], {}
+    for arm in cfg.running_arms:
+        curve = []
+        for step, wall in zip(points, [0.0, *walls[arm]], strict=True):
+            runs_at = scores(arm, step)
+            point = {**_point(step, wall, runs_at), "per_seed": [_accuracy(run["correct"]) for run in runs_at]}
+            if arm != baseline:
+                paired = paired_difference([run["correct"] for run in runs_at],
+                                           [run["correct"] for run in scores(baseline, step)])
+                point.update(minus_baseline=paired["mean"], minus_baseline_se=paired["se_seeds"],
+                             minus_baseline_per_seed=paired["per_seed"])
+            curve.append(point)
+        areas = [sum((b["step"] - a["step"]) * (a["per_seed"][i] + b["per_seed"][i]) / 2
+                     for a, b in zip(curve, curve[1:], strict=False)) / steps[-1] for i in range(len(seeds))]
+        mean, se = mean_and_se(areas)
+        arms[arm] = {"points": curve, "area": {"mean": mean, "se": se, "per_seed": areas}}
+    return {"horizon": c.horizon, "decoding": c.decoding, "problems": len(horizons),
+            "samples_per_prompt": cfg.evaluation.decodings[c.decoding].samples_per_prompt, "steps": points,
+            "baseline_arm": baseline, "arms": arms}
+
+
 def study_report(cfg, paths, steps: list[int]) -> dict:
-    """Per decoding: curves, paired differences, teachers and students; the per-seed levels, the endpoint, the gates
-    and the divergences (see the module doc)."""
+    """The learning curves at ``steps`` (``curve_report``); after the last of them, per decoding: accuracies, paired
+    differences, teachers and students; the per-seed levels, the endpoint, the gates and the divergences (see the
+    module doc)."""
     seeds, arms = list(cfg.seeds), cfg.running_arms
     horizons = horizons_by_line(paths.file("heldout_prompts"))
     walls = {arm: [sum(column) / len(seeds) for column in zip(
         *(training_seconds(paths.arm(seed, arm) / "run" / "metrics.jsonl", steps) for seed in seeds), strict=True)]
         for arm in arms}
-    decodings, per_seed = {}, []
+    decodings, per_seed, final = {}, [], steps[-1:]
     for decoding in cfg.evaluation.decodings:
-        decodings[decoding], levels = _decoding_report(cfg, paths, steps, decoding, horizons, walls)
+        decodings[decoding], levels = _decoding_report(cfg, paths, final, decoding, horizons,
+                                                       {arm: wall[-1:] for arm, wall in walls.items()})
         per_seed += levels
-    report = {"seeds": seeds, "horizons": list(cfg.horizons), "steps": steps, "baseline_arm": cfg.baseline_arm,
+    report = {"seeds": seeds, "horizons": list(cfg.horizons), "steps": final, "baseline_arm": cfg.baseline_arm,
+              "curve": curve_report(cfg, paths, steps, walls),
               "arms": {arm: {"on_policy": cfg.arm_settings[arm].on_policy, "teacher": cfg.arm_settings[arm].teacher,
                              "entry": cfg.arm_settings[arm].entry, "overrides": cfg.arm_settings[arm].overrides}
                        for arm in arms},
@@ -346,11 +387,14 @@ def print_report(report: dict, console: Console) -> None:
                 raised.add_row(seed, teacher, direction, f"{figures['top_percent_share']:.2f}", "  ".join(
                     f"{row['token']!r} {row['per_1k_tokens']:+.1f}" for row in figures["raises"]))
     console.print(raised)
-    for decoding, figures in report["decodings"].items():
-        curves = Table(title=f"{decoding}: accuracy per optimizer step, all horizons (mean over seeds)")
-        curves.add_column("arm")
-        for point in next(iter(figures["curves"].values()))[ALL]:
-            curves.add_column(str(point["step"]), justify="right")
-        for arm, by_group in figures["curves"].items():
-            curves.add_row(arm, *(f"{point['accuracy']:.3f}" for point in by_group[ALL]))
-        console.print(curves)
+    curve = report["curve"]
+    table = Table(title=f"learning curves: accuracy per optimizer step on {curve['problems']} held-out problems of "
+                        f"H={curve['horizon']}, {curve['decoding']} (± SE over seeds; step 0: the warm student)")
+    table.add_column("arm")
+    for step in curve["steps"]:
+        table.add_column(str(step), justify="right")
+    table.add_column("area (mean accuracy over training)", justify="right")
+    for arm, figures in curve["arms"].items():
+        table.add_row(arm, *(_pm(point["accuracy"], point["se"]) for point in figures["points"]),
+                      _pm(figures["area"]["mean"], figures["area"]["se"]))
+    console.print(table)

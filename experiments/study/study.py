@@ -29,8 +29,9 @@
    (``python -m experiments.study.continuation``, gate G4; its episodes in ``continuation_episodes.jsonl``).
 4. Per seed and arm (``arm_settings``, or the slice ``arms``): one run from that student with the same optimizer
    steps, batch, schedule and data order, keeping its weights every ``distill.eval_every`` steps; every kept
-   checkpoint is evaluated on every held-out problem under every decoding of ``evaluation.decodings``, so each arm is
-   a learning curve per decoding.
+   checkpoint (and the warm student) is evaluated on the learning curve's problems (``curve``: the first
+   ``curve.problems`` held-out problems of ``curve.horizon``, stage ``curve-data``) under ``curve.decoding``, and the
+   last one on every held-out problem under every decoding of ``evaluation.decodings``.
 5. ``report`` (this process, ``experiments.study.report``): the pilot gates (``experiments.study.gates``), per arm,
    horizon, decoding and step accuracy as mean ± SE over seeds and per seed, the paired difference against
    ``baseline_arm`` on the same problems, the pre-registered ``endpoint``, recovery and call errors, seconds of
@@ -149,9 +150,18 @@ class StudyPaths:
     def divergence(self, seed: int) -> Path:
         return self.seed(seed) / "divergence.json"
 
+    def curve_prompts(self) -> Path:
+        """The learning curves' held-out problems (``curve``; ``experiments.study.curve_problems``)."""
+        return self.data / "curve_prompts.jsonl"
+
+    def curve(self, seed: int, name: str) -> Path:
+        """The learning-curve evaluation of the warm student (``student``) or an arm's kept checkpoints."""
+        return self.seed(seed) / "curve" / name
+
 
 def curve_steps(cfg: StudyConfig) -> list[int]:
-    """The optimizer steps at which every arm's checkpoint is evaluated (the last one is ``distill.steps``)."""
+    """The optimizer steps at which every arm's checkpoint is kept and evaluated on the learning curve's problems
+    (the last one, ``distill.steps``, also under every horizon and decoding)."""
     d = cfg.distill
     return sorted({*range(d.eval_every, d.steps, d.eval_every), d.steps})
 
@@ -213,19 +223,33 @@ def _eval_stages(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int | Non
                  models: dict[str, tuple[Path, RecipeModel]], needs: tuple[str, ...]) -> list[Stage]:
     """Held-out evaluation of ``models`` under every decoding of ``evaluation.decodings``: every evaluation of the
     study decodes with these same settings (stage ``{name}-eval-{decoding}``)."""
-    e, stages = cfg.evaluation, []
-    for decoding, spec in e.decodings.items():
+    stages = []
+    for decoding in cfg.evaluation.decodings:
         out = paths.evaluation(seed, name, decoding)
-        command = [sys.executable, "opd/evaluate.py", f"data={paths.file('heldout_prompts')}",
-                   f"tokenizer={cfg.tokenizer}", "device=cpu", f"seed={e.seed}", f"sampling={spec.sampling}",
-                   f"samples_per_prompt={spec.samples_per_prompt}",
-                   "models={" + ", ".join(f"{key}: {_model_block(*model)}" for key, model in models.items()) + "}",
-                   f"batch_size={e.batch_size}", f"rollout.max_turns={e.max_turns}",
-                   f"rollout.max_gen_len={e.max_gen_len}", f"rollout.max_total_len={e.max_total_len}", "isolate=false",
-                   "chart=false", f"out_dir={out}", f"hydra.run.dir={out / 'run'}"]
         prefix = name if seed is None else f"seed{seed}-{name}"
-        stages.append(Stage(f"{prefix}-eval-{decoding}", command, [out / "evaluation.json"], needs))
+        stages.append(Stage(f"{prefix}-eval-{decoding}", _evaluate_command(
+            cfg, paths.file("heldout_prompts"), decoding, models, out), [out / "evaluation.json"], needs))
     return stages
+
+
+def _curve_stage(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int,
+                 models: dict[str, tuple[Path, RecipeModel]], needs: tuple[str, ...]) -> Stage:
+    """The learning-curve evaluation of ``models`` on the curve's problems under its decoding (``curve``)."""
+    out = paths.curve(seed, name)
+    return Stage(f"seed{seed}-{name}-curve", _evaluate_command(cfg, paths.curve_prompts(), cfg.curve.decoding, models,
+                                                               out), [out / "evaluation.json"], (*needs, "curve-data"))
+
+
+def _evaluate_command(cfg: StudyConfig, data: Path, decoding: str, models: dict[str, tuple[Path, RecipeModel]],
+                      out: Path) -> list[str]:
+    """``opd/evaluate.py`` of ``models`` on ``data`` under ``decoding``, with the evaluation's one set of settings."""
+    e, spec = cfg.evaluation, cfg.evaluation.decodings[decoding]
+    return [sys.executable, "opd/evaluate.py", f"data={data}", f"tokenizer={cfg.tokenizer}", "device=cpu",
+            f"seed={e.seed}", f"sampling={spec.sampling}", f"samples_per_prompt={spec.samples_per_prompt}",
+            "models={" + ", ".join(f"{key}: {_model_block(*model)}" for key, model in models.items()) + "}",
+            f"batch_size={e.batch_size}", f"rollout.max_turns={e.max_turns}", f"rollout.max_gen_len={e.max_gen_len}",
+            f"rollout.max_total_len={e.max_total_len}", "isolate=false", "chart=false", f"out_dir={out}",
+            f"hydra.run.dir={out / 'run'}"]
 
 
 def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeModel, pick, out: Path,
@@ -251,7 +275,11 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--distill", str(data.distill), "--seed", str(data.seed), "--horizons", ",".join(map(str, cfg.horizons)),
             "--warm-horizons", ",".join(map(str, cfg.warm.horizons)), *(["--checked"] if data.checked else []),
             *(["--checked-operand"] if data.checked_operand else [])]
-    stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES])]
+    stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES]),
+              Stage("curve-data", [python, "-m", "experiments.study.curve_problems", "--heldout",
+                                   str(paths.file("heldout_prompts")), "--horizon", str(cfg.curve.horizon),
+                                   "--problems", str(cfg.curve.problems), "--out", str(paths.curve_prompts())],
+                    [paths.curve_prompts()], ("data",))]
     if data.match_noise:  # the rates measured on every seed's warm student at T=1, then the files
         noise = ["--noise-rates", str(paths.noise_rates())]
         stages.append(Stage("noise-match", [
@@ -307,8 +335,9 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     steps = curve_steps(cfg)
     for seed in cfg.seeds:
         prefix = f"seed{seed}"
-        evaluations += _eval_stages(cfg, paths, "student", seed, {"student": (paths.student(seed), cfg.student)},
-                                    (f"{prefix}-student",))
+        warm = {"student": (paths.student(seed), cfg.student)}
+        evaluations += _eval_stages(cfg, paths, "student", seed, warm, (f"{prefix}-student",))
+        evaluations.append(_curve_stage(cfg, paths, "student", seed, warm, (f"{prefix}-student",)))
         evaluations.append(Stage(f"{prefix}-divergence", [
             python, "-m", "experiments.study.divergence", "--data", str(paths.file("distill_prompts")),
             "--tokenizer", str(cfg.tokenizer), "--student", str(paths.student(seed)),
@@ -338,7 +367,9 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
                      *(["noisy-data"] if spec.data in NOISY_FILES else []))
             stages.append(Stage(f"{prefix}-{arm}", _arm_command(cfg, paths, seed, arm),
                                 [path for path, _ in checkpoints.values()], needs))
-            evaluations += _eval_stages(cfg, paths, arm, seed, checkpoints, (f"{prefix}-{arm}",))
+            last = f"step{steps[-1]}"
+            evaluations += _eval_stages(cfg, paths, arm, seed, {last: checkpoints[last]}, (f"{prefix}-{arm}",))
+            evaluations.append(_curve_stage(cfg, paths, arm, seed, checkpoints, (f"{prefix}-{arm}",)))
     return stages + evaluations
 
 
@@ -363,7 +394,7 @@ def run(cfg: StudyConfig) -> dict:
     stage_wall = {name: result["wall_s"] for name, result in results.items()}
     summary = {"seeds": list(cfg.seeds), "horizons": list(cfg.horizons), "gates": report["gates"],
                "endpoint": report["endpoint"], "ties": report["ties"], "results": summary_results(report),
-               "per_seed": report["per_seed"],
+               "per_seed": report["per_seed"], "curves": report["curve"],
                "wall_s": wall, "stage_wall_s": stage_wall, "stage_wall_s_total": sum(stage_wall.values()),
                "wall_s_from_nothing": replay(stages, stage_wall, cfg.jobs),
                "reused_stages": [name for name, r in results.items() if r["reused"]],

@@ -17,6 +17,7 @@ from common.config_schema import ConfigError, parse_config
 from experiments.charts import write_study_charts
 from experiments.stages import replay
 from experiments.study.config import GATES, StudyConfig
+from experiments.study.curve_problems import main as curve_main
 from experiments.study.gates import intermediate_calls
 from experiments.study.report import checkpoint_scores, print_report, study_report, summary_results
 from experiments.study.study import StudyPaths, curve_steps, study_stages
@@ -40,10 +41,28 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     stages = {stage.name: stage for stage in study_stages(cfg)}
     paths = StudyPaths(cfg)
     assert curve_steps(cfg) == [40, 80, 100]
+    curve_data = stages["curve-data"]
+    assert curve_data.needs == ("data",) and curve_data.outputs == [paths.curve_prompts()]
+    assert curve_data.command[curve_data.command.index("--horizon") + 1] == "6"  # the endpoint's horizon by default
     for seed in (0, 1):
+        # the warm student is step 0 of every arm's curve: on the curve's problems, under the curve's decoding
+        warm = stages[f"seed{seed}-student-curve"]
+        assert warm.needs == (f"seed{seed}-student", "curve-data")
+        assert argument(warm.command, "data") == str(paths.curve_prompts())
+        assert argument(warm.command, "sampling") == "opd_rollout" and argument(warm.command, "samples_per_prompt") == "4"
         for arm, spec in cfg.arm_settings.items():
             run = stages[f"seed{seed}-{arm}"]
             assert run.outputs == [paths.arm_checkpoint(seed, arm, step) for step in (40, 80, 100)]
+            # every kept checkpoint on the curve; the last one alone on every problem under every decoding
+            curve = stages[f"seed{seed}-{arm}-curve"]
+            assert curve.needs == (f"seed{seed}-{arm}", "curve-data") and curve.outputs == [
+                paths.curve(seed, arm) / "evaluation.json"]
+            assert [argument(curve.command, key) for key in ("data", "sampling")] == [str(paths.curve_prompts()),
+                                                                                      "opd_rollout"]
+            assert all(f"step{step}: " in argument(curve.command, "models") for step in (40, 80, 100))
+            for decoding in ("t1", "greedy"):
+                models = argument(stages[f"seed{seed}-{arm}-eval-{decoding}"].command, "models")
+                assert "step100: " in models and "step40" not in models and "step80" not in models
             shared = ("batch_size", "optim.learning_rate", "optim.warmup_steps", "optim.lr_scheduler", "seed",
                       "max_steps", "save_interval", "keep_saved_weights")
             assert {key: argument(run.command, key) for key in shared} == {
@@ -148,7 +167,8 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
     assert {"seed2-kd", "seed2-opd", "seed2-kd-eval-t1", "seed2-opd-eval-greedy"} <= names
     assert not any(name.startswith("seed0") for name in names)
     assert {name for name in names if name.startswith("seed2-") and "-eval-" not in name} == {
-        "seed2-kd", "seed2-opd", "seed2-student", "seed2-divergence", "seed2-continuation"}
+        "seed2-kd", "seed2-opd", "seed2-student", "seed2-divergence", "seed2-continuation", "seed2-student-curve",
+        "seed2-kd-curve", "seed2-opd-curve"}
     data = next(stage for stage in study_stages(cfg) if stage.name == "data")
     assert data.command[data.command.index("--horizons") + 1] == "4"
 
@@ -182,7 +202,7 @@ def test_a_checked_task_reaches_both_data_stages():
 def test_the_noisy_data_stage_passes_the_guard_numbers():
     cfg = study_config("/tmp/unused", "data.match_noise=false", "data.guard_numbers.a=0.25",
                        "data.guard_numbers.c=0.75")
-    noisy = study_stages(cfg)[1]
+    noisy = {stage.name: stage for stage in study_stages(cfg)}["noisy-data"]
     assert noisy.command[noisy.command.index("--guard-numbers") + 1] == "a=0.25,b=0,c=0.75,m=0"
 
 
@@ -281,8 +301,8 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     """Two seeds, two arms, four held-out problems (two per horizon), two decodings: accuracies, per-seed levels,
     paired differences and the endpoint by hand."""
     cfg = study_config(tmp_path, "seeds=[0,1]", "arms=[opd]", "horizons=[1,2]", "warm.horizons=[1]", "distill.steps=10",
-                       "distill.eval_every=10", "endpoint.horizon=2", "distill.max_turns=6", "evaluation.max_turns=6",
-                       "data.match_noise=false")
+                       "distill.eval_every=5", "endpoint.horizon=2", "distill.max_turns=6", "evaluation.max_turns=6",
+                       "data.match_noise=false", "curve.horizon=2", "curve.problems=2")
     paths = StudyPaths(cfg)
     write_heldout(paths.file("heldout_prompts"), [1, 1, 2, 2])
     data = paths.file("heldout_prompts")
@@ -302,10 +322,23 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
                                                           ["ok"] if c else ["ok", "malformed"])
                                                    for line, c in enumerate(correct, 1)}, data)
             (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": checkpoint}]}))
+    # the learning curves: two problems of H=2, the warm student (step 0) and every arm's steps 5 and 10 per seed
+    write_heldout(paths.curve_prompts(), [2, 2])
+    curve = {("student", 0): {0: [0, 0]}, ("student", 1): {0: [1, 0]},
+             ("kd", 0): {5: [1, 0], 10: [1, 0]}, ("kd", 1): {5: [0, 0], 10: [1, 0]},
+             ("opd", 0): {5: [1, 1], 10: [1, 1]}, ("opd", 1): {5: [1, 0], 10: [1, 1]}}
+    for (name, seed), by_step in curve.items():
+        directory = paths.curve(seed, name)
+        names = {step: "student" if name == "student" else f"step{step}" for step in by_step}
+        for step, correct in by_step.items():
+            write_episodes(directory, names[step], {line: (bool(c), ["ok"]) for line, c in enumerate(correct, 1)},
+                           paths.curve_prompts())
+        (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": n} for n in names.values()]}))
     for seed in (0, 1):
         for name in ("kd", "opd"):
             (paths.arm(seed, name) / "run").mkdir(parents=True)
-            (paths.arm(seed, name) / "run" / "metrics.jsonl").write_text(json.dumps({"step": 10, "elapsed_s": 7.0 + seed}))
+            (paths.arm(seed, name) / "run" / "metrics.jsonl").write_text("".join(
+                json.dumps({"step": step, "elapsed_s": step * 0.7 + seed}) + "\n" for step in (5, 10)))
         paths.student(seed).parent.mkdir(parents=True, exist_ok=True)
         paths.student(seed).with_suffix(".json").write_text(json.dumps({
             "min_accuracy": 0.5, "prompts": 60, "measured": [], "reached": not seed,
@@ -348,7 +381,7 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert teacher["accuracy"] == 0.75 and teacher["se_problems"] == pytest.approx(0.25)  # sd 0.5 / sqrt(4)
     assert report["divergence"]["robust"]["all"]["forward_kl"] == pytest.approx(0.15)
     assert [report["pushes"][seed]["robust"]["forward_kl"]["raises"][0]["per_1k_tokens"] for seed in "01"] == [8.5, 7.5]
-    assert final["opd"][2]["wall_s"] == pytest.approx(7.5)
+    assert final["opd"][2]["wall_s"] == pytest.approx(7.5)  # 7 and 8 s at step 10
     assert final["kd"][2]["recovery_rate"] == pytest.approx(0.0)  # every episode with a failed call was wrong
     gates = report["gates"]
     assert gates["G0_teacher_t1_accuracy"] == {**gates["G0_teacher_t1_accuracy"], "value": 0.75, "passed": False}
@@ -383,6 +416,21 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
         {"on_policy": True, "accuracy": 0.75, "se": 0.25, "minus_kd": 0.5, "minus_kd_se": 0.0})
     kd_h1 = next(row for row in rows if row["arm"] == "kd" and row["horizon"] == 1)
     assert kd_h1["on_policy"] is False and kd_h1["minus_kd"] == 0.0
+    learning = report["curve"]
+    assert {key: learning[key] for key in ("horizon", "decoding", "problems", "steps", "samples_per_prompt")} == {
+        "horizon": 2, "decoding": "t1", "problems": 2, "steps": [0, 5, 10], "samples_per_prompt": 4}
+    kd, opd = (learning["arms"][arm]["points"] for arm in ("kd", "opd"))
+    assert [p["per_seed"] for p in kd] == [[0, 0.5], [0.5, 0], [0.5, 0.5]]
+    assert [p["per_seed"] for p in opd] == [[0, 0.5], [1, 0.5], [1, 1]]
+    assert [p["accuracy"] for p in opd] == pytest.approx([0.25, 0.75, 1.0])
+    assert [p["se"] for p in opd] == pytest.approx([0.25, 0.25, 0.0])
+    assert [p["wall_s"] for p in opd] == pytest.approx([0.0, 4.0, 7.5])  # the mean over seeds of elapsed_s
+    assert [p["minus_baseline_per_seed"] for p in opd] == [[0, 0], [0.5, 0.5], [0.5, 0.5]]
+    assert "minus_baseline" not in kd[0]
+    # the area, per seed the trapezoid over steps 0, 5, 10 divided by 10: kd 0.375 and 0.25, opd 0.75 and 0.625
+    for arm, per_seed, mean in (("kd", [0.375, 0.25], 0.3125), ("opd", [0.75, 0.625], 0.6875)):
+        area = learning["arms"][arm]["area"]
+        assert area["per_seed"] == pytest.approx(per_seed) and (area["mean"], area["se"]) == pytest.approx((mean, 0.0625))
     charts = write_study_charts(report, tmp_path / "charts")
     assert [chart.name for chart in charts] == ["accuracy_vs_horizon.png", "accuracy_vs_steps.png"]
     assert all(chart.read_bytes().startswith(b"\x89PNG") for chart in charts)
@@ -393,10 +441,25 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert "95 % interval +0.500 to +0.500" in printed and "its slope over H, per unit of H: 0.250 ± 0.250" in printed
     assert "tie: seed 1, greedy, step 10: every arm scored the same at every horizon (1.000 over all)" in printed
     assert "G4 by the number misread: c 2 of 3, input 1 of 1" in printed
+    assert any(line.startswith("│ opd │ 0.250 ± 0.250 │ 0.750 ± 0.250 │ 1.000 ± 0.000 │")
+               and line.endswith(" 0.688 ± 0.062 │") for line in printed.splitlines())  # the curve and its area
     assert "│ 1    │ robust  │ forward_kl │ 0.30    │ '.' +7.5" in printed
     assert ("warm students (SFT step, validation accuracy): seed 0 step 850 (0.500), seed 1 step 2625 (0.483, short "
             "of 0.5: the best by the cap)") in printed
     assert report["warm_picks"]["1"] == {"step": 2625, "accuracy": 0.483, "reached": False, "min_accuracy": 0.5}
+
+
+def test_the_curve_problems_are_the_first_of_their_horizon_in_file_order(tmp_path):
+    heldout, out = tmp_path / "heldout.jsonl", tmp_path / "curve.jsonl"
+    write_heldout(heldout, [1, 6, 2, 6, 6, 1])
+    curve_main(["--heldout", str(heldout), "--horizon", "6", "--problems", "2", "--out", str(out)])
+    assert out.read_text() == heldout.read_text().splitlines(keepends=True)[1] + heldout.read_text().splitlines(
+        keepends=True)[3]
+    ran = run_main(curve_main, "--heldout", str(heldout), "--horizon", "6", "--problems", "4", "--out", str(out),
+                   program="curve_problems.py", hydra=False)
+    assert ran.returncode == 2 and ran.stderr.splitlines()[-1] == (
+        f"curve_problems.py: error: {heldout} holds 3 problems of horizon 6, fewer than the 4 asked for "
+        "(curve.problems)")
 
 
 def test_intermediate_calls_are_those_past_the_first_expected_call_and_within_the_horizon():
@@ -422,7 +485,7 @@ def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_pa
             "teacher.num_hidden_layers=1", "student.hidden_size=32", "student.num_hidden_layers=1", "distill.steps=2",
             "distill.eval_every=1", "distill.batch_size=2", "distill.max_gen_len=8", "evaluation.max_gen_len=8",
             "divergence.prompts=2", "distill.max_turns=4", "evaluation.max_turns=4",
-            "data.match_noise=false"]  # 8-token turns of a random student hold no call to match noise to
+            "curve.problems=3", "data.match_noise=false"]  # 8-token turns of a random student hold no call to match noise to
     command = [sys.executable, "-m", "experiments.study.study", *tiny]
     first = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -434,6 +497,8 @@ def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_pa
     assert {(row["arm"], row["decoding"]) for row in summary["per_seed"]} == {
         (arm, decoding) for arm in ("warm_student", "kd", "opd") for decoding in ("t1", "greedy")}
     assert (tmp_path / "accuracy_vs_horizon.png").is_file() and (tmp_path / "accuracy_vs_steps.png").is_file()
+    assert summary["curves"]["steps"] == [0, 1, 2] and summary["curves"]["problems"] == 3
+    assert {arm: len(curve["points"]) for arm, curve in summary["curves"]["arms"].items()} == {"kd": 3, "opd": 3}
     assert max(summary["stage_wall_s"].values()) <= summary["wall_s_from_nothing"] <= summary["stage_wall_s_total"]
     again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "started" not in again.stdout
