@@ -301,7 +301,7 @@ def write_chart(results: list[dict], path: str | Path, title: str = "held-out ev
 
 # (metrics.jsonl key, panel title) of the training curves
 CURVES = (("loss", "loss"), ("lr", "learning rate"), ("answer_accuracy", "answer accuracy (graded episodes)"),
-          ("tokens_per_s", "assistant tokens / s"))
+          ("broken_target_share", "targets in broken turns"), ("tokens_per_s", "assistant tokens / s"))
 
 
 def write_training_curves(rows: list[dict], path: str | Path, title: str = "training") -> Path | None:

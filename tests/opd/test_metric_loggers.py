@@ -234,3 +234,7 @@ def test_curves_panel_accuracy_only_where_measured(tmp_path):
     assert list(axes[0][2].lines[0].get_xdata()) == [2]
     without = write_training_curves([{"step": 1, "loss": 2.0, "lr": 1e-3, "tokens_per_s": 1.0}], tmp_path / "b.png")
     assert without.read_bytes()[:8] == PNG
+    rows = [{**row, "broken_target_share": share} for row, share in zip(rows, (0.05, 0.4), strict=True)]
+    _, opened = drawn_axes(lambda: write_training_curves(rows, tmp_path / "c.png"))
+    (axes,) = opened
+    assert axes[0][3].get_title() == "targets in broken turns" and list(axes[0][3].lines[0].get_ydata()) == [0.05, 0.4]
