@@ -355,7 +355,7 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
                syntax_noise: float = 0.05, operand_share: float = 0.05, heldout_share: float = 0.4,
                distill_share: float = 0.2, checked: bool = False, guard_share: float = 0.0,
                checked_operand: bool = False, retry_names_input: bool = False,
-               guard_numbers: dict[str, float] | None = None) -> dict:
+               guard_numbers: dict[str, float] | None = None, warm_noisy_share: float = 0.0) -> dict:
     """Write one ``part`` of the task into ``out_dir`` (listed in the summary it returns and writes,
     ``{part}_summary.json``).
 
@@ -364,7 +364,10 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
     ``warm_horizons`` (the study's warm start); the held-out file, every held-out triple once per horizon.
     ``noisy``: the ``*_noisy_demonstrations`` files, the same problems in the same order as the gold ones (the draws
     depend on ``seed`` alone), with noise calls injected from a generator of their own: the noise rates change these
-    two files and nothing else. ``checked``: every problem states a check of its start and every call is guarded
+    two files and nothing else. With ``warm_noisy_share`` (part ``task``): also ``warm_noisy_demonstrations``, the
+    problems of ``warm_demonstrations`` in the same order, each noise-injected at the noise settings with probability
+    ``warm_noisy_share`` (a coin of its own generator; the noise's draws from another) and gold otherwise: a warm
+    start whose SFT holds recoveries. ``checked``: every problem states a check of its start and every call is guarded
     (``expression``), so a wrong input fails in the tool world; ``checked_operand`` (with ``checked``): the question
     states a check of k as well and every guard checks k by it, so a wrong k fails too; ``retry_names_input``: each
     noisy demonstration's retry note names the value the retry starts from.
@@ -390,11 +393,16 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
                          f"{guard_numbers}")
     if not checked_operand and (guard_numbers.get("c") or guard_numbers.get("m")):
         raise ValueError(f"guard_numbers c and m are the operand check's, which needs checked_operand, got {guard_numbers}")
-    if retry_names_input and part != "noisy":
-        raise ValueError("retry_names_input changes the noisy demonstrations only (part noisy), got part task")
+    if not 0 <= warm_noisy_share <= 1 or (warm_noisy_share and part != "task"):
+        raise ValueError(f"warm_noisy_share must be in [0, 1], and 0 but for part task, got {warm_noisy_share} for "
+                         f"part {part}")
+    if retry_names_input and part == "task" and not warm_noisy_share:
+        raise ValueError("retry_names_input changes noise-injected demonstrations only (part noisy, or part task with "
+                         "warm_noisy_share), got part task without")
     if not warm_horizons or not set(warm_horizons) <= set(horizons):
         raise ValueError(f"warm horizons must be among the horizons {list(horizons)}, got {list(warm_horizons)}")
     out, rng, noise_rng = Path(out_dir), random.Random(seed), random.Random(f"noise-{seed}")
+    warm_rng = random.Random(f"warm-{seed}")  # which warm demonstrations are noise-injected
     key_rng = random.Random(f"check-{seed}")  # the checks' own generator: the problems drawn are the unchecked task's
     operand_rng = random.Random(f"operand-check-{seed}")  # and the operand checks': the start checks stay as they were
     out.mkdir(parents=True, exist_ok=True)
@@ -415,19 +423,23 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         rng.shuffle(drawn)
         return keyed(drawn)
 
+    noise = {"value_noise": value_noise, "syntax_noise": syntax_noise, "operand_share": operand_share,
+             "guard_share": guard_share, "retry_names_input": retry_names_input, "guard_numbers": guard_numbers}
     for split, count in (("train", train), ("distill", distill)):
         drawn = draw(split, count)
         if part == "noisy":
-            write(f"{split}_noisy_demonstrations", [
-                make_record(t, h, demonstration=True, value_noise=value_noise, syntax_noise=syntax_noise,
-                            operand_share=operand_share, rng=noise_rng, guard_share=guard_share,
-                            retry_names_input=retry_names_input, guard_numbers=guard_numbers, **keys)
-                for t, h, keys in drawn])
+            write(f"{split}_noisy_demonstrations", [make_record(t, h, demonstration=True, rng=noise_rng, **noise, **keys)
+                                                    for t, h, keys in drawn])
             continue
         gold = [make_record(t, h, demonstration=True, **keys) for t, h, keys in drawn]
         write(f"{split}_demonstrations", gold)
         if split == "train":
             write("warm_demonstrations", [row for row in gold if row["task"]["horizon"] in warm_horizons])
+            if warm_noisy_share:
+                write("warm_noisy_demonstrations", [
+                    make_record(t, h, demonstration=True, **keys, **(
+                        {**noise, "rng": noise_rng} if warm_rng.random() < warm_noisy_share else {}))
+                    for t, h, keys in drawn if h in warm_horizons])
         write(f"{split}_prompts", [make_record(t, h, demonstration=False, **keys) for t, h, keys in drawn])
     heldout = [(triple, horizon) for horizon in horizons for triple in triples["heldout"]]
     rng.shuffle(heldout)
@@ -436,9 +448,8 @@ def write_task(out_dir: str | Path, *, train: int, distill: int, seed: int = 0, 
         write("heldout_prompts", [make_record(t, h, demonstration=False, **keys) for t, h, keys in heldout])
     summary = {"part": part, "seed": seed, "checked": checked, "checked_operand": checked_operand,
                "horizons": list(horizons), "warm_horizons": list(warm_horizons),
-               **({"value_noise": value_noise, "syntax_noise": syntax_noise, "operand_share": operand_share,
-                   "guard_share": guard_share, "guard_numbers": guard_numbers, "retry_names_input": retry_names_input}
-                  if part == "noisy" else {}),
+               **(noise if part == "noisy" or warm_noisy_share else {}),
+               **({"warm_noisy_share": warm_noisy_share} if warm_noisy_share else {}),
                "heldout_share": heldout_share, "distill_share": distill_share, "modulus": MODULUS,
                "tools": list(TOOLS), "triples": {split: len(found) for split, found in triples.items()},
                "records": {"train": train * len(horizons), "distill": distill * len(horizons),
@@ -478,6 +489,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warm-horizons", default="1", help="comma list: the horizons of warm_demonstrations")
     parser.add_argument("--part", choices=PARTS, default="task",
                         help="task: gold demonstrations, prompts, held-out; noisy: the noise-injected demonstrations")
+    parser.add_argument("--warm-noisy-share", type=float, default=0.0,
+                        help="part task: also warm_noisy_demonstrations, this share of the warm demonstrations "
+                             "noise-injected at the settings below")
     parser.add_argument("--value-noise", type=float, default=0.2,
                         help="noisy files: probability of a confused call (one number wrong) before each call")
     parser.add_argument("--syntax-noise", type=float, default=0.05,
@@ -508,7 +522,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         summary = write_task(args.out, train=args.train, distill=args.distill, seed=args.seed, part=args.part,
                              checked=args.checked, checked_operand=args.checked_operand,
-                             retry_names_input=args.retry_names_input, **noise,
+                             retry_names_input=args.retry_names_input, warm_noisy_share=args.warm_noisy_share,
+                             **noise,
                              horizons=tuple(int(h) for h in args.horizons.split(",")),
                              warm_horizons=tuple(int(h) for h in args.warm_horizons.split(",")))
     except ValueError as error:

@@ -137,13 +137,16 @@ class CheckpointPick:
 
 @dataclass
 class WarmStart(CheckpointPick):
-    """``warm``: the warm student, picked as the teacher is (``CheckpointPick``), from an SFT on the gold
-    demonstrations of ``horizons``."""
+    """``warm``: the warm student, picked as the teacher is (``CheckpointPick``), from an SFT on the demonstrations of
+    ``horizons``, of which the share ``noisy_share`` is noise-injected at ``data``'s five noise settings (recoveries in
+    the student's support before any distillation; written by stage ``data``)."""
 
     horizons: list[int]
+    noisy_share: float
 
     def __post_init__(self) -> None:
         self._check("warm")
+        require(0 <= self.noisy_share <= 1, "warm.noisy_share", "in [0, 1]", self.noisy_share)
 
 
 @dataclass
@@ -203,7 +206,7 @@ class CurveSettings:
 
 
 GATES = ("G0_teacher_t1_accuracy", "G1_student_intermediate_errors", "G2_recoverable_errors", "G3_kd_horizon_drop",
-         "G4_teacher_continuation", "G5_kd_recovery")  # experiments.study.gates: each gate's value and direction
+         "G4_teacher_continuation", "G5_kd_recovery", "G6_student_retry_note", "G7_student_recovery")  # experiments.study.gates: each gate's value and direction
 
 
 @dataclass

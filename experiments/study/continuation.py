@@ -1,8 +1,10 @@
-"""Gate G4: can the teacher recover from the student's own errors? It continues the student's episodes after their
-first call error and we count how often it still ends correct.
+"""Gates G4 and G6: can a model recover from the student's own errors? It continues the student's episodes after
+their first call error and we count how often it still ends correct (G4: the robust teacher continues them); before
+it writes a token, its probability of the retry note's first token there is read (G6: the warm student, on its own
+episodes, has the retry in its support).
 
     python -m experiments.study.continuation --episodes seed0/eval/student/t1/episodes_student.jsonl \\
-        --data heldout_prompts.jsonl --tokenizer PATH --teacher robust.pth --teacher-arch 128,2,2,1 \\
+        --data heldout_prompts.jsonl --tokenizer PATH --model robust.pth --arch 128,2,2,1 \\
         --sampling opd_rollout --seed 0 --out seed0/continuation.json
 
 ``--episodes`` is an evaluation's ``episodes_{name}.jsonl`` (``opd/evaluate.py``: each row holds its turns' text and
@@ -12,7 +14,9 @@ errors the student can recover from are continued (``recoverable``): the tool wo
 but ``broken_json``, which MiniMind does not read as a call) and the turn was not the last one allowed. The teacher
 continues each prefix with the turns left (``--max-turns`` minus the prefix's), at ``--sampling`` (a preset of
 ``configs/sampling/``) with the evaluation's per-record seeds (``opd.sampling.sample_seed``), and its episode is scored
-by ``opd.scoring``. Writes the counts by first error type, by the erring call (the first call, whose retry reads the
+by ``opd.scoring``. ``note_probability``: the mean over the continued prefixes of the model's probability of
+``chain_task.RETRY_NOTE``'s first token as the first token of its next turn (teacher-forced on the prefix, one forward
+each), also by the erring call. Writes the counts by first error type, by the erring call (the first call, whose retry reads the
 question, or a later one, whose retry reads the last correct call) and the share that ended correct; with
 ``--episodes-out``, also each continued episode (the prefix's source and first error, the teacher's turns and their
 call types), to read how the teacher failed. ``by_misread_number`` counts them by the number the student misread in
@@ -34,6 +38,7 @@ from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, load_agent_records
 from common.minimind.model import load_model
 from common.package_files import CONFIG_DIR
+from experiments.study.chain_task import RETRY_NOTE
 from experiments.study.divergence import model_spec
 from experiments.study.gates import gold_calls, misread_number
 from opd.chat_format import ChatFormat
@@ -94,6 +99,14 @@ def continuation_records(rows: list[dict], records: dict[str, AgentRecord], max_
     return by_budget, skipped
 
 
+def note_probability(model: torch.nn.Module, chat_format: ChatFormat, prefix: AgentRecord, max_total_len: int) -> float:
+    """The model's probability of the retry note's first token as the first token of its turn after ``prefix``."""
+    ids = torch.tensor([chat_format.prompt_ids(prefix, max_total_len)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, -1].float()
+    return float(logits.softmax(-1)[chat_format.encode(RETRY_NOTE)[0]])
+
+
 def sampling_preset(name: str) -> SamplingConfig:
     path = SAMPLING_DIR / f"{name}.yaml"
     if not path.is_file():
@@ -101,13 +114,17 @@ def sampling_preset(name: str) -> SamplingConfig:
     return SamplingConfig(**OmegaConf.to_container(OmegaConf.load(path)))
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", required=True, type=Path, help="an evaluation's episodes_{name}.jsonl")
     parser.add_argument("--data", required=True, help="the evaluated prompts (the rows' sources)")
     parser.add_argument("--tokenizer", required=True)
-    parser.add_argument("--teacher", required=True, help="the teacher's .pth")
-    parser.add_argument("--teacher-arch", required=True, help="hidden_size,layers,heads,kv_heads")
+    parser.add_argument("--model", required=True, help="the continuing model's .pth (G4: the robust teacher)")
+    parser.add_argument("--arch", required=True, help="its hidden_size,layers,heads,kv_heads")
     parser.add_argument("--sampling", default="opd_rollout", help="a preset of configs/sampling/")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -118,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--episodes-out", type=Path, help="also write every continued episode here (JSONL)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    model, tokenizer = load_model(model_spec(args.teacher, args.teacher_arch, args.tokenizer, "teacher"), role="teacher")
+    model, tokenizer = load_model(model_spec(args.model, args.arch, args.tokenizer, "teacher"), role="teacher")
     model.eval()
     chat_format, sampling = ChatFormat(tokenizer), sampling_preset(args.sampling)
     records = {record.source: record for record in load_agent_records(args.data)[0]}
@@ -127,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     by_budget, skipped = continuation_records(rows, records, args.max_turns, tokenizer.eos_token)
     continued, correct = Counter(), Counter()  # by first error type, and by "first_call" / "later_call"
     misread, misread_correct = Counter(), Counter()
+    notes = defaultdict(list)  # the note's probability, by "first_call" / "later_call"
     continued_rows = []
     for budget, prefixes in sorted(by_budget.items()):
         limits = RolloutConfig(budget, args.max_gen_len, args.max_total_len, False)
@@ -135,11 +153,14 @@ def main(argv: list[str] | None = None) -> None:
             sampler = record_sampler(sampling, "cpu", {r.source: sample_seed(args.seed, r, 0) for r, *_ in chunk})
             episodes = AgentRollout(model, chat_format, sampler, limits).run([record for record, *_ in chunk])
             for episode, (record, kind, call, row) in zip(episodes, chunk, strict=True):
+                notes["first_call" if call == 0 else "later_call"].append(
+                    note_probability(model, chat_format, record, args.max_total_len))
                 score = score_episode(episode, chat_format)
                 ended_correct = score.correct
                 continued_rows.append({
                     "source": record.source, "first_error": kind, "error_call": call, "turns_left": budget,
                     "correct": ended_correct, "final_answer": score.final_answer, "call_types": score.call_types,
+                    "note_probability": notes["first_call" if call == 0 else "later_call"][-1],
                     "turn_texts": [tokenizer.decode(episode.turn_ids(i)) for i in range(len(episode.turns))]})
                 for key in (kind, "first_call" if call == 0 else "later_call"):
                     continued[key] += 1
@@ -159,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
                                 for key in positions if continued[key]},
               "by_misread_number": {key: {"continued": misread[key], "correct": misread_correct[key]}
                                     for key in sorted(misread)},
-              "sampling": args.sampling, "teacher": args.teacher}
+              "note_probability": _mean([p for found in notes.values() for p in found]),
+              "note_probability_by_error_call": {key: _mean(notes[key]) for key in positions if notes[key]},
+              "sampling": args.sampling, "model": args.model}
     if args.episodes_out:
         atomic_write_text(args.episodes_out, "".join(json.dumps(row) + "\n" for row in continued_rows))
     atomic_write_json(args.out, report)

@@ -11,8 +11,15 @@ value against a threshold stated before the full study (``configs/study.yaml`` `
   step, mean over seeds: errors compound over the horizon.
 - ``G4_teacher_continuation`` (at least): the robust teacher continuing the warm students' temperature-1 episodes
   after their first recoverable call error ends correct (``experiments.study.continuation``), pooled over seeds.
-- ``G5_kd_recovery`` (at most): KD's temperature-1 recovery rate after the last step (of its episodes with a call
-  error, the share still correct), mean over seeds: the off-policy student has not learnt to recover.
+- ``G5_kd_recovery`` (at most): KD's temperature-1 recovery rate after the last step (of its episodes whose first
+  call error was recoverable, the share still correct), mean over seeds: the off-policy student has not learnt to
+  recover.
+- ``G6_student_retry_note`` (at least): the warm students, teacher-forced on their own temperature-1 episodes up to
+  their first recoverable call error, put this probability on the retry note's first token for their next turn
+  (``experiments.study.continuation``'s ``note_probability``), mean over the prefixes pooled over seeds: recovery is
+  in the students' support before any distillation, so per-token on-policy distillation can push it.
+- ``G7_student_recovery`` (at least): the warm students' temperature-1 recovery rate (of the held-out episodes whose
+  first call error was recoverable, the share still correct), pooled over seeds.
 """
 
 from __future__ import annotations
@@ -23,7 +30,16 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from experiments.study.chain_task import GUARD_NUMBERS, guard_numbers_of, step_numbers
-from opd.scoring import BROKEN_JSON, CALL_ERRORS, CORRECT, FAILED_CALL, WRONG_OPERATION, WRONG_VALUE
+from opd.scoring import (
+    BROKEN_JSON,
+    CALL_ERRORS,
+    CORRECT,
+    FAILED_CALL,
+    WRONG_OPERATION,
+    WRONG_VALUE,
+    aggregate,
+    score_from_row,
+)
 from tools.tool_calls import MalformedToolCall, ToolCall, split_tool_calls
 
 AT_MOST = ("G5_kd_recovery",)
@@ -199,6 +215,9 @@ def gate_values(cfg, paths, report: dict) -> dict:
     continued = sum(c["continued"] for c in continuations)
     kd = t1["curves"][baseline]
     recovery = kd[ALL][-1]["recovery_rate"]
+    notes = [json.loads(paths.continuation(seed, "student-continuation").read_text()) for seed in cfg.seeds]
+    noted = sum(n["continued"] for n in notes)
+    warm = aggregate([score_from_row(row) for path in student_episodes(cfg, paths) for row in _rows(path)])
     values = {
         "G0_teacher_t1_accuracy": (t1["teachers"]["robust"][ALL]["accuracy"], "robust teacher, all horizons"),
         "G1_student_intermediate_errors": (len(errors) / len(calls) if calls else None,
@@ -210,5 +229,9 @@ def gate_values(cfg, paths, report: dict) -> dict:
         "G4_teacher_continuation": (sum(c["correct"] for c in continuations) / continued if continued else None,
                                     f"{sum(c['correct'] for c in continuations)} of {continued} continued prefixes"),
         "G5_kd_recovery": (recovery, f"{baseline}, all horizons, step {report['steps'][-1]}"),
+        "G6_student_retry_note": (sum(n["note_probability"] * n["continued"] for n in notes if n["continued"]) / noted
+                                  if noted else None, f"warm students, {noted} recoverable error prefixes"),
+        "G7_student_recovery": (warm["recovery_rate"], f"warm students, {warm['recoverable_first_errors']} recoverable "
+                                                       "first errors, all horizons"),
     }
     return {name: _gate(name, values[name][0], threshold, values[name][1]) for name, threshold in cfg.gates.items()}

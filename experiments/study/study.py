@@ -141,11 +141,12 @@ class StudyPaths:
     def evaluation(self, seed: int | None, name: str, decoding: str) -> Path:
         return (self.out if seed is None else self.seed(seed)) / "eval" / name / decoding
 
-    def continuation(self, seed: int) -> Path:
-        return self.seed(seed) / "continuation.json"
+    def continuation(self, seed: int, name: str = "continuation") -> Path:
+        """G4's continuation by the robust teacher, or (``student-continuation``) G6's by the warm student."""
+        return self.seed(seed) / f"{name}.json"
 
-    def continuation_episodes(self, seed: int) -> Path:
-        return self.seed(seed) / "continuation_episodes.jsonl"
+    def continuation_episodes(self, seed: int, name: str = "continuation") -> Path:
+        return self.seed(seed) / f"{name}_episodes.jsonl"
 
     def divergence(self, seed: int) -> Path:
         return self.seed(seed) / "divergence.json"
@@ -171,6 +172,13 @@ def _records(cfg: StudyConfig, name: str) -> int:
     if name.startswith("warm"):
         return cfg.data.train * len(cfg.warm.horizons)
     return (cfg.data.train if name.startswith("train") else cfg.data.distill) * len(cfg.horizons)
+
+
+def _noise_flags(data) -> list[str]:
+    """chain_task's flags of ``data``'s five noise settings."""
+    return ["--value-noise", str(data.value_noise), "--syntax-noise", str(data.syntax_noise),
+            "--operand-share", str(data.operand_share), "--guard-share", str(data.guard_share),
+            "--guard-numbers", ",".join(f"{name}={weight:g}" for name, weight in data.guard_numbers.items())]
 
 
 def _sft_command(cfg: StudyConfig, block: RecipeModel, role: str, seed: int, data: Path, out: Path,
@@ -252,6 +260,21 @@ def _evaluate_command(cfg: StudyConfig, data: Path, decoding: str, models: dict[
             f"hydra.run.dir={out / 'run'}"]
 
 
+def _continuation_stage(cfg: StudyConfig, paths: StudyPaths, seed: int, name: str, model: Path, block: RecipeModel,
+                        needs: str) -> Stage:
+    """``experiments.study.continuation``: ``model`` continues the seed's warm student's T=1 held-out episodes after
+    their first recoverable call error (stage ``seed{seed}-{name}``, its report ``paths.continuation(seed, name)``)."""
+    e, episodes = cfg.evaluation, paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl"
+    out, continued = paths.continuation(seed, name), paths.continuation_episodes(seed, name)
+    return Stage(f"seed{seed}-{name}", [
+        sys.executable, "-m", "experiments.study.continuation", "--episodes", str(episodes),
+        "--data", str(paths.file("heldout_prompts")), "--tokenizer", str(cfg.tokenizer), "--model", str(model),
+        "--arch", _arch_flag(block), "--sampling", e.decodings["t1"].sampling, "--seed", str(seed),
+        "--batch-size", str(e.batch_size), "--max-turns", str(e.max_turns), "--max-gen-len", str(e.max_gen_len),
+        "--max-total-len", str(e.max_total_len), "--out", str(out), "--episodes-out", str(continued)],
+        [out, continued], (f"seed{seed}-student-eval-t1", needs))
+
+
 def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeModel, pick, out: Path,
                   sft: list[str]) -> list[str]:
     """``experiments.study.warm_start`` running the SFT command ``sft`` (final weights ``run``): the first
@@ -275,7 +298,12 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--distill", str(data.distill), "--seed", str(data.seed), "--horizons", ",".join(map(str, cfg.horizons)),
             "--warm-horizons", ",".join(map(str, cfg.warm.horizons)), *(["--checked"] if data.checked else []),
             *(["--checked-operand"] if data.checked_operand else [])]
-    stages = [Stage("data", [*task, "--part", "task"], [paths.file(name) for name in DATA_FILES]),
+    # the warm start's recoveries (warm.noisy_share) at data's five noise settings, set by hand (see the YAML)
+    warm_noise = ["--warm-noisy-share", str(cfg.warm.noisy_share), *_noise_flags(data),
+                  *(["--retry-names-input"] if data.retry_names_input else [])] if cfg.warm.noisy_share else []
+    warm_files = ["warm_noisy_demonstrations"] if cfg.warm.noisy_share else []
+    stages = [Stage("data", [*task, "--part", "task", *warm_noise],
+                    [paths.file(name) for name in (*DATA_FILES, *warm_files)]),
               Stage("curve-data", [python, "-m", "experiments.study.curve_problems", "--heldout",
                                    str(paths.file("heldout_prompts")), "--horizon", str(cfg.curve.horizon),
                                    "--problems", str(cfg.curve.problems), "--out", str(paths.curve_prompts())],
@@ -288,21 +316,21 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--out", str(paths.noise_rates())], [paths.noise_rates()],
             tuple(f"seed{seed}-student-eval-t1" for seed in cfg.seeds)))
     else:
-        noise = ["--value-noise", str(data.value_noise), "--syntax-noise", str(data.syntax_noise),
-                 "--operand-share", str(data.operand_share), "--guard-share", str(data.guard_share),
-                 "--guard-numbers", ",".join(f"{name}={weight:g}" for name, weight in data.guard_numbers.items())]
+        noise = _noise_flags(data)
     stages.append(Stage("noisy-data", [*task, "--part", "noisy", *noise,
                                        *(["--retry-names-input"] if data.retry_names_input else [])],
                         [paths.file(name) for name in NOISY_FILES], ("noise-match",) if data.match_noise else ()))
     evaluations = []
-    w, d, e = cfg.warm, cfg.distill, cfg.evaluation
+    w, d = cfg.warm, cfg.distill
     # the students are listed before the gold teacher, so they start first: a seed's student may run to its cap
     # (the third full run's seed 1: 3,089 s, against 1,366 s for the gold teacher), and the robust teacher waits for
     # every student's T=1 evaluation (noise-match) as for the gold teacher. On that run's stage times the study takes
     # 7,857 s from nothing so, 8,684 s with the gold teacher first (experiments.stages.replay)
+    warm_data = "warm_noisy_demonstrations" if w.noisy_share else "warm_demonstrations"
     for seed in cfg.seeds:
-        student_sft = _sft_command(cfg, cfg.student, "student", seed, paths.file("warm_demonstrations"),
-                                   paths.student_sft(seed).parent, "student_sft", keep_every=w.check_every)
+        student_sft = _sft_command(cfg, cfg.student, "student", seed, paths.file(warm_data),
+                                   paths.student_sft(seed).parent, "student_sft", keep_every=w.check_every,
+                                   noisy=bool(w.noisy_share))
         stages.append(Stage(f"seed{seed}-student", _pick_command(cfg, paths, paths.student_sft(seed), cfg.student, w,
                                                                  paths.student(seed), student_sft),
                             [paths.student(seed)], ("data",)))
@@ -349,17 +377,12 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
             "--max-turns", str(d.max_turns), "--max-gen-len", str(d.max_gen_len),
             "--max-total-len", str(d.max_total_len), "--out", str(paths.divergence(seed))],
             [paths.divergence(seed)], (f"{prefix}-student", *(f"teacher-{kind}" for kind in teachers))))
-        student_t1 = paths.evaluation(seed, "student", "t1")
-        evaluations.append(Stage(f"{prefix}-continuation", [
-            python, "-m", "experiments.study.continuation", "--episodes", str(student_t1 / "episodes_student.jsonl"),
-            "--data", str(paths.file("heldout_prompts")), "--tokenizer", str(cfg.tokenizer),
-            "--teacher", str(paths.teacher("robust")), "--teacher-arch", _arch_flag(cfg.teacher),
-            "--sampling", e.decodings["t1"].sampling, "--seed", str(seed), "--batch-size", str(e.batch_size),
-            "--max-turns", str(e.max_turns), "--max-gen-len", str(e.max_gen_len),
-            "--max-total-len", str(e.max_total_len), "--out", str(paths.continuation(seed)),
-            "--episodes-out", str(paths.continuation_episodes(seed))],
-            [paths.continuation(seed), paths.continuation_episodes(seed)],
-            (f"{prefix}-student-eval-t1", "teacher-robust")))
+        # G4: the robust teacher continues the warm student's T=1 episodes after their first recoverable error; G6:
+        # the warm student itself, its probability of the retry note there
+        evaluations.append(_continuation_stage(cfg, paths, seed, "continuation", paths.teacher("robust"), cfg.teacher,
+                                               "teacher-robust"))
+        evaluations.append(_continuation_stage(cfg, paths, seed, "student-continuation", paths.student(seed),
+                                               cfg.student, f"{prefix}-student"))
         for arm in cfg.running_arms:
             spec = cfg.arm_settings[arm]
             checkpoints = {f"step{step}": (paths.arm_checkpoint(seed, arm, step), cfg.student) for step in steps}

@@ -32,6 +32,11 @@ def study_config(tmp_path, *overrides) -> StudyConfig:
     return parse_config(StudyConfig, compose_config("study", [f"out_dir={tmp_path}", "tokenizer=TOK", *overrides]))
 
 
+# an on-policy arm named opd, for the tests written before the fourth full run's arms
+OPD_ARM = ("+arm_settings.opd={entry: opd, teacher: robust, data: distill_prompts, on_policy: true, "
+           "overrides: ['mode=on_policy']}")
+
+
 def argument(command: list[str], key: str) -> str | None:
     return next((part.split("=", 1)[1] for part in command if part.startswith(f"{key}=")), None)
 
@@ -80,7 +85,8 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
             noisy_data = spec.data == "distill_noisy_demonstrations"  # a few are longer than a rollout may grow
             assert argument(run.command, "offline.drop_too_long") == ("true" if noisy_data else None)
     assert {spec.teacher for spec in cfg.arm_settings.values()} == {"robust"}
-    assert set(cfg.arm_settings) == {"kd", "kd_dart", "opd", "opd_rkl", "opd_greedy"}
+    assert set(cfg.arm_settings) == {"kd", "kd_dart", "opd_rkl", "opd_fkl_masked", "kd_rkl"}
+    assert cfg.endpoint.arm == "opd_rkl" and "loss.mask_broken_turns=true" in cfg.arm_settings["opd_fkl_masked"].overrides
     robust = stages["teacher-robust"]
     assert argument(robust.command, "data") == str(paths.file("train_noisy_demonstrations"))
     # the gold teacher: its SFT, run by the pick, which stops it at the first kept checkpoint past the threshold
@@ -94,7 +100,16 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert argument(gold.command, "out_dir") == str(paths.teacher_sft().parent)
     assert stages["teacher-gold"].outputs == [paths.teacher("gold")] and stages["teacher-gold"].needs == ("data",)
     student = stages["seed1-student"].command
-    assert argument(student[student.index("--") + 1:], "data") == str(paths.file("warm_demonstrations"))
+    # the warm start: half of its demonstrations noise-injected, written by the data stage at data's noise settings
+    assert argument(student[student.index("--") + 1:], "data") == str(paths.file("warm_noisy_demonstrations"))
+    assert paths.file("warm_noisy_demonstrations") in stages["data"].outputs
+    task = stages["data"].command
+    assert task[task.index("--warm-noisy-share") + 1] == "0.5" and task[task.index("--value-noise") + 1] == "0.229"
+    assert stages["seed1-student"].needs == ("data",)
+    gold_start = {stage.name: stage for stage in study_stages(study_config(tmp_path, "warm.noisy_share=0"))}
+    plain = gold_start["seed1-student"].command
+    assert argument(plain[plain.index("--") + 1:], "data") == str(paths.file("warm_demonstrations"))
+    assert "--warm-noisy-share" not in gold_start["data"].command and "--value-noise" not in gold_start["data"].command
     # a seed short of the warm threshold by the cap starts from its best checkpoint; a teacher short of it stops the run
     assert "--best-if-none" in student[:student.index("--")] and "--best-if-none" not in pick
     # the robust teacher continues the gold one: the same architecture and schedule, its own steps and data; then
@@ -112,7 +127,7 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert noisy[noisy.index("--noise-rates") + 1] == str(paths.noise_rates()) and "--noise-rates" not in stages["data"].command
     fixed = {stage.name: stage for stage in study_stages(study_config(tmp_path, "data.match_noise=false"))}
     noisy = fixed["noisy-data"].command  # set by hand: setting them from the pilot reruns nothing else
-    assert noisy[noisy.index("--value-noise") + 1] == str(cfg.data.value_noise) and "--value-noise" not in stages["data"].command
+    assert noisy[noisy.index("--value-noise") + 1] == str(cfg.data.value_noise)
     assert "from_scratch=true" in gold.command and "from_scratch=true" not in robust_sft.command
     assert argument(robust_sft.command, "max_steps") == str(cfg.sft.robust_teacher_steps) == "900"
     assert argument(robust.command, "max_steps") == str(cfg.sft.robust_anneal_steps) == "600"
@@ -120,7 +135,7 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert argument(robust.command, "optim.learning_rate") == str(cfg.sft.robust_anneal_learning_rate) == "0.001"
     # retries make a few noisy demonstrations longer than a rollout may grow: those SFTs leave them out
     assert argument(robust_sft.command, "drop_too_long") == argument(robust.command, "drop_too_long") == "true"
-    assert argument(gold.command, "drop_too_long") is None and argument(student, "drop_too_long") is None
+    assert argument(gold.command, "drop_too_long") is None and argument(student, "drop_too_long") == "true"
     assert argument(robust.command, "max_total_len") == str(cfg.distill.max_total_len)
     varying = ("data=", "save_prefix=", "out_dir=", "hydra.run.dir=", "from_scratch=", "model.checkpoint=",
                "max_steps=", "epochs=", "save_interval=", "keep_saved_weights=", "optim.learning_rate=",
@@ -162,13 +177,14 @@ def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_setti
 
 
 def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_path):
-    cfg = study_config(tmp_path, "seeds=[2]", "arms=[opd]", "horizons=[4]", "warm.horizons=[4]", "endpoint.horizon=4")
+    cfg = study_config(tmp_path, "seeds=[2]", "arms=[opd_rkl]", "horizons=[4]", "warm.horizons=[4]",
+                       "endpoint.horizon=4")
     names = {stage.name for stage in study_stages(cfg)}
-    assert {"seed2-kd", "seed2-opd", "seed2-kd-eval-t1", "seed2-opd-eval-greedy"} <= names
+    assert {"seed2-kd", "seed2-opd_rkl", "seed2-kd-eval-t1", "seed2-opd_rkl-eval-greedy"} <= names
     assert not any(name.startswith("seed0") for name in names)
     assert {name for name in names if name.startswith("seed2-") and "-eval-" not in name} == {
-        "seed2-kd", "seed2-opd", "seed2-student", "seed2-divergence", "seed2-continuation", "seed2-student-curve",
-        "seed2-kd-curve", "seed2-opd-curve"}
+        "seed2-kd", "seed2-opd_rkl", "seed2-student", "seed2-divergence", "seed2-continuation",
+        "seed2-student-continuation", "seed2-student-curve", "seed2-kd-curve", "seed2-opd_rkl-curve"}
     data = next(stage for stage in study_stages(cfg) if stage.name == "data")
     assert data.command[data.command.index("--horizons") + 1] == "4"
 
@@ -191,7 +207,8 @@ def test_the_students_start_before_the_gold_teacher_so_a_student_at_its_cap_ends
 def test_a_checked_task_reaches_both_data_stages():
     for checked, operand in ((False, False), (True, False), (True, True)):
         cfg = study_config("/tmp/unused", f"data.checked={str(checked).lower()}",
-                           f"data.checked_operand={str(operand).lower()}", *([] if checked else ["data.guard_share=0"]))
+                           f"data.checked_operand={str(operand).lower()}", *([] if checked else ["data.guard_share=0"]),
+                           *([] if operand else ["data.guard_numbers={a: 1, b: 0, c: 0, m: 0}"]))
         found = [stage for stage in study_stages(cfg) if stage.name in ("data", "noisy-data")]
         assert len(found) == 2
         for stage in found:
@@ -200,18 +217,19 @@ def test_a_checked_task_reaches_both_data_stages():
 
 
 def test_the_noisy_data_stage_passes_the_guard_numbers():
-    cfg = study_config("/tmp/unused", "data.match_noise=false", "data.guard_numbers.a=0.25",
-                       "data.guard_numbers.c=0.75")
-    noisy = {stage.name: stage for stage in study_stages(cfg)}["noisy-data"]
-    assert noisy.command[noisy.command.index("--guard-numbers") + 1] == "a=0.25,b=0,c=0.75,m=0"
+    cfg = study_config("/tmp/unused", "data.match_noise=false", "data.guard_numbers={a: 0.25, b: 0, c: 0.75, m: 0}")
+    stages = {stage.name: stage for stage in study_stages(cfg)}
+    for name in ("noisy-data", "data"):  # the data stage's for the warm start, whose noise is set by hand
+        command = stages[name].command
+        assert command[command.index("--guard-numbers") + 1] == "a=0.25,b=0,c=0.75,m=0"
 
 
 def test_only_the_noisy_data_stage_names_the_retry_input():
     """retry_names_input changes the noisy files alone, so the gold data's stage (and every stage reading it, the
-    teachers' and students' SFT) keeps its command and is reused."""
+    teachers' and students' SFT) keeps its command and is reused; unless the warm start holds noise too."""
     for named in (False, True):
-        stages = {stage.name: stage for stage in
-                  study_stages(study_config("/tmp/unused", f"data.retry_names_input={str(named).lower()}"))}
+        stages = {stage.name: stage for stage in study_stages(study_config(
+            "/tmp/unused", f"data.retry_names_input={str(named).lower()}", "warm.noisy_share=0"))}
         data, noisy = stages["data"], stages["noisy-data"]
         assert "--retry-names-input" not in data.command
         assert ("--retry-names-input" in noisy.command) == named
@@ -228,7 +246,7 @@ def test_only_the_noisy_data_stage_names_the_retry_input():
     (["data.value_noise=1.0"], "data.value_noise must be in [0, 1), got 1.0"),
     (["data.checked_operand=false", "data.guard_numbers.c=1"],
      "data.guard_numbers must be without c and m unless data.checked_operand is true"),
-    (["data.guard_numbers.a=0"], "data.guard_numbers must be a mapping of some of a, b, c, m to weights >= 0, not all 0"),
+    (["data.guard_numbers={a: 0, b: 0, c: 0, m: 0}"], "data.guard_numbers must be a mapping of some of a, b, c, m to weights >= 0, not all 0"),
     (["data.guard_numbers.b=-1"], "data.guard_numbers must be a mapping of some of a, b, c, m to weights >= 0"),
     (["data.value_noise=0.6", "data.syntax_noise=0.5"], "data.syntax_noise must be below 1 - data.value_noise = 0.4"),
     (["data.operand_share=1.5"], "data.operand_share must be in [0, 1], got 1.5"),
@@ -300,9 +318,10 @@ def test_checkpoint_scores_average_a_problems_samples(tmp_path):
 def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(tmp_path):
     """Two seeds, two arms, four held-out problems (two per horizon), two decodings: accuracies, per-seed levels,
     paired differences and the endpoint by hand."""
-    cfg = study_config(tmp_path, "seeds=[0,1]", "arms=[opd]", "horizons=[1,2]", "warm.horizons=[1]", "distill.steps=10",
-                       "distill.eval_every=5", "endpoint.horizon=2", "distill.max_turns=6", "evaluation.max_turns=6",
-                       "data.match_noise=false", "curve.horizon=2", "curve.problems=2")
+    cfg = study_config(tmp_path, "seeds=[0,1]", OPD_ARM, "arms=[opd]", "endpoint.arm=opd", "horizons=[1,2]",
+                       "warm.horizons=[1]", "distill.steps=10", "distill.eval_every=5", "endpoint.horizon=2",
+                       "distill.max_turns=6", "evaluation.max_turns=6", "data.match_noise=false", "curve.horizon=2",
+                       "curve.problems=2")
     paths = StudyPaths(cfg)
     write_heldout(paths.file("heldout_prompts"), [1, 1, 2, 2])
     data = paths.file("heldout_prompts")
@@ -350,6 +369,9 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
         paths.continuation(seed).write_text(json.dumps({"continued": 4, "correct": 3 - seed, **({} if seed else {
             "by_error_call": {"later_call": {"continued": 4, "correct": 3}},
             "by_misread_number": {"c": {"continued": 3, "correct": 2}, "input": {"continued": 1, "correct": 1}}})}))
+        # G6: the warm student's own note probability after its recoverable errors (3 prefixes at 0.1, then 1 at 0.02)
+        paths.continuation(seed, "student-continuation").write_text(json.dumps(
+            {"continued": 3 - 2 * seed, "correct": 0, "note_probability": 0.1 if seed == 0 else 0.02}))
     report = study_report(cfg, paths, curve_steps(cfg))
     t1, greedy = report["decodings"]["t1"], report["decodings"]["greedy"]
     final = {arm: {h: t1["curves"][arm][h][-1] for h in (1, 2)} for arm in ("kd", "opd")}
@@ -396,14 +418,19 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     # the students' T=1 calls: seed 0 one right episode (1 call) and three wrong (2 calls, the second failed), seed 1
     # two and two: 13 calls at risk (none after a first error), 5 first errors
     noise_match = dict(report["noise_match"])
-    assert noise_match.pop("guard_numbers") == {"a": 1.0, "b": 0.0, "c": 0.0, "m": 0.0}
+    assert noise_match.pop("guard_numbers") == {"a": 0.089, "b": 0.093, "c": 0.155, "m": 0.164}
     assert noise_match == pytest.approx({"calls_at_risk": 13, "confused": 0.0, "wrong_value": 0.0,
                                                    "wrong_operation": 0.0, "guard_failed": 0.0, "failed_call": 5 / 13,
                                                    "broken_json": 0.0,
                                                    "wrong_k_share": None, "wrong_guard_share": None,
                                                    "wrong_guard_numbers": None,
-                                                   "value_noise": 0.14, "syntax_noise": 0.009, "operand_share": 0.01,
-                                                   "guard_share": 0.39})
+                                                   "value_noise": 0.229, "syntax_noise": 0.026, "operand_share": 0.05,
+                                                   "guard_share": 0.335})
+    # G6 pooled over the prefixes: (3 x 0.1 + 1 x 0.02) / 4; G7: the students' 5 recoverable first errors (a failed
+    # call, then a turn), none ended correct
+    assert gates["G6_student_retry_note"]["value"] == pytest.approx(0.08) and gates["G6_student_retry_note"]["passed"]
+    assert gates["G7_student_recovery"] == {**gates["G7_student_recovery"], "value": 0.0, "passed": False,
+                                            "detail": "warm students, 5 recoverable first errors, all horizons"}
     rows = summary_results(report)
     assert {(row["arm"], row["horizon"], row["decoding"]) for row in rows} == {
         (a, h, d) for a in ("kd", "opd") for h in (1, 2, "all") for d in ("t1", "greedy")}
@@ -479,7 +506,7 @@ def test_intermediate_calls_are_those_past_the_first_expected_call_and_within_th
 def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_path):
     """Every stage of a minute-sized study (one seed, two arms, one horizon) runs as its real command, then a
     second invocation skips them all."""
-    tiny = [f"out_dir={tmp_path}", f"tokenizer={tokenizer_path}", "seeds=[0]", "arms=[opd]", "horizons=[1]", "warm.horizons=[1]", "warm.check_every=1", "warm.prompts=2", "warm.min_accuracy=0",
+    tiny = [f"out_dir={tmp_path}", f"tokenizer={tokenizer_path}", "seeds=[0]", OPD_ARM, "arms=[opd]", "endpoint.arm=opd", "horizons=[1]", "warm.horizons=[1]", "warm.check_every=1", "warm.prompts=2", "warm.min_accuracy=0",
             "endpoint.horizon=1", "teacher_pick.check_every=1", "teacher_pick.prompts=2", "teacher_pick.min_accuracy=0",
             "data.train=6", "data.distill=4", "teacher.sft_steps=2", "student.sft_steps=2", "teacher.hidden_size=32",
             "teacher.num_hidden_layers=1", "student.hidden_size=32", "student.num_hidden_layers=1", "distill.steps=2",
@@ -656,7 +683,7 @@ def test_the_continuation_command_writes_its_counts(tmp_path, tokenizer_path):
     save_native(build_model(MiniMindArch(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                          num_key_value_heads=1)), tmp_path / "teacher.pth")
     result = run_main(main, "--episodes", str(episodes), "--data", str(data), "--tokenizer", str(tokenizer_path),
-                      "--teacher", str(tmp_path / "teacher.pth"), "--teacher-arch", "32,1,2,1", "--max-turns", "4",
+                      "--model", str(tmp_path / "teacher.pth"), "--arch", "32,1,2,1", "--max-turns", "4",
                       "--max-gen-len", "4", "--out", str(tmp_path / "continuation.json"),
                       "--episodes-out", str(tmp_path / "continued.jsonl"), hydra=False)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -708,12 +735,13 @@ def test_the_noise_is_matched_to_first_errors_per_call_at_risk(tmp_path):
     rows[2]["turn_texts"] = ["<tool_call>\n{broken\n</tool_call>"]
     (episodes / "episodes_student.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     rates = student_error_rates(cfg, paths)
-    assert (rates.pop("guard_numbers"), rates.pop("wrong_guard_numbers")) == ({"a": 1.0, "b": 0.0, "c": 0.0, "m": 0.0}, {})
+    assert (rates.pop("guard_numbers"), rates.pop("wrong_guard_numbers")) == ({"a": 0.089, "b": 0.093, "c": 0.155,
+                                                                                "m": 0.164}, {})
     assert rates == pytest.approx({
         "calls_at_risk": 12, "confused": 5 / 12, "wrong_value": 3 / 12, "wrong_operation": 0.0,
         "guard_failed": 2 / 12, "failed_call": 1 / 12, "broken_json": 1 / 12, "wrong_k_share": 1 / 5,
-        "wrong_guard_share": 1 / 5, "value_noise": 0.14, "syntax_noise": 0.009, "operand_share": 0.01,
-        "guard_share": 0.39})
+        "wrong_guard_share": 1 / 5, "value_noise": 0.229, "syntax_noise": 0.026, "operand_share": 0.05,
+        "guard_share": 0.335})
 
 
 def test_the_noise_match_names_the_guard_number_a_student_misread(tmp_path):
@@ -725,7 +753,7 @@ def test_the_noise_match_names_the_guard_number_a_student_misread(tmp_path):
     rates = student_error_rates(cfg, paths)
     assert rates["guard_failed"] == 0.5 and rates["wrong_guard_share"] == pytest.approx(5 / 6)
     assert rates["wrong_guard_numbers"] == pytest.approx({"b": 1 / 5, "c": 2 / 5, "m": 1 / 5, "several": 1 / 5})
-    assert rates["guard_numbers"] == {"a": 1.0, "b": 0.0, "c": 0.0, "m": 0.0}  # the configured ones: not matched
+    assert rates["guard_numbers"] == {"a": 0.089, "b": 0.093, "c": 0.155, "m": 0.164}  # the configured: not matched
 
 
 def test_matched_noise_is_measured_on_every_seeds_warm_student_before_the_noisy_files_are_written(tmp_path):

@@ -353,7 +353,7 @@ def test_guard_numbers_of_an_operand_check_are_refused_without_one(tmp_path):
 
 
 def test_retry_names_input_is_refused_outside_the_noisy_part(tmp_path):
-    with pytest.raises(ValueError, match="retry_names_input changes the noisy demonstrations only"):
+    with pytest.raises(ValueError, match="retry_names_input changes noise-injected demonstrations only"):
         write_task(tmp_path, train=2, distill=2, part="task", retry_names_input=True)
     summary = write_task(tmp_path, train=2, distill=2, part="noisy", checked=True, retry_names_input=True)
     assert summary["retry_names_input"] is True
@@ -486,3 +486,30 @@ def test_a_bad_noise_rates_file_is_one_error_naming_it(tmp_path, capsys, content
                          "noisy", "--noise-rates", str(rates)])
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert stop.value.code == 2 and f"--noise-rates {rates}: " in error and message in error
+
+
+def test_the_warm_noisy_demonstrations_are_the_warm_problems_a_share_of_them_noise_injected(tmp_path):
+    """The warm start's SFT data with recoveries: the same problems in the same order as warm_demonstrations, a
+    record noise-injected with probability warm_noisy_share (then its noise calls are context, its retries
+    targets) and the gold record otherwise; the task's other files are those of a run without it."""
+    noise = {"value_noise": 0.3, "syntax_noise": 0.05, "checked": True, "retry_names_input": True}
+    plain = write_task(tmp_path / "plain", train=200, distill=2, horizons=(1, 2, 4, 6), warm_horizons=(2, 4))
+    summary = write_task(tmp_path / "mixed", train=200, distill=2, horizons=(1, 2, 4, 6), warm_horizons=(2, 4),
+                         warm_noisy_share=0.5, **noise)
+    assert summary["warm_noisy_share"] == 0.5 and summary["value_noise"] == 0.3
+    for name in plain["files"]:
+        assert (tmp_path / "plain" / f"{name}.jsonl").read_text() != "" and name in summary["files"]
+    gold = [json.loads(line) for line in (tmp_path / "mixed" / "warm_demonstrations.jsonl").read_text().splitlines()]
+    mixed = [json.loads(line) for line in
+             (tmp_path / "mixed" / "warm_noisy_demonstrations.jsonl").read_text().splitlines()]
+    assert len(gold) == len(mixed) == 400
+    assert [row["task"]["triple"] for row in gold] == [row["task"]["triple"] for row in mixed]
+    noisy = [row for row in mixed if any(message.get("weight") == 0 for message in row["conversations"])]
+    same = sum(g == m for g, m in zip(gold, mixed, strict=True))
+    # a noise-injected record holds no noise call with probability (1 - 0.35) per call: 0.5 x that share are gold too
+    assert 100 < len(noisy) < 200 and same == len(mixed) - len(noisy) > 200
+    retry = next(message for row in noisy for message in row["conversations"]
+                 if message["role"] == "assistant" and message.get("content", "").startswith("That call was wrong"))
+    assert retry.get("weight", 1) == 1 and "redoing the step from" in retry["content"]
+    with pytest.raises(ValueError, match="warm_noisy_share must be in \\[0, 1\\], and 0 but for part task"):
+        write_task(tmp_path / "x", train=2, distill=2, part="noisy", warm_noisy_share=0.5)
