@@ -142,6 +142,12 @@ class Pipeline:
         self.stats.prompt_tokens += outcome.prompt_tokens
         self.stats.completion_tokens += outcome.completion_tokens
         self.stats.reasoning_corrected += outcome.reasoning_corrected
+        if outcome.other_model_replies and not self.stats.other_model_replies:
+            # the name is the server's text, never printed: a hostile server could echo a secret in it
+            self.warn(f"replies name another model than the requests' {self.regeneration.shape.model} (vLLM echoes "
+                      "the served name): the endpoint may serve another model; the summary counts them "
+                      "(replies_naming_other_models)")
+        self.stats.other_model_replies += outcome.other_model_replies
         if outcome.truncation:
             self.stats.truncated[outcome.truncation] += 1
         if conversation.primary_id in self.output.previous_error_ids:

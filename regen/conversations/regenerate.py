@@ -49,6 +49,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_corrected: int = 0  # turns whose reasoning/answer split the server's parser got wrong
+    other_model_replies: int = 0  # replies naming another model than the requests (vLLM echoes the served name)
     retries: Retries = field(default_factory=Retries)  # what its requests' retries took
 
 
@@ -122,6 +123,7 @@ async def regenerate(conversation: Conversation, send: Send, shape: RequestShape
                 reply = await send(payload)
                 endpoint, outcome.retries = reply.endpoint, outcome.retries + reply.retries
                 generation = parse_reply(reply.data, shape.max_tokens)
+                outcome.other_model_replies += generation.model not in (None, shape.model)
                 outcome.rows.append(_row(conversation, len(outcome.rows), generation, endpoint, params, tokens.decode))
                 outcome.prompt_tokens += len(generation.prompt_ids)
                 outcome.completion_tokens += len(generation.generated_ids)

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")  # vLLM's name now, then older servers'
+# finish reasons vLLM and the OpenAI API send; any other value (null, a number, another string) is recorded as UNKNOWN
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "function_call", "abort")
+UNKNOWN = "unknown"
 TOKEN_IDS_HINT = "the endpoint must support return_token_ids (vLLM's chat API with \"return_token_ids\": true)"
 
 
@@ -24,17 +27,20 @@ class CheckedReply:
     reasoning: str | None
     reasoning_field: str  # the name this server gives reasoning: ``reasoning``, older vLLM ``reasoning_content``
     tool_calls: list[dict]
-    finish_reason: str | None
+    finish_reason: str  # one of FINISH_REASONS, else UNKNOWN
     usage: dict
+    model: str | None  # the model the reply names (vLLM echoes the served name); None when it names none
 
 
 def _token_list(value: Any, name: str) -> list[int]:
     if not isinstance(value, list) or not value:
         raise ReplyError(f"reply has no {name}: {TOKEN_IDS_HINT}")
     try:
-        array("Q", value)  # one C pass: every element an integer in 0..2**64-1
+        array("Q", value)  # one C pass: every element an integer in 0..2**64-1 (or a bool: Python's bool is an int)
     except (TypeError, OverflowError):
         raise ReplyError(f"reply {name} must be a list of non-negative integers") from None
+    if set(map(type, value)) != {int}:
+        raise ReplyError(f"reply {name} must be a list of non-negative integers, got true or false among them")
     return value
 
 
@@ -60,6 +66,8 @@ def parse_reply(data: Any, max_tokens: int | None = None) -> CheckedReply:
     if not isinstance(usage, dict):
         raise ReplyError("reply usage must be an object")
     for key, ids in (("prompt_tokens", prompt_ids), ("completion_tokens", generated_ids)):
+        if key in usage and type(usage[key]) is not int:
+            raise ReplyError(f"reply usage.{key} must be an integer, got {type(usage[key]).__name__}")
         if key in usage and usage[key] != len(ids):
             raise ReplyError(f"reply usage.{key}={usage[key]} but it carries {len(ids)} ids")
     content = message.get("content")
@@ -75,6 +83,8 @@ def parse_reply(data: Any, max_tokens: int | None = None) -> CheckedReply:
         raise ReplyError("reply message.tool_calls must be a list of objects")
     if not (content and content.strip()) and not tool_calls and not reasoning:
         raise ReplyError("empty generation: the reply has no content, no tool call and no reasoning")
-    return CheckedReply(
-        prompt_ids, generated_ids, content, reasoning, reasoning_field, tool_calls, choice.get("finish_reason"), usage
-    )
+    finish_reason = choice.get("finish_reason")
+    model = data.get("model")
+    return CheckedReply(prompt_ids, generated_ids, content, reasoning, reasoning_field, tool_calls,
+                        finish_reason if finish_reason in FINISH_REASONS else UNKNOWN, usage,
+                        model if isinstance(model, str) else None)

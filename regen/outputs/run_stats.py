@@ -21,6 +21,7 @@ class RunStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_corrected: int = 0  # history turns whose split regen took from the token ids, not the parser
+    other_model_replies: int = 0  # replies naming another model than the requests
     truncated: Counter = field(default_factory=Counter)
     retries: int = 0  # requests sent again, over all conversations
     retry_wait_s: float = 0.0  # time spent backing off before them
@@ -61,6 +62,7 @@ class RunStats:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "reasoning_split_corrected": self.reasoning_corrected,
+            "replies_naming_other_models": self.other_model_replies,
             "elapsed_s": round(self.elapsed_s, 3),
             "conversations_per_s": round(self.rate(self.done + self.failed), 3),
             "requests_per_s": round(self.rate(requests), 3),

@@ -43,6 +43,13 @@ def _with(choice_changes=None, **top):
     (_with({"token_ids": None}), r"no choices\[0\].token_ids: the endpoint must support return_token_ids"),
     (_with({"token_ids": []}), r"no choices\[0\].token_ids"),
     (_with(prompt_token_ids=[1, "2"]), "non-negative integers"),
+    # JSON true and false are Python ints: they were written into rows as "input_ids": [..., true, true]
+    (_with(prompt_token_ids=[151644, True, 198, 17, 151645]), "prompt_token_ids must be a list of non-negative "
+                                                              "integers, got true or false among them"),
+    (_with({"token_ids": [9001, 13, False]}), r"choices\[0\].token_ids must be a list of non-negative integers, got "
+                                             "true or false"),
+    (_with(usage={"prompt_tokens": "5", "completion_tokens": 3}), "usage.prompt_tokens must be an integer, got str"),
+    (_with(usage={"prompt_tokens": 5, "completion_tokens": True}), "usage.completion_tokens must be an integer, got bool"),
     (_with(usage={"prompt_tokens": 4, "completion_tokens": 3}), "usage.prompt_tokens=4 but it carries 5 ids"),
     (_with(usage={"prompt_tokens": 5, "completion_tokens": 9}), "usage.completion_tokens=9 but it carries 3 ids"),
     (_with({"message": {"role": "assistant", "content": " \n"}}), "empty generation"),
@@ -54,6 +61,35 @@ def _with(choice_changes=None, **top):
 def test_unusable_replies(body, message):
     with pytest.raises(ReplyError, match=message):
         parse_reply(body)
+
+
+@pytest.mark.parametrize("sent,kept", [("stop", "stop"), ("length", "length"), ("tool_calls", "tool_calls"),
+                                       ("abort", "abort"), (None, "unknown"), (3, "unknown"), ("STOP", "unknown"),
+                                       ({"a": 1}, "unknown")])
+def test_a_finish_reason_is_a_known_string_or_unknown(sent, kept):
+    """Rows' metadata.finish_reason takes nothing on trust: a null, a number or another string is recorded as
+    unknown, never copied."""
+    assert parse_reply(_with({"finish_reason": sent})).finish_reason == kept
+
+
+def test_the_model_a_reply_names_is_read_when_it_is_a_string():
+    assert parse_reply(STOP).model == "Qwen/Qwen3-8B"
+    assert parse_reply(_with(model=7)).model is None and parse_reply({k: v for k, v in STOP.items()
+                                                                        if k != "model"}).model is None
+
+
+def test_replies_naming_another_model_are_counted_and_announced_once(serve, regen, capfd):
+    """vLLM echoes the served name; a reply naming another one (a proxy, another server behind the address) still
+    makes rows, is counted in the summary, and is announced once, without the server's text."""
+    def answer(payload):  # q0's reply names another model; the others the one the requests name
+        named = "someone/else-7B" if payload["messages"][-1]["content"] == "q0" else payload["model"]
+        return ok("fine", [1, 5], [7, 8], model=named)
+
+    server = serve(answer)
+    summary, out, errors = regen([server.url], [{"id": f"c{i}", "prompt": f"q{i}"} for i in range(3)])
+    assert len(out) == 3 and errors == [] and summary["replies_naming_other_models"] == 1
+    said = " ".join(capfd.readouterr().err.split())
+    assert said.count("replies name another model than the requests'") == 1 and "someone/else-7B" not in said
 
 
 def test_usage_is_optional():
