@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 from typing import Any
 
 from rich.console import Console
@@ -27,6 +28,7 @@ from regen.conversations.request_params import RequestParams
 from regen.endpoints.chat_client import ChatClient, RetryPolicy, client_session, out_of_descriptors
 from regen.endpoints.endpoint_pool import EndpointPool
 from regen.endpoints.inflight_control import steer
+from regen.endpoints.secrets import Secrets
 from regen.endpoints.served_models import pick_model, served_models
 from regen.outputs.hydra_runtime import multirun_overrides, scrub_credentials
 from regen.outputs.output_files import compact_errors
@@ -108,7 +110,7 @@ async def regenerate_dataset(state: RunState, pool: EndpointPool, source: Source
         client = ChatClient(session, pool, RetryPolicy(settings.max_retries, settings.retry_backoff_s,
                                                        settings.max_backoff_s),
                             settings.request_timeout_s, settings.all_endpoints_down_wait_s,
-                            max_reply_bytes=settings.max_reply_bytes)
+                            max_reply_bytes=settings.max_reply_bytes, secrets=run_secrets(settings))
         regeneration = Regeneration(client, RequestShape(state.model, settings.max_tokens, settings.carry_reasoning),
                                     RequestParams.from_settings(settings), detokenizer)
         rows = SourceRows(source, settings.dataset.format, settings.limit, settings.language_filter)
@@ -182,6 +184,11 @@ def announce(state: RunState, pool: EndpointPool, console: Console) -> None:
                         f"({resume.removed_duplicate_rows} rows) from {paths.output}; the first of each stays")
 
 
+def run_secrets(settings: RegenSettings) -> Secrets:
+    """The run's credentials (``regen.endpoints.secrets``): the API key and the endpoint URLs' passwords."""
+    return Secrets(os.environ.get(settings.api_key_env) if settings.api_key_env else None, settings.server.endpoints)
+
+
 def warner(console: Console):
     """``warn(message)``: a yellow ``warning:`` line on ``console``."""
     return lambda message: console.print(f"[yellow]warning:[/] {escape(message)}")
@@ -191,7 +198,7 @@ def served_model(settings: RegenSettings, pool: EndpointPool, signals: StopSigna
     """The model the requests name, from the endpoints' ``/v1/models`` (``regen.endpoints.served_models``): endpoints
     that do not answer are taken out; a ``max_tokens`` above the model's ``max_model_len`` is refused. A signal
     cancels the requests at an ``await`` and ends the run."""
-    served = asyncio.run(signals.until_signal(served_models(settings.api_key_env, pool)))
+    served = asyncio.run(signals.until_signal(served_models(settings.api_key_env, pool, run_secrets(settings))))
     signals.raise_if_caught()
     model = pick_model(served, settings.served_model, isinstance(settings.server, ExternalServer))
     if served[model] is not None:

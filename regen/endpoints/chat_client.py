@@ -8,6 +8,8 @@ out; a reply slower than ``request_timeout_s`` is retried but says nothing about
 retry after a timeout goes to another live endpoint when there is one, at once (a hung endpoint would
 otherwise hold its conversations for every attempt while the others sit idle); other retries stay on the
 conversation's endpoint after a backoff.
+The server's text in an error (its message, a body that is not JSON, a connection error) passes through the run's
+``Secrets`` first: a server that echoes the request's ``Authorization`` header gets no credential stored or printed.
 A reply body is read in bounded memory (``regen.endpoints.reply_bodies``): one over ``max_reply_bytes`` fails its request
 as soon as the limit is passed (not retried: the server would send it again), and an error reply is read only as
 far as its message.
@@ -35,6 +37,7 @@ import orjson
 from common.user_errors import UserError
 from regen.endpoints.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpoint
 from regen.endpoints.reply_bodies import BodyTooLarge, read_body, read_head
+from regen.endpoints.secrets import Secrets
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 CONNECT_TIMEOUT_S = 30.0
@@ -167,9 +170,10 @@ class ChatClient:
     included; the run's own counters are the caller's."""
 
     def __init__(self, session: aiohttp.ClientSession, pool: EndpointPool, policy: RetryPolicy,
-                 request_timeout_s: float, all_down_wait_s: float, *, max_reply_bytes: int,
+                 request_timeout_s: float, all_down_wait_s: float, *, max_reply_bytes: int, secrets: Secrets,
                  rng: random.Random | None = None):
         self.session = session
+        self.secrets = secrets
         self.max_reply_bytes = max_reply_bytes
         self.pool = pool
         self.policy = policy
@@ -197,16 +201,17 @@ class ChatClient:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
             if out_of_descriptors(error):
                 raise OutOfFileDescriptors(f"connecting to {endpoint.url}") from None
-            raise _Retryable(f"{type(error).__name__}: {error}".rstrip(": "), unreachable=True) from None
+            raise _Retryable(self.secrets.redact(f"{type(error).__name__}: {error}".rstrip(": ")),
+                             unreachable=True) from None
         if status != 200:
-            message = f"HTTP {status} from {endpoint.url}: {_server_message(body)}"
+            message = f"HTTP {status} from {endpoint.url}: {self.secrets.redact(_server_message(body))}"
             if status >= 500 or status in RETRYABLE_STATUSES:
                 raise _Retryable(message, parse_retry_after(retry_after))
             raise RequestFailed(message, endpoint.url)
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise _Retryable(f"reply from {endpoint.url} is not JSON: {body[:200]!r}") from None
+            raise _Retryable(f"reply from {endpoint.url} is not JSON: {self.secrets.redact(repr(body[:200]))}") from None
 
     @property
     def gave_up_on_endpoints(self) -> bool:

@@ -16,6 +16,7 @@ from common.user_errors import UserError
 from regen.endpoints.chat_client import OutOfFileDescriptors, client_session, out_of_descriptors
 from regen.endpoints.endpoint_pool import EndpointPool
 from regen.endpoints.reply_bodies import read_body, read_head
+from regen.endpoints.secrets import Secrets
 
 MODELS_PAGE_BYTES = 16 << 20  # /v1/models: a list of model cards
 
@@ -24,9 +25,10 @@ class EndpointsUnusable(UserError):
     """No endpoint answers, or none serves the asked model."""
 
 
-async def served_models(api_key_env: str | None, pool: EndpointPool) -> dict[str, int | None]:
+async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Secrets) -> dict[str, int | None]:
     """Model id -> ``max_model_len`` (the smallest any endpoint reports; None when none does) from every
-    endpoint's ``/v1/models``; endpoints that do not answer are taken out."""
+    endpoint's ``/v1/models``; endpoints that do not answer are taken out (the server's text in why, ``secrets``
+    redacted)."""
     served: dict[str, int | None] = {}
     timeout = aiohttp.ClientTimeout(total=30)
     async with client_session(api_key_env) as session:
@@ -44,7 +46,7 @@ async def served_models(api_key_env: str | None, pool: EndpointPool) -> dict[str
                 if out_of_descriptors(error):
                     raise OutOfFileDescriptors(f"asking {endpoint.url} for its models") from None
                 endpoint.live, endpoint.taken_out = False, 1
-                endpoint.last_error = f"/v1/models: {type(error).__name__}: {error}"
+                endpoint.last_error = secrets.redact(f"/v1/models: {type(error).__name__}: {error}")
                 continue
             for model, length in cards:
                 known = served.get(model)

@@ -126,6 +126,50 @@ def test_api_key_is_sent_but_never_written(serve, regen, tmp_path, monkeypatch):
         regen([server.url], [{"prompt": "Hi"}], "api_key_env=REGEN_MISSING_KEY")
 
 
+def echoing_server(serve, as_raw: bool = False):
+    """A server that answers every chat request with HTTP 400 whose error text echoes the request's Authorization
+    header (as some proxies do), as JSON or as plain text."""
+    holder = {}
+
+    def answer(payload):
+        said = f"bad request; you sent Authorization: {holder['server'].server.authorizations[-1]}"
+        return Reply(raw=said.encode(), status=400) if as_raw else Reply({"error": {"message": said}}, status=400)
+
+    holder["server"] = serve(answer)
+    return holder["server"]
+
+
+@pytest.mark.parametrize("as_raw", [False, True], ids=["json", "text"])
+def test_a_server_that_echoes_the_api_key_gets_it_written_nowhere(serve, regen_failing, tmp_path, monkeypatch, capfd,
+                                                                  as_raw):
+    """Before: `Bearer sk-...` in errors.jsonl, in summary.json's first_failure and on the console."""
+    server = echoing_server(serve, as_raw)
+    monkeypatch.setenv("REGEN_TEST_KEY", "sk-secret-123")
+    summary, out, errors = regen_failing([server.url], [{"id": "A", "prompt": "Hi"}], "api_key_env=REGEN_TEST_KEY")
+    assert out == [] and "Authorization: Bearer [redacted]" in errors[0]["metadata"]["error"]
+    assert "Authorization: Bearer [redacted]" in summary["first_failure"]
+    written = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert [path for path in written if "sk-secret" in path.read_text(errors="replace")] == []
+    assert "sk-secret" not in "".join(capfd.readouterr())
+
+
+def test_a_server_that_echoes_url_credentials_gets_neither_them_nor_their_basic_token_written(serve, regen_failing,
+                                                                                           tmp_path, capfd):
+    """Before: the password appeared base64-encoded (`Basic YWxpY2U6...`) wherever the server's text went."""
+    import base64
+
+    server = echoing_server(serve)
+    secret = "pw-3f9a2b"
+    token = base64.b64encode(f"alice:{secret}".encode()).decode()
+    summary, _, errors = regen_failing([server.url.replace("http://", f"http://alice:{secret}@")],
+                                       [{"id": "A", "prompt": "Hi"}])
+    assert server.server.authorizations[-1] == f"Basic {token}"
+    assert errors[0]["metadata"]["error"].endswith("Authorization: Basic [redacted]")
+    written = "".join(path.read_text(errors="replace") for path in tmp_path.rglob("*") if path.is_file())
+    console = "".join(capfd.readouterr())
+    assert token not in written + console and secret not in written + console and "[redacted]" in console
+
+
 def test_wrong_tokenizer_stops_the_run(serve, regen, tmp_path):
     server = serve(Script({"Hi": [ok("x", [1, 5], [151644, EOS])]}))
     with pytest.raises(TokenizerMismatch, match="token id 151644 is outside the vocabulary"):
