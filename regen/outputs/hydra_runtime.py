@@ -1,18 +1,25 @@
-"""What regen takes from, and gives back to, the Hydra run it is part of (nothing outside a Hydra app).
+r"""What regen takes from, and gives back to, the Hydra run it is part of (nothing outside a Hydra app).
 
 ``multirun_overrides()`` gives a multirun job's overrides, which its output is named after. ``scrub_credentials()`` removes
 ``user:password@`` from the URLs in Hydra's own record of the job (``.hydra/*.yaml``, ``multirun.yaml``),
-which Hydra writes before the job starts, so credentials given in ``server.endpoints`` stay off disk.
+which Hydra writes before the job starts, so credentials given in ``server.endpoints`` stay off disk; Hydra's
+escaped form of an override (``http\://alice\:pw@host\:8000``) included. ``StripCredentials`` does the same for
+the launcher's console line of each multirun job (``[HYDRA] #0 : server.endpoints=[...]``).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+
 from common.atomic_write import atomic_write_text
 
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s'\"\],]+@")
+# a scheme, as written or with Hydra's escaped colon (``http\://``), then user info up to its ``@``
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*\\?://)[^/@\s'\"\],]+@")
+LAUNCHER_LOGGER = "hydra._internal.core_plugins.basic_launcher"  # logs each multirun job's overrides
 
 
 def _hydra_config():
@@ -39,6 +46,24 @@ def multirun_overrides() -> str | None:
 def strip_credentials(text: str) -> str:
     """``text`` with every ``scheme://user:password@`` turned into ``scheme://``."""
     return _URL_CREDENTIALS.sub(r"\g<scheme>", text)
+
+
+class StripCredentials(logging.Filter):
+    """A logging filter that removes URL credentials from every line it passes (``strip_credentials``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if (clean := strip_credentials(message)) != message:
+            record.msg, record.args = clean, ()
+        return True
+
+
+class ConsoleWithoutCredentials(Callback):
+    """Hydra callback (``configs/regen.yaml``): a multirun's launcher prints each job's overrides before the job
+    starts; this filters URL credentials out of those lines."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        logging.getLogger(LAUNCHER_LOGGER).addFilter(StripCredentials())
 
 
 def scrub_credentials() -> None:

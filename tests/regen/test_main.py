@@ -96,6 +96,26 @@ def test_multirun_jobs_write_distinct_files_with_their_sampling(serve, tmp_path,
     assert sorted(p["temperature"] for p in server.requests) == [0.6, 0.6, 1.0, 1.0]
 
 
+def test_a_multirun_keeps_url_credentials_off_every_file_and_the_console(serve, tmp_path, tokenizer_path):
+    """Before: each job's .hydra/overrides.yaml and hydra.yaml held Hydra's escaped form of the override
+    (server.endpoints=[http\\://alice\\:PW@127.0.0.1\\:8130]), which the scrubbing missed, and the launcher's
+    "[HYDRA] #0 : ..." console line showed it."""
+    server = serve(lambda payload: ok("hi", [1, 5], [6, EOS]), model="org/Tiny")
+    secret = "pw-3f9a2b"
+    endpoint = server.url.replace("http://", f"http://alice:{secret}@")
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "x"}])
+    result = run_main(main, "-m", "sampling.temperature=0.6,1.0", "dataset=local", f"dataset.path={data}",
+                      "server=external", f"server.endpoints=[{endpoint}]", f"tokenizer={tokenizer_path}",
+                      f"output_dir={tmp_path / 'o'}", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != data]
+    assert {"overrides.yaml", "hydra.yaml", "multirun.yaml"} <= {p.name for p in written}
+    assert [p for p in written if secret in p.read_text(errors="replace")] == []
+    shown = result.stdout + result.stderr
+    assert "#0 : sampling.temperature=0.6" in shown and secret not in shown and "alice" not in shown
+    assert server.server.authorizations[-1] == "Basic " + base64.b64encode(f"alice:{secret}".encode()).decode()
+
+
 def test_client_import_chain_has_no_torch():
     code = ("import sys, regen.main, regen.job, benchmarks.regen_client, standins.vllm_server; "
             "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
