@@ -67,7 +67,12 @@ class OutputLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            if self.remove_on_release and self._path_names(self._fd):
-                os.unlink(self.path)  # still held: whoever opened it meanwhile sees it gone and locks anew
-            os.close(self._fd)  # closing the only descriptor drops the flock
-            self._fd = None
+            try:
+                if self.remove_on_release and self._path_names(self._fd):
+                    os.unlink(self.path)  # still held: whoever opened it meanwhile sees it gone and locks anew
+            except OSError as error:  # a folder turned read-only: the file stays, unlocked, and the next run takes it
+                if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+            finally:
+                os.close(self._fd)  # closing the only descriptor drops the flock
+                self._fd = None

@@ -142,6 +142,8 @@ def check_finished(state: RunState) -> None:
     """Raise :class:`RunStopped` when reading stopped early, :class:`NothingSucceeded` when no conversation
     succeeded although some failed, or when every row read was unusable (and none was done before)."""
     stats, errors = state.stats, state.output.paths.errors
+    state.output.rows.check_in_place()  # deleted after the last block: the rows went with it
+    state.output.errors.check_in_place()
     if stats.stopped:
         raise RunStopped(f"regen stopped early: {stats.stopped}",
                          "bring the endpoints back, then run again with resume=true")
@@ -152,11 +154,15 @@ def check_finished(state: RunState) -> None:
         f"{stats.first_failure}", f"see {errors} for every one; fix the cause, then run again with resume=true")
 
 
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a folder (or disk) turned read-only
+
+
 def write_summary(state: RunState, endpoints: dict[str, dict[str, Any]], console: Console,
                   ending: BaseException | None = None) -> dict[str, Any]:
     """Close the output, compact the error file, write ``<stem>.summary.json`` (with the endpoints' counts,
     ``EndpointPool.counts()``) and print the end-of-run lines. When the run is already ending on an error
-    (``ending``), a full disk only costs the summary file (a warning): the run's own error stays the one reported."""
+    (``ending``), a full disk or a folder that turned read-only only costs the summary file (a warning): the run's
+    own error stays the one reported; otherwise a read-only folder is one error (the rows written are intact)."""
     state.output.close()
     paths = state.output.paths
     try:
@@ -165,7 +171,11 @@ def write_summary(state: RunState, endpoints: dict[str, dict[str, Any]], console
         atomic_write_json(paths.summary, summary)
         paths.match_output_mode(paths.summary)
     except OSError as error:
-        if ending is None or error.errno != errno.ENOSPC:
+        if ending is None and error.errno in NOT_WRITABLE:
+            raise UserError(f"cannot write in {paths.output.parent} ({error.strerror}): the summary is not written and "
+                            f"{paths.errors.name} not compacted; the rows in {paths.output.name} are intact",
+                            "make the folder writable, then run again with resume=true") from None
+        if ending is None or error.errno not in (errno.ENOSPC, *NOT_WRITABLE):
             raise
         warner(console)(f"{paths.summary} not written: {error.strerror}")
         summary = state.summary(sum(1 for _ in paths.errors.open("rb")) if paths.errors.is_file() else 0, endpoints)

@@ -57,8 +57,21 @@ class OutputPaths:
         return self.output.with_name(f"{self.output.stem}.lock")
 
     def match_output_mode(self, sibling: Path) -> None:
-        """Give ``sibling`` the output's permissions (the output got the umask's when it was created)."""
-        os.chmod(sibling, self.output.stat().st_mode & 0o7777)
+        """Give ``sibling`` the output's permissions (the output got the umask's when it was created); an output that
+        is gone (deleted mid-run: ``OutputGone``) leaves it as it is."""
+        try:
+            mode = self.output.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            return
+        os.chmod(sibling, mode)
+
+
+class OutputGone(UserError):
+    """The file an appender writes was deleted or replaced while the run wrote it."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"{path} was deleted or replaced while regen wrote to it: what it appended since went with "
+                         "the old file", "run again with resume=true: it regenerates what the file does not hold")
 
 
 class DamagedOutput(UserError):
@@ -270,7 +283,9 @@ def compact_errors(path: Path, succeeded, *, drop_input_errors: bool = False) ->
 
 class LineAppender:
     """Appends whole-line JSON blocks (orjson, compact) to a file: one unbuffered write loop per block. A block that
-    does not fit (a full disk) is cut off again, so the file ends with whole blocks, and raises ``no_space``."""
+    does not fit (a full disk) is cut off again, so the file ends with whole blocks, and raises ``no_space``. After
+    each block the path must still name the file written (``check_in_place``: one ``stat``), else ``OutputGone``:
+    an output deleted mid-run would otherwise take every later row with it, unnoticed."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -289,6 +304,17 @@ class LineAppender:
                 raise
             os.ftruncate(self._handle.fileno(), start)
             raise no_space(self.path, len(data)) from None
+        self.check_in_place()
+
+    def check_in_place(self) -> None:
+        """Raise ``OutputGone`` unless the path still names the file this appender writes."""
+        try:
+            named = os.stat(self.path)
+        except FileNotFoundError:
+            raise OutputGone(self.path) from None
+        written = os.fstat(self._handle.fileno())
+        if (named.st_dev, named.st_ino) != (written.st_dev, written.st_ino):
+            raise OutputGone(self.path)
 
     def close(self) -> None:
         self._handle.close()

@@ -14,6 +14,7 @@ is removed when the run lets go (``common.run_lock``).
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import stat
@@ -101,6 +102,14 @@ def _refuse_earlier_run(paths: OutputPaths) -> None:
                             "pass resume=true to continue it, or choose another output= (or remove the old files)")
 
 
+def remove_stale_temps(paths: OutputPaths) -> None:
+    """Remove the temp files an earlier run of this output left behind (killed during an atomic write:
+    ``.{name}.*.tmp`` beside the output and its siblings); the lock is held, so no other run is writing them."""
+    for target in (paths.output, paths.errors, paths.summary, paths.manifest):
+        for temp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+            temp.unlink(missing_ok=True)
+
+
 @contextmanager
 def open_output(settings: RegenSettings, paths: OutputPaths, current: dict[str, Any],
                 warn: Callable[[str], None]) -> Iterator[RunOutput]:
@@ -118,6 +127,7 @@ def open_output(settings: RegenSettings, paths: OutputPaths, current: dict[str, 
         raise UserError(f"cannot write the output {paths.output} ({error.strerror or error})",
                         "choose another output= or output_dir=") from None
     try:
+        remove_stale_temps(paths)
         if not settings.resume:
             _refuse_earlier_run(paths)
         rows = LineAppender(paths.output)  # created first: the siblings copy its permissions
