@@ -22,7 +22,8 @@ ROLES = ("system", "user", "assistant", "tool")
 MAX_DEPTH = 64  # objects/arrays inside each other; real chat requests (tool schemas included) stay far below
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 _RESERVED_TEMPLATE_ARGS = {"conversation", "messages", "tools", "tokenize", "add_generation_prompt",
-                           "continue_final_message", "return_dict", "chat_template", "documents"}
+                           "continue_final_message", "return_dict", "chat_template", "documents", "return_tensors",
+                           "return_assistant_tokens_mask", "tokenizer_kwargs", "padding", "truncation", "max_length"}
 
 
 class RequestError(Exception):

@@ -74,9 +74,12 @@ class ChatService:
                 **request.chat_template_kwargs,
             )
         except (TemplateError, ValueError, TypeError) as error:
-            raise RequestError(f"the chat template could not render these messages: {error}",
+            raise RequestError(f"the chat template could not render these messages: {str(error)[:300]}",
                                param="messages") from None
-        return list(ids)
+        if not (isinstance(ids, list) and all(type(i) is int for i in ids)):  # a template kwarg changed what it returns
+            raise RequestError("chat_template_kwargs made the chat template return something other than token ids",
+                               param="chat_template_kwargs")
+        return ids
 
     def check_length(self, prompt_len: int, max_tokens: int | None) -> int:
         """The completion budget for a prompt, or a 400 like vLLM's when the context is too small."""

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
 GREEDY_EPS = 1e-5  # vLLM's threshold: a smaller temperature means greedy decoding
 DRAW_BLOCK = 64  # tokens per block of ``draw``'s two-level cumulative sum
 
@@ -87,7 +88,9 @@ class TokenSampler:
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution sampled from, ``[rows, vocab]`` fp32 (unnormalized after top-p / min-p cuts)."""
         s = self.settings
-        scaled = logits.float() / s.temperature
+        # finite whatever the settings do to the logits (a penalty of 1e-40 divides them into infinity): the largest
+        # logits stay the largest and tie, and softmax stays a distribution
+        scaled = (logits.float() / s.temperature).clamp(-FLOAT32_MAX, FLOAT32_MAX)
         if 0 < s.top_k < scaled.shape[-1]:
             kth = torch.topk(scaled, s.top_k, dim=-1).values[:, -1:]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -95,7 +98,9 @@ class TokenSampler:
         if s.top_p < 1:
             sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
             mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-            sorted_probs = sorted_probs.masked_fill(mass_before >= s.top_p, 0.0)
+            cut = mass_before >= s.top_p
+            cut[:, 0] = False  # the most likely token always stays (a top_p that fp32 reads as 0, such as 1e-300)
+            sorted_probs = sorted_probs.masked_fill(cut, 0.0)
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         if s.min_p > 0:
             probs = probs.masked_fill(probs < s.min_p * probs.amax(dim=-1, keepdim=True), 0.0)

@@ -251,6 +251,9 @@ async def test_seed_makes_sampling_repeatable(serve):
     ({"messages": USER, "tool_choice": "auto"}, 400, "'tools' must be set"),
     ({"messages": USER, "tools": TOOLS, "tool_choice": "required"}, 400, "'auto' and 'none'"),
     ({"messages": USER, "chat_template_kwargs": {"tokenize": False}}, 400, "may not set"),
+    # before: a 500 (the template returned a tensor)
+    ({"messages": USER, "chat_template_kwargs": {"return_tensors": "pt"}}, 400, "may not set ['return_tensors']"),
+    ({"messages": USER, "chat_template_kwargs": {"tokenizer_kwargs": {"x": 1}}}, 400, "may not set"),
     ({"messages": USER, "max_tokens": 2040}, 400, "maximum context length is 2048"),
     ({"model": "other/model", "messages": USER}, 404, "`other/model` does not exist"),
 ])
@@ -259,6 +262,19 @@ async def test_bad_requests_get_a_clear_error(serve, body, status, fragment):
     got, reply = await post(serve.session, base, body)
     assert got == status and fragment in reply["error"]["message"]
     assert reply["error"]["code"] == status
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("settings", [{"top_p": 1e-300}, {"repetition_penalty": 1e-40},
+                                      {"repetition_penalty": 1e-40, "temperature": 0.5}, {"repetition_penalty": 1e30}],
+                         ids=["top_p", "penalty", "penalty-cold", "penalty-large"])
+async def test_values_inside_the_ranges_never_get_a_500(serve, settings):
+    """Before: "probabilities are not finite" (a 500): fp32 read top_p 1e-300 as 0 and cut every token, and a
+    penalty of 1e-40 divided the logits into infinity."""
+    base, _ = await serve()
+    got, reply = await post(serve.session, base, {"messages": USER, "max_tokens": 4, "ignore_eos": True,
+                                                  "return_token_ids": True, "seed": 1, **settings})
+    assert got == 200 and len(reply["choices"][0]["token_ids"]) == 4
 
 
 @pytest.mark.asyncio

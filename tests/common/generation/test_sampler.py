@@ -37,6 +37,20 @@ def test_sampling_distribution_against_hand_calculation():
     assert set(drawn.tolist()) == {0, 1} and 0.55 < (drawn == 0).float().mean() < 0.70  # p0 = 0.6225
 
 
+def test_a_top_p_that_fp32_reads_as_zero_keeps_the_most_likely_token():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    probabilities = TokenSampler(settings(top_p=1e-300), "cpu", seed=0).probabilities(logits)[0]
+    assert probabilities[0] > 0 and probabilities[1:].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_logits_a_penalty_divided_into_infinity_still_give_a_distribution():
+    """Repetition penalty 1e-40 divides positive logits into inf: they tie at the largest finite value."""
+    logits = Penalties(repetition=1e-40).apply(torch.tensor([[2.0, 1.0, -3.0, 0.5]]), [0, 1], [2])
+    assert torch.isinf(logits[0, :2]).all()
+    probabilities = TokenSampler(settings(temperature=0.5), "cpu", seed=0).probabilities(logits)[0]
+    torch.testing.assert_close(probabilities, torch.tensor([0.5, 0.5, 0.0, 0.0]))
+
+
 def test_draw_finds_each_uniform_in_the_cumulative_mass():
     probabilities = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]]).expand(5, 5)  # exact in binary
     largest_below_one = 1 - 2.0 ** -53
