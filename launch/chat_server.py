@@ -8,7 +8,9 @@ Routes: ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming), ``GET
 ``GET /stats`` (the batch engine's counters: forward passes, tokens, peak batch). Concurrent requests
 share forward passes (``launch.batch_engine``). A request is decoded, checked and tokenized on a worker
 thread (one, so the tokenizer is never used from two threads), so a very long prompt never holds up the
-event loop; a body over the size limit is a 413. Binds 127.0.0.1 unless ``--host`` says otherwise.
+event loop; a body over the size limit is a 413. Binds 127.0.0.1 unless ``--host`` says otherwise. With
+``--api-key`` (or ``$VLLM_API_KEY``), as vLLM's ``serve``: every route but ``/health`` needs ``Authorization: Bearer
+KEY``, else 401.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if __name__ == "__main__":  # the script: the imports below happen once, inside 
 
 import argparse
 import asyncio
+import hmac
 import json
 import os
 import signal
@@ -54,6 +57,7 @@ class ChatService:
     tool_call_parser: str | None = "hermes"
     sampling_defaults: dict | None = None
     created: int = 0
+    api_key: str | None = None  # requests must carry it as a bearer token (vLLM's --api-key); None: open
     preparer: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="prepare"))
 
     def prepare(self, raw: bytes) -> tuple[ChatRequest, list[int], SamplingParams]:
@@ -149,9 +153,19 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[SERVICE_KEY].engine.stats())
 
 
+@web.middleware
+async def _require_key(request: web.Request, handler) -> web.StreamResponse:
+    """vLLM's ``--api-key``: a request without ``Authorization: Bearer KEY`` gets 401 (``/health`` stays open)."""
+    if request.path != "/health":
+        expected = f"Bearer {request.app[SERVICE_KEY].api_key}".encode()
+        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+    return await handler(request)
+
+
 def create_app(service: ChatService) -> web.Application:
     """The aiohttp application around a started engine; the engine stops when the app shuts down."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_require_key] if service.api_key else [])
     app[SERVICE_KEY] = service
     app.add_routes([
         web.get("/v1/models", list_models),
@@ -203,6 +217,7 @@ def load_service(args: argparse.Namespace) -> ChatService:
         max_model_len=max_model_len, reasoning_parser=args.reasoning_parser,
         tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
         sampling_defaults=generation_defaults(args.checkpoint), created=int(time.time()),
+        api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
     )
 
 
@@ -228,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None)
     parser.add_argument("--tool-call-parser", choices=[*TOOL_CALL_PARSERS, "none"], default="hermes")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--api-key", default=None, help="requests must send 'Authorization: Bearer KEY' (vLLM's "
+                                                        "flag; default: $VLLM_API_KEY, else no key)")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     return parser
 

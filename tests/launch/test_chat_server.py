@@ -278,6 +278,26 @@ async def test_values_inside_the_ranges_never_get_a_500(serve, settings):
 
 
 @pytest.mark.asyncio
+async def test_an_api_key_guards_every_route_but_health(serve):
+    """vLLM's --api-key: 401 without the bearer token or with another one; /health stays open for probes."""
+    base, _ = await serve(api_key="sk-embedded")
+    body = {"messages": USER, "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer sk-other"}, {"Authorization": "sk-embedded"}):
+        async with serve.session.post(f"{base}/v1/chat/completions", json=body, headers=headers) as response:
+            assert response.status == 401 and await response.json() == {"error": "Unauthorized"}
+        for path in ("/v1/models", "/stats"):
+            async with serve.session.get(f"{base}{path}", headers=headers) as response:
+                assert response.status == 401
+    key = {"Authorization": "Bearer sk-embedded"}
+    async with serve.session.post(f"{base}/v1/chat/completions", json=body, headers=key) as response:
+        assert response.status == 200
+    async with serve.session.get(f"{base}/v1/models", headers=key) as response:
+        assert response.status == 200
+    async with serve.session.get(f"{base}/health") as response:
+        assert response.status == 200
+
+
+@pytest.mark.asyncio
 async def test_invalid_json_and_tool_choice_without_parser(serve):
     base, _ = await serve(tool_call_parser=None)
     async with serve.session.post(f"{base}/v1/chat/completions", data=b"{not json",
