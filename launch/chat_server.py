@@ -36,12 +36,16 @@ from aiohttp import web
 from jinja2 import TemplateError
 
 from common.entry_help import program_name
+from common.minimind.tokenizer import max_token_bytes, token_floor
 from common.start_up import started
 from launch.batch_engine import BatchEngine, SamplingParams
 from launch.chat_reply import REASONING_PARSERS, TOOL_CALL_PARSERS, build_reply
 from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, decode_body, parse_chat_request
 
 SERVICE_KEY = web.AppKey("chat_service", object)
+# aiohttp does not cancel a handler whose client went away unless told to: with it, the handler's CancelledError
+# cancels the engine's future, and the sequence leaves the batch at the next step (counted as cancelled_requests)
+RUNNER_OPTIONS = {"handler_cancellation": True}
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
@@ -58,6 +62,7 @@ class ChatService:
     sampling_defaults: dict | None = None
     created: int = 0
     api_key: str | None = None  # requests must carry it as a bearer token (vLLM's --api-key); None: open
+    longest_token: int | None = None  # UTF-8 bytes of the longest vocabulary entry (check_text_fits), read once
     preparer: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="prepare"))
 
     def prepare(self, raw: bytes) -> tuple[ChatRequest, list[int], SamplingParams]:
@@ -66,6 +71,7 @@ class ChatService:
                                   tool_parser=self.tool_call_parser)
         if chat.model is not None and chat.model != self.model_name:
             raise RequestError(f"The model `{chat.model}` does not exist.", status=404, param="model")
+        self.check_text_fits(chat)
         prompt_ids = self.prompt_ids(chat)
         return chat, prompt_ids, chat.sampling_params(self.check_length(len(prompt_ids), chat.max_tokens))
 
@@ -84,6 +90,19 @@ class ChatService:
             raise RequestError("chat_template_kwargs made the chat template return something other than token ids",
                                param="chat_template_kwargs")
         return ids
+
+    def check_text_fits(self, request: ChatRequest) -> None:
+        """A 400 before tokenizing, when the messages' text alone holds more bytes than the context's tokens can
+        (``common.minimind.tokenizer.token_floor``): tokenizing 60 MiB takes minutes and gigabytes."""
+        text_bytes = sum(len(message["content"].encode()) for message in request.messages
+                         if isinstance(message.get("content"), str))
+        if self.longest_token is None:
+            self.longest_token = max_token_bytes(self.tokenizer)
+        floor = token_floor(text_bytes, self.longest_token)
+        if floor >= self.max_model_len:
+            raise RequestError(f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                               f"messages hold {text_bytes} bytes of text, at least {floor} tokens. Please reduce the "
+                               "length of the input messages.", param="messages")
 
     def check_length(self, prompt_len: int, max_tokens: int | None) -> int:
         """The completion budget for a prompt, or a 400 like vLLM's when the context is too small."""
@@ -267,4 +286,4 @@ def main(argv: list[str] | None = None) -> None:
     print(f"serving {service.model_name} on http://{args.host}:{args.port} "
           f"(max batch {args.max_batch_size}, max model len {service.max_model_len})", flush=True)
     started()
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, **RUNNER_OPTIONS)

@@ -10,6 +10,7 @@ rest is the observation context.
 from __future__ import annotations
 
 from common.chat_records import AgentRecord
+from common.minimind.tokenizer import max_token_bytes, token_floor
 from common.user_errors import UserError
 
 _MARKER = "OPD-ASSISTANT-CONTENT-MARKER-7f3a"
@@ -32,8 +33,7 @@ class ChatFormat:
         self.open_thinking = open_thinking
         self.eos_token_id = tokenizer.eos_token_id
         self.pad_token_id = tokenizer.pad_token_id
-        # no token's text is longer than its vocabulary entry in UTF-8 (byte-level BPE, SentencePiece, WordPiece)
-        self.max_token_bytes = max(len(token.encode()) for token in tokenizer.get_vocab())
+        self.max_token_bytes = max_token_bytes(tokenizer)
         self.observation_ids(None, ["{}"])  # fail at construction if the template cannot be split
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, generation_prompt: bool = True) -> str:
@@ -47,9 +47,8 @@ class ChatFormat:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def token_floor(self, text: str) -> int:
-        """Fewer tokens than this ``text`` cannot encode to (its UTF-8 bytes over the longest token's), known
-        without tokenizing it, which costs seconds per megabyte."""
-        return -(-len(text.encode()) // self.max_token_bytes)
+        """Fewer tokens than this ``text`` cannot encode to (``common.minimind.tokenizer.token_floor``)."""
+        return token_floor(len(text.encode()), self.max_token_bytes)
 
     def prompt_ids(self, record: AgentRecord, max_total_len: int | None = None) -> list[int]:
         """The templated prompt with its generation prompt; raises when it leaves no room to generate (a prompt

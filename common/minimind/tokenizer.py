@@ -89,3 +89,15 @@ def byte_level_symbols() -> list[str]:
             symbols.append(chr(256 + shifted))
             shifted += 1
     return symbols
+
+
+def max_token_bytes(tokenizer) -> int:
+    """The UTF-8 length of the tokenizer's longest vocabulary entry: no token's text is longer (byte-level BPE,
+    SentencePiece, WordPiece), so a text of B bytes encodes to at least B / this many tokens (``token_floor``)."""
+    return max(len(token.encode()) for token in tokenizer.get_vocab())
+
+
+def token_floor(text_bytes: int, longest: int) -> int:
+    """Fewer tokens than this a text of ``text_bytes`` UTF-8 bytes cannot encode to, for a tokenizer whose longest
+    entry is ``longest`` bytes: known without tokenizing it, which costs seconds per megabyte."""
+    return -(-text_bytes // longest)

@@ -73,7 +73,7 @@ async def serve(model, tokenizer):
         engine = BatchEngine(model, eos_token_ids={EOS}, max_model_len=max_model_len).start()
         service = ChatService(engine=engine, tokenizer=tokenizer, model_name=MODEL_NAME,
                               max_model_len=max_model_len, **options)
-        server = TestServer(create_app(service), host="127.0.0.1")
+        server = TestServer(create_app(service), host="127.0.0.1")  # handler_cancellation=True, as RUNNER_OPTIONS
         await server.start_server()
         started.append(server)
         return str(server.make_url("")).rstrip("/"), service
@@ -275,6 +275,44 @@ async def test_values_inside_the_ranges_never_get_a_500(serve, settings):
     got, reply = await post(serve.session, base, {"messages": USER, "max_tokens": 4, "ignore_eos": True,
                                                   "return_token_ids": True, "seed": 1, **settings})
     assert got == 200 and len(reply["choices"][0]["token_ids"]) == 4
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized_while_others_are_answered(serve):
+    """Before: a valid 63 MiB request was tokenized on the one prepare thread (13 GB and rising after 3 minutes)
+    and a small request from another client got no answer."""
+    base, service = await serve()
+    huge = {"messages": [{"role": "user", "content": "word " * (12 * 1024 * 1024)}], "max_tokens": 4}  # 60 MiB
+    small = {"messages": USER, "max_tokens": 2, "temperature": 0}
+    (got_huge, refused), (got_small, answered) = await asyncio.gather(post(serve.session, base, huge),
+                                                                      post(serve.session, base, small))
+    assert got_huge == 400 and refused["error"]["param"] == "messages"
+    assert "maximum context length is 2048 tokens. However, your messages hold 62914560 bytes of text, at least" in (
+        refused["error"]["message"])
+    assert got_small == 200 and answered["usage"]["completion_tokens"] == 2
+    assert service.engine.stats()["prompt_tokens"] == answered["usage"]["prompt_tokens"]  # nothing else went in
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_goes_away_takes_its_sequences_out_of_the_batch(serve):
+    """Before: 32 requests whose sockets were closed kept running (cancelled_requests 0) for minutes."""
+    base, service = await serve()
+    body = {"messages": USER, "max_tokens": 2000, "ignore_eos": True}
+    clients = [asyncio.create_task(post(serve.session, base, body)) for _ in range(4)]
+    for _ in range(2000):  # bounded: each round waits 10 ms for the four to be running
+        if service.engine.stats()["running"] == 4:
+            break
+        await asyncio.sleep(0.01)
+    assert service.engine.stats()["running"] == 4
+    for client in clients:
+        client.cancel()  # the connection closes with the task
+    await asyncio.gather(*clients, return_exceptions=True)
+    for _ in range(2000):
+        if service.engine.stats()["running"] == 0:
+            break
+        await asyncio.sleep(0.01)
+    stats = service.engine.stats()
+    assert (stats["running"], stats["cancelled_requests"], stats["finished_requests"]) == (0, 4, 0)
 
 
 @pytest.mark.asyncio
