@@ -316,6 +316,33 @@ async def test_a_client_that_goes_away_takes_its_sequences_out_of_the_batch(serv
 
 
 @pytest.mark.asyncio
+async def test_a_body_sent_too_slowly_is_a_408_and_its_connection_closed(serve):
+    """Before: a body sent a byte a second never timed out; 500 such connections stayed open past 140 s."""
+    base, _ = await serve(body_timeout_s=0.5)
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"messages\": ")
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    rest = await reader.read()  # the server closes the connection after the reply
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in rest
+
+
+def test_loop_errors_are_one_line_per_condition_not_a_traceback_each(capsys):
+    from launch.chat_server import OneLinePerCondition
+
+    handler = OneLinePerCondition()
+    for _ in range(1000):
+        handler(None, {"message": "socket.accept() out of system resource", "exception": OSError(24, "Too many open files")})
+    handler(None, {"message": "another condition"})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["warning: socket.accept() out of system resource: OSError: [Errno 24] Too many open files (said "
+                     "once a minute at most)", "warning: another condition (said once a minute at most)"]
+
+
+@pytest.mark.asyncio
 async def test_an_api_key_guards_every_route_but_health(serve):
     """vLLM's --api-key: 401 without the bearer token or with another one; /health stays open for probes."""
     base, _ = await serve(api_key="sk-embedded")
