@@ -85,8 +85,12 @@ class ProgressView:
         self.progress.stop()
 
     def update(self) -> None:
-        """Move the bar to the conversations dealt with so far."""
-        self.progress.update(self.task, completed=self.stats.handled - self.stats.skipped_done)
+        """Move the bar to the conversations dealt with so far; a dataset that grew while the run read it (more
+        dealt with than counted at the start) raises the total with them, so the count never passes it."""
+        completed = self.stats.handled - self.stats.skipped_done
+        total = self.progress.tasks[self.task].total
+        self.progress.update(self.task, completed=completed,
+                             **({"total": completed} if total is not None and completed > total else {}))
 
     def log_line(self) -> str:
         """The status line printed off a terminal: the count, the time remaining when known, the counters."""

@@ -194,8 +194,8 @@ def scripted_run(monkeypatch, caplog, tiny_pair, data, tmp_path, script, *overri
     """An on-policy run of 6 steps (5 records, batch 2, 2 epochs) whose every episode is ``script``; its metrics lines
     and its warning lines."""
     monkeypatch.setattr("opd.train.TokenSampler", lambda *args: ScriptedRollouts(script))
-    cfg = entry_config("opd", [*tiny_pair, f"data={data}", "batch_size=2", "epochs=2", "rollout.max_gen_len=64",
-                               "rollout.max_total_len=1024", "device=cpu", f"out_dir={tmp_path}", *overrides])
+    cfg = entry_config("opd", [*tiny_pair, f"data={data}", "batch_size=2", "epochs=2", "rollout.max_gen_len=256",
+                               "rollout.max_total_len=4096", "device=cpu", f"out_dir={tmp_path}", *overrides])
     with caplog.at_level(logging.WARNING, logger="opd"):
         train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

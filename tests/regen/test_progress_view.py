@@ -46,6 +46,15 @@ def test_the_bar_shows_the_total_and_the_time_remaining():
     assert re.match(r"\[regen\] 6/8 eta 0:00:02 \| done 4 failed 1 ", view.log_line())
 
 
+def test_a_dataset_that_grew_raises_the_total_instead_of_passing_it():
+    """Before: 5051/5000 after rows were appended to the file mid-run."""
+    clock, stats = Clock(), RunStats()
+    view = ProgressView(stats, [], 5, recording_console(clock))
+    stats.done = 7
+    view.update()
+    assert view.log_line().startswith("[regen] 7/7 ")
+
+
 def test_without_a_total_the_bar_shows_the_count_and_no_time_remaining():
     clock, stats = Clock(), RunStats()
     view = ProgressView(stats, [], None, recording_console(clock))
