@@ -139,6 +139,9 @@ def open_output(settings: RegenSettings, paths: OutputPaths, current: dict[str, 
                 warn(f"resume_accept_changes: {key} was {old!r}, now {new!r} (recorded in the manifest)")
             if settings.resume:
                 resume = repair_and_scan(paths.output)
+                if resume.removed_duplicate_blocks:  # the repair replaced the file: append to the new one
+                    rows.close()
+                    rows = LineAppender(paths.output)
                 previous = frozenset(compact_errors(paths.errors, resume.done_ids, drop_input_errors=True))
             else:
                 resume, previous = ResumeState(), frozenset()
