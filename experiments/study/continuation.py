@@ -10,8 +10,9 @@ episodes, has the retry in its support).
 ``--episodes`` is an evaluation's ``episodes_{name}.jsonl`` (``opd/evaluate.py``: each row holds its turns' text and
 ``opd.scoring``'s call types). The *post-error prefix* of an episode is its turns up to and including the turn of its
 first call error, each call turn followed by the tool world's observations, exactly as the rollout fed them. Only
-errors the student can recover from are continued (``recoverable``): the tool world answered the call (every error type
-but ``broken_json``, which MiniMind does not read as a call) and the turn was not the last one allowed. The teacher
+errors the student can recover from are continued: the row's ``first_error_recoverable`` (``opd.scoring``: the tool
+world answered the call, every error type but ``broken_json``, which MiniMind does not read as a call, and another
+turn followed it), so G4 and the recovery rate count the same errors. The teacher
 continues each prefix with the turns left (``--max-turns`` minus the prefix's), at ``--sampling`` (a preset of
 ``configs/sampling/``) with the evaluation's per-record seeds (``opd.sampling.sample_seed``), and its episode is scored
 by ``opd.scoring``. ``note_probability``: the mean over the continued prefixes of the model's probability of
@@ -86,11 +87,8 @@ def continuation_records(rows: list[dict], records: dict[str, AgentRecord], max_
         if found is None:
             continue
         turn, call, kind = found
-        if kind == BROKEN_JSON:
-            skipped[BROKEN_JSON] += 1
-            continue
-        if turn + 1 >= max_turns:
-            skipped["no_turn_left"] += 1
+        if not row["first_error_recoverable"]:  # opd.scoring's rule, the recovery rate's denominator
+            skipped[BROKEN_JSON if kind == BROKEN_JSON else "no_turn_left"] += 1
             continue
         record = records[row["source"]]
         prefix = AgentRecord(prefix_messages(record, row["turn_texts"][:turn + 1], eos), record.tools,

@@ -631,13 +631,17 @@ def continuation_rows(data) -> list[dict]:
 
     base = {"source": f"{data}:1", "stop_reason": "answer", "final_answer": "", "correct": False, "turns": 3,
             "assistant_tokens": 9, "teacher_tokens": 0, "call_statuses": [], "expected_calls": 4, "gt": []}
+    # first_error_recoverable as opd.scoring writes it: the tool world answered the first error and a turn followed
     return [
         {**base, "sample": 0, "turn_texts": [call("(13 - 6) % 20"), call("(7 - 5) % 20"), "The result is 1.<|im_end|>"],
-         "call_types": ["correct", "wrong_value"]},
-        {**base, "sample": 1, "turn_texts": ["<tool_call>{oops</tool_call><|im_end|>"], "call_types": ["broken_json"]},
+         "call_types": ["correct", "wrong_value"], "first_error": "wrong_value", "first_error_recoverable": True},
+        {**base, "sample": 1, "turn_texts": ["<tool_call>{oops</tool_call><|im_end|>"], "call_types": ["broken_json"],
+         "first_error": "broken_json", "first_error_recoverable": False},
         {**base, "sample": 2, "turn_texts": [call("(13 - 6) % 20")] * 3 + [call("(1 - 7) % 20")],
-         "call_types": ["correct"] * 3 + ["wrong_value"]},
-        {**base, "sample": 3, "turn_texts": [call("(13 - 6) % 20"), "The result is 7.<|im_end|>"], "call_types": ["correct"]},
+         "call_types": ["correct"] * 3 + ["wrong_value"], "first_error": "wrong_value",
+         "first_error_recoverable": False},
+        {**base, "sample": 3, "turn_texts": [call("(13 - 6) % 20"), "The result is 7.<|im_end|>"], "call_types": ["correct"],
+         "first_error": None, "first_error_recoverable": False},
     ]
 
 
