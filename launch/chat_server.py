@@ -23,6 +23,7 @@ if __name__ == "__main__":  # the script: the imports below happen once, inside 
 
 import argparse
 import asyncio
+import errno
 import hmac
 import json
 import os
@@ -39,6 +40,7 @@ from jinja2 import TemplateError
 from common.entry_help import program_name
 from common.minimind.tokenizer import max_token_bytes, token_floor
 from common.start_up import started
+from common.user_errors import UserError
 from launch.batch_engine import BatchEngine, SamplingParams
 from launch.chat_reply import REASONING_PARSERS, TOOL_CALL_PARSERS, build_reply
 from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, decode_body, parse_chat_request
@@ -246,6 +248,25 @@ def load_service(args: argparse.Namespace) -> ChatService:
     )
 
 
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 1 to 65535."""
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"not a port (1 to 65535): {text}")
+    return int(text)
+
+
+def bind_error(host: str, port: int, error: OSError) -> UserError:
+    """The one line for a server that could not listen on ``host:port``, naming the flag that changes it."""
+    reason = os.strerror(error.errno) if error.errno and error.errno > 0 else error.strerror or str(error)
+    if error.errno == errno.EADDRINUSE:
+        hint = "another program listens there: choose another --port"
+    elif error.errno == errno.EACCES:
+        hint = "ports below 1024 need privileges: choose another --port"
+    else:  # a name that does not resolve, an address not of this machine
+        hint = "--host takes an address of this machine, as 127.0.0.1 or 0.0.0.0"
+    return UserError(f"cannot serve on {host}:{port}: {reason.lower()} ({hint})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from common.minimind.spec import MiniMindArch
 
@@ -261,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, type=int, default=None, help="architecture flag of a native checkpoint")
     parser.add_argument("--served-model-name", default=None, help="name in /v1/models (default: --checkpoint)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8011)
+    parser.add_argument("--port", type=port_number, default=8011)
     parser.add_argument("--max-batch-size", type=int, default=32, help="most sequences decoded together")
     parser.add_argument("--max-prefill-tokens", type=int, default=8192, help="padded prompt tokens per prefill pass")
     parser.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
@@ -314,7 +335,17 @@ def main(argv: list[str] | None = None) -> None:
         async def watch_parent(_app: web.Application) -> None:
             _app["parent_watch"] = asyncio.create_task(_exit_with_parent(args.parent_pid))
         app.on_startup.append(watch_parent)
-    print(f"serving {service.model_name} on http://{args.host}:{args.port} "
-          f"(max batch {args.max_batch_size}, max model len {service.max_model_len})", flush=True)
+    listening = []
+
+    def serving(_banner: str) -> None:  # run_app's print: called once the port is bound and listening
+        listening.append(True)
+        print(f"serving {service.model_name} on http://{args.host}:{args.port} "
+              f"(max batch {args.max_batch_size}, max model len {service.max_model_len})", flush=True)
+
     started()
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, **RUNNER_OPTIONS)
+    try:
+        web.run_app(app, host=args.host, port=args.port, print=serving, access_log=None, **RUNNER_OPTIONS)
+    except OSError as error:  # socket.gaierror included: a --host that does not resolve
+        if listening:
+            raise
+        raise bind_error(args.host, args.port, error) from None
