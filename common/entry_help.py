@@ -71,9 +71,32 @@ def read_keys(path: Path, prefix: str = "") -> tuple[list[str], list[tuple[str, 
     return intro, [tuple(k) for k in keys], [tuple(g) for g in groups]
 
 
-def help_text(config_dir: Path, name: str, program: str, group_folders: dict[str, str] | None = None) -> str:
+def option_keys(config_dir: Path, folder: Path, option: str, prefix: str) -> list[tuple[str, str, str]]:
+    """The keys of a group's option file, with those of the presets its defaults list merges into it
+    (``- /model@_here_: tiny_teacher``: the local server's checkpoint, tokenizer, ...)."""
+    path = folder / f"{option}.yaml"
+    if not path.is_file():
+        return []
+    keys: list[tuple[str, str, str]] = []
+    for group, preset, _ in read_keys(path)[2]:
+        if preset and group.startswith("/") and group.endswith("@_here_"):
+            keys += option_keys(config_dir, config_dir / group[1:].removesuffix("@_here_"), preset, prefix)
+    mine = read_keys(path, prefix=prefix)[1]
+    ours = {key for key, _, _ in mine}
+    return [key for key in keys if key[0] not in ours] + mine
+
+
+def chosen_options(argv: list[str]) -> dict[str, str]:
+    """``GROUP=OPTION`` items of a command line (``server=local``), as {group: option}; the rest is left out."""
+    return dict(item.split("=", 1) for item in argv if re.fullmatch(r"[A-Za-z_][\w-]*=[\w.-]+", item))
+
+
+def help_text(config_dir: Path, name: str, program: str, group_folders: dict[str, str] | None = None,
+              chosen: dict[str, str] | None = None) -> str:
     """The help page of the entry whose config is ``config_dir/name.yaml``; ``group_folders`` maps a group to the
-    folder its options are in where the two names differ (opd's ``teacher`` and ``student`` are ``model/``)."""
+    folder its options are in where the two names differ (opd's ``teacher`` and ``student`` are ``model/``);
+    ``chosen`` ({group: option}, from the command line) shows the keys of those options instead of the defaults'."""
+    chosen = chosen or {}
     intro, keys, groups = read_keys(config_dir / f"{name}.yaml")
     lines = [*intro, "", f"usage: {program} [KEY=VALUE ...]    (-m KEY=A,B ... for a sweep)", "", "groups (GROUP=OPTION):"]
     for group, default, meaning in groups:
@@ -83,12 +106,14 @@ def help_text(config_dir: Path, name: str, program: str, group_folders: dict[str
                 keys += read_keys(config_dir / f"{group}.yaml")[1]
             continue
         options = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
-        chosen = "required" if default == "???" else f"default {default}"
-        lines.append(f"  {group} ({chosen}): {options}" + (f"  # {meaning}" if meaning else ""))
-        if (folder / f"{default}.yaml").is_file():
-            keys += read_keys(folder / f"{default}.yaml", prefix=f"{group}.")[1]
+        state = "required" if default == "???" else f"default {default}"
+        if group in chosen:
+            state += f", chosen {chosen[group]}"
+        lines.append(f"  {group} ({state}): {options}" + (f"  # {meaning}" if meaning else ""))
+        keys += option_keys(config_dir, folder, chosen.get(group, default), f"{group}.")
     width = min(max(len(f"{key}={value}") for key, value, _ in keys), 44)
-    lines += ["", "keys (KEY=DEFAULT, ??? = required; a group's keys shown for its default option):"]
+    lines += ["", "keys (KEY=DEFAULT, ??? = required; a group's keys shown for the option chosen on the command line, "
+              "else its default):"]
     lines += [f"  {f'{key}={value}':<{width}}  {meaning}".rstrip() for key, value, meaning in keys]
     lines += ["", "--cfg job prints the composed config without running; --hydra-help lists Hydra's own flags."]
     return "\n".join(lines)
@@ -107,9 +132,10 @@ def exit_with_help_if_asked(name: str, program: str, group_folders: dict[str, st
     (``onpolicy-regen``) when that is what ran."""
     if not (config_dir / f"{name}.yaml").is_file():  # not installed beside its configs: Hydra says so itself
         return
-    if any(flag in (sys.argv[1:] if argv is None else argv) for flag in HELP_FLAGS):
+    argv = sys.argv[1:] if argv is None else argv
+    if any(flag in argv for flag in HELP_FLAGS):
         try:
-            print(help_text(config_dir, name, program_name(program), group_folders), flush=True)
+            print(help_text(config_dir, name, program_name(program), group_folders, chosen_options(argv)), flush=True)
         except BrokenPipeError:  # `--help | head` closed the pipe: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         sys.exit(0)

@@ -60,6 +60,25 @@ def test_opd_help_lists_the_model_presets_for_teacher_and_student_and_the_logger
     assert "TRL's mask_truncated_completions" in shown["loss.mask_broken_turns=false"]
 
 
+def test_help_shows_the_keys_of_the_options_chosen_on_the_command_line(capsys):
+    """Before: ``server=local --help`` listed vLLM's keys (``server.model=???``, port 8000) and never
+    ``dataset.path``; ``--cfg job`` was the only way to see them."""
+    with pytest.raises(SystemExit):
+        exit_with_help_if_asked("regen", "regen/main.py", argv=["server=local", "dataset=local", "max_tokens=5", "-h"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "  server (default vllm, chosen local): external, local, vllm" in lines
+    shown = shown_keys(lines)
+    assert "dataset.path=???" in shown and "server.port=8011" in shown and "server.max_batch_size=32" in shown
+    # the model preset the local server's defaults list merges in: its checkpoint and tokenizer
+    assert "server.checkpoint=${tiny_checkpoint:tiny_teacher.pth}" in shown and "server.hidden_size=128" in shown
+    assert not any(key.startswith(("server.model=???", "server.port=8000", "server.dp=")) for key in shown)
+    with pytest.raises(SystemExit):
+        exit_with_help_if_asked("opd", "opd/train.py", {"teacher": "model", "student": "model"},
+                                argv=["teacher=tiny_teacher", "--help"])
+    shown = shown_keys(capsys.readouterr().out.splitlines())
+    assert "teacher.hidden_size=128" in shown and "student.hidden_size=768" in shown
+
+
 def test_no_help_flag_goes_on_to_the_run(tmp_path):
     exit_with_help_if_asked("regen", "regen/main.py", argv=["dataset=sample", "--hydra-help"])
     exit_with_help_if_asked("regen", "regen/main.py", argv=["--help"], config_dir=tmp_path)  # no configs: Hydra's turn
