@@ -52,12 +52,19 @@ class _StatsColumn(ProgressColumn):
         self.stats, self.endpoints = stats, endpoints
 
     def render(self, task: Task) -> Text:
-        return Text(f"{counted(task)} | {status_line(self.stats, self.endpoints)}")
+        return Text(f"{counted(self.stats, task)} | {status_line(self.stats, self.endpoints)}")
 
 
-def counted(task: Task) -> str:
-    """``handled/total``, or ``handled`` when the total is unknown."""
-    return f"{task.completed:.0f}" + (f"/{task.total:.0f}" if task.total is not None else "")
+def dealt_with(stats: RunStats) -> int:
+    """The conversations this run has dealt with so far (done, failed or refused; not those a resume skipped)."""
+    return stats.handled - stats.skipped_done
+
+
+def counted(stats: RunStats, task: Task) -> str:
+    """``dealt with/total`` (``dealt with`` when the total is unknown), read from the live counters as the status
+    line beside it is, so the two never disagree between the bar's updates."""
+    completed = dealt_with(stats)
+    return f"{completed}" + (f"/{max(task.total, completed):.0f}" if task.total is not None else "")
 
 
 class ProgressView:
@@ -87,7 +94,7 @@ class ProgressView:
     def update(self) -> None:
         """Move the bar to the conversations dealt with so far; a dataset that grew while the run read it (more
         dealt with than counted at the start) raises the total with them, so the count never passes it."""
-        completed = self.stats.handled - self.stats.skipped_done
+        completed = dealt_with(self.stats)
         total = self.progress.tasks[self.task].total
         self.progress.update(self.task, completed=completed,
                              **({"total": completed} if total is not None and completed > total else {}))
@@ -97,7 +104,7 @@ class ProgressView:
         task = self.progress.tasks[self.task]
         remaining = task.time_remaining
         eta = "" if remaining is None else f" eta {timedelta(seconds=round(remaining))}"
-        return f"[regen] {counted(task)}{eta} | {status_line(self.stats, self.endpoints)}"
+        return f"[regen] {counted(self.stats, task)}{eta} | {status_line(self.stats, self.endpoints)}"
 
     async def follow(self, period_s: float = 0.5) -> None:
         """Forever: move the bar; off a terminal, also print :meth:`log_line` every ``log_every_s`` (nothing is done

@@ -55,6 +55,19 @@ def test_a_dataset_that_grew_raises_the_total_instead_of_passing_it():
     assert view.log_line().startswith("[regen] 7/7 ")
 
 
+def test_the_count_agrees_with_the_done_count_beside_it_between_updates():
+    """Before: ``60/400 | done 61``: the count was the bar's last update (every 0.5 s), the counters live."""
+    clock, stats = Clock(), RunStats()
+    console = recording_console(clock)
+    view = ProgressView(stats, [], 400, console)
+    stats.done = 60
+    view.update()
+    stats.done = 61  # a conversation finishes before the next update
+    console.print(view.progress.make_tasks_table(view.progress.tasks))
+    assert " 61/400 | done 61 " in console.export_text()
+    assert view.log_line().startswith("[regen] 61/400 ")
+
+
 def test_without_a_total_the_bar_shows_the_count_and_no_time_remaining():
     clock, stats = Clock(), RunStats()
     view = ProgressView(stats, [], None, recording_console(clock))
@@ -85,3 +98,13 @@ def test_a_run_logs_its_total_off_a_terminal(serve, regen, capfd):
     assert (summary["skipped_already_done"], summary["conversations_done"]) == (2, 3)
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("[regen] ")]
     assert lines and all(re.fullmatch(r"\[regen\] [0-3]/3( eta \S+)? \| done .* tok/s", line) for line in lines), lines
+
+
+def test_off_a_terminal_a_long_warning_stays_one_line():
+    """Before: the run's console cut lines at rich's 80 columns in a log file or a pipe."""
+    from regen.job import run_console, warner
+
+    out = io.StringIO()
+    message = "concurrency=auto settled on 64 conversations in flight (the sum of the endpoints' limits): " * 2
+    warner(run_console(out))(message)
+    assert out.getvalue() == f"warning: {message}\n"
