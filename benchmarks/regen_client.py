@@ -75,7 +75,7 @@ def default_tokenizer() -> Path:
     for candidate in (os.environ.get("MINIMIND_TOKENIZER"), REPO_ROOT.parent / "shared" / "minimind3-tokenizer"):
         if candidate and (Path(candidate) / "tokenizer.json").is_file():
             return Path(candidate)
-    from standins.tokenizer import build_standin_tokenizer
+    from common.minimind.standin_tokenizer import build_standin_tokenizer
 
     return build_standin_tokenizer(REPO_ROOT / "out" / "bench" / "standin-tokenizer")
 

@@ -10,10 +10,11 @@ The presets name the project's own files by resolvers, never by a path relative 
 
 - ``${package_data:regen/samples/sample_prompts.jsonl}``: a file shipped inside a package (the first part names
   the package): the bundled sample of ``dataset=sample``.
-- ``${tiny_checkpoint:tiny_teacher.pth}``: a file in :func:`tiny_dir`, where ``make tiny``
-  (``python -m standins.tiny_checkpoints``) writes the tiny random checkpoints of the ``tiny_*`` model presets:
-  ``$ONPOLICY_TINY_DIR`` if set, else ``out/tiny`` in the checkout, else (an installed wheel)
-  ``$XDG_CACHE_HOME/onpolicy-research/tiny`` (``~/.cache/onpolicy-research/tiny``).
+- ``${tiny_checkpoint:tiny_teacher.pth}``: a file in :func:`tiny_dir`, where ``onpolicy-tiny`` (``make tiny``,
+  ``common.minimind.tiny``) writes the tiny random checkpoints of the ``tiny_*`` model presets and their stand-in
+  tokenizer (``${tiny_tokenizer:${tokenizer}}``, when no tokenizer is set): ``$ONPOLICY_TINY_DIR`` if set, else
+  ``out/tiny`` in the checkout, else (an installed wheel) ``$XDG_CACHE_HOME/onpolicy-research/tiny``
+  (``~/.cache/onpolicy-research/tiny``).
 
 :func:`register_resolvers` registers both (every entry calls it before Hydra composes; ``opd.config`` on import).
 """
@@ -33,6 +34,14 @@ _TOP = Path(__file__).resolve().parents[1]  # a checkout's root, or site-package
 def checkout_root() -> Path | None:
     """The repository this code runs from (a checkout, editable install included), or None when installed."""
     return _TOP if (_TOP / "pyproject.toml").is_file() and (_TOP / "configs" / "regen.yaml").is_file() else None
+
+
+def extras_install(extra: str) -> str:
+    """The command that installs the optional ``extra`` (``chart``, ``tensorboard``, ``wandb``) where this code runs:
+    into the checkout (editable) or, installed from the wheel, from the package index."""
+    if checkout_root() is not None:
+        return f"pip install -e '.[{extra}]'"
+    return f"pip install 'onpolicy-research[{extra}]'"
 
 
 def _config_dir() -> Path:
@@ -73,10 +82,17 @@ def tiny_checkpoint(name: str) -> str:
     return str(tiny_dir() / name)
 
 
+def tiny_tokenizer(chosen: str | None) -> str:
+    """``${tiny_tokenizer:${tokenizer}}``: the tokenizer the entry names, else the stand-in one in :func:`tiny_dir`
+    (the tiny presets' tokenizer when none is set)."""
+    return chosen if chosen else str(tiny_dir() / "standin-tokenizer")
+
+
 def register_resolvers() -> None:
-    """Register ``package_data`` and ``tiny_checkpoint`` with OmegaConf (again is harmless). Not done on import:
+    """Register ``package_data``, ``tiny_checkpoint`` and ``tiny_tokenizer`` with OmegaConf (again is harmless). Not done on import:
     the entries import this module before anything slow, to handle Ctrl-C from their first line."""
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("package_data", package_data, replace=True)
     OmegaConf.register_new_resolver("tiny_checkpoint", tiny_checkpoint, replace=True)
+    OmegaConf.register_new_resolver("tiny_tokenizer", tiny_tokenizer, replace=True)

@@ -64,7 +64,7 @@ def run(cfg) -> dict[str, Any]:
 def _run(cfg) -> dict[str, Any]:
     settings = RegenSettings.from_config(cfg)
     scrub_credentials()
-    console = Console(stderr=True)
+    console = run_console()
     warn = warner(console)
     source = open_source(settings.dataset, warn=warn)
     with stop_signals() as signals:
@@ -72,7 +72,8 @@ def _run(cfg) -> dict[str, Any]:
                             settings.fixed_concurrency, settings.concurrency_start)
         # the output is named after the model: the settings name it, or else the external endpoints do
         model = settings.served_model or served_model(settings, pool, signals)
-        detokenizer = load_detokenizer([getattr(settings.server, "model", None), model], explicit=settings.tokenizer)
+        candidates = [getattr(settings.server, key, None) for key in ("tokenizer", "model")]
+        detokenizer = load_detokenizer([*candidates, model], explicit=settings.tokenizer)
         paths = output_paths(settings, model, multirun_overrides())
         current = run_settings(settings, source.fingerprint, model, detokenizer.fingerprint)
         # checked and locked before any server starts, held to the end
@@ -197,6 +198,12 @@ def announce(state: RunState, pool: EndpointPool, console: Console) -> None:
 def run_secrets(settings: RegenSettings) -> Secrets:
     """The run's credentials (``regen.endpoints.secrets``): the API key and the endpoint URLs' passwords."""
     return Secrets(os.environ.get(settings.api_key_env) if settings.api_key_env else None, settings.server.endpoints)
+
+
+def run_console(file=None) -> Console:
+    """The run's console, on stderr (or ``file``): off a terminal (a log file, a pipe) a line stays one line instead of
+    being cut at rich's 80 columns."""
+    return Console(stderr=True, file=file, soft_wrap=True)
 
 
 def warner(console: Console):

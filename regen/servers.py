@@ -34,6 +34,7 @@ from launch.server_process import (
     stop_process_group,
     wait_until_ready,
 )
+from regen.outputs.hydra_runtime import run_folder
 from regen.settings import (
     LOCAL_ARCH_KEYS,
     EndpointAddress,
@@ -72,7 +73,7 @@ def _managed_server(server: VllmServer | LocalServer) -> Iterator[None]:
         yield
         return
     pid, process = _start_vllm(server) if isinstance(server, VllmServer) else _start_local(server)
-    print(f"[server] {server.kind} server ready at {base_url} (pid {pid}, log {server.log_path})", file=sys.stderr)
+    print(f"[server] {server.kind} server ready at {base_url} (pid {pid}, log {log_path(server)})", file=sys.stderr)
     try:
         yield
     finally:
@@ -86,14 +87,22 @@ def _managed_server(server: VllmServer | LocalServer) -> Iterator[None]:
                 _pid_file(server).unlink(missing_ok=True)  # it named a process that is gone now
 
 
+def log_path(server: VllmServer | LocalServer) -> Path:
+    """``server.log_file``, else ``server-<kind>-<port>.log`` in the run's Hydra folder (``out/servers/`` outside a
+    Hydra app): a run writes nothing outside its outputs and that folder."""
+    if server.log_file:
+        return Path(server.log_file)
+    return (run_folder() or Path("out/servers")) / f"server-{server.kind}-{server.port}.log"
+
+
 def _pid_file(server: VllmServer) -> Path:
     """Where ``launch/vllm.sh`` writes the server's pid (its process group): beside its log."""
-    return server.log_path.with_suffix(".pid")
+    return log_path(server).with_suffix(".pid")
 
 
 def vllm_command(server: VllmServer) -> list[str]:
     """The ``launch/vllm.sh`` command line for ``server=vllm`` settings."""
-    log = server.log_path
+    log = log_path(server)
     command = [str(VLLM_SCRIPT), server.model, "--host", server.host, "--port", str(server.port),
                "--dp-size", str(server.dp), "--tp-size", str(server.tp), "--log-file", str(log),
                "--pid-file", str(_pid_file(server)), "--ready-timeout", str(int(server.ready_timeout_s)),
@@ -109,7 +118,7 @@ def vllm_command(server: VllmServer) -> list[str]:
 
 
 def _start_vllm(server: VllmServer) -> tuple[int, None]:
-    log, pid_file = server.log_path, _pid_file(server)
+    log, pid_file = log_path(server), _pid_file(server)
     pid_file.unlink(missing_ok=True)
     # Same process group, so Ctrl-C reaches it too; its messages are echoed live and kept for the error.
     script = subprocess.Popen(vllm_command(server), stderr=subprocess.PIPE, text=True, errors="replace")
@@ -152,7 +161,7 @@ def local_command(server: LocalServer) -> list[str]:
 
 
 def _start_local(server: LocalServer) -> tuple[int, subprocess.Popen]:
-    log = server.log_path
+    log = log_path(server)
     process = start_detached(local_command(server), log)
     try:
         wait_until_ready(server.base_url, process, timeout_s=float(server.ready_timeout_s), log_path=log)

@@ -373,11 +373,6 @@ class _ManagedServer:
     def endpoints(self) -> tuple[EndpointAddress, ...]:
         return (parse_endpoint(self.base_url),)
 
-    @property
-    def log_path(self) -> Path:
-        """``server.log_file``, else ``out/servers/<kind>-<port>.log``."""
-        return Path(self.log_file or f"out/servers/{self.kind}-{self.port}.log")
-
 
 @dataclass
 class VllmServer(_ManagedServer):
@@ -453,7 +448,7 @@ class LocalServer(_ManagedServer):
         checkpoint = self.model_spec.checkpoint
         path, key = Path(checkpoint).expanduser(), f"server.checkpoint={checkpoint}"
         hint = ("point server.checkpoint at a MiniMind .pth file, an HF model folder or a hub id "
-                "(`make tiny` writes the tiny presets' files)")
+                "(`onpolicy-tiny` writes the tiny presets' files)")
         if checkpoint.endswith((".pth", ".pt")):
             if path.is_dir():
                 raise ConfigError(f"{key} is a folder, not a MiniMind .pth file", hint)
@@ -468,6 +463,12 @@ class LocalServer(_ManagedServer):
     def served_model(self) -> str:
         """The id /v1/models lists: ``model``, else the checkpoint path (as vLLM names a model by its path)."""
         return self.model or self.model_spec.checkpoint
+
+    @property
+    def tokenizer(self) -> str | None:
+        """The preset's tokenizer (the tiny presets': the stand-in beside their checkpoints), the row text's unless
+        ``tokenizer=`` names one."""
+        return self.model_spec.tokenizer
 
 
 ServerSettings = ExternalServer | VllmServer | LocalServer

@@ -35,7 +35,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 @pytest.fixture(scope="session")
 def standin_tokenizer_path(tmp_path_factory) -> Path:
     """The MiniMind-shaped stand-in tokenizer, written once per session."""
-    from standins.tokenizer import build_standin_tokenizer
+    from common.minimind.standin_tokenizer import build_standin_tokenizer
 
     return build_standin_tokenizer(tmp_path_factory.mktemp("standin-tokenizer"))
 

@@ -1,9 +1,9 @@
 """The wheel installs like a tool: ``pip install .`` (not editable) runs every entry from any folder.
 
-The wheel is built once per session from a copy of the product's files (a build writes ``build/`` beside its
-sources), then installed, not editable, into a fresh venv that borrows this venv's dependencies; the entries run
-as the console scripts ``pip`` wrote, from an empty folder that must stay empty when a run stops at its checks.
-About 10 s on a 2-core machine, most of it the one opd run (``import torch``).
+The wheel is built once per session (``benchmarks.quick_start.build_and_install``: from a copy of the product's
+files, installed, not editable, into a fresh venv that borrows this venv's dependencies); the entries run as the
+console scripts ``pip`` wrote, from an empty folder that must stay empty when a run stops at its checks. The first
+run from the wheel alone (``onpolicy-tiny`` and the commands it prints) takes about a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -11,44 +11,21 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import subprocess
-import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
+from benchmarks.quick_start import PRODUCT, build_and_install
 from tests.helpers.paths import CONFIG_DIR, REPO_ROOT
+from tests.helpers.standin_vllm_cli import free_port
 
-PRODUCT = ("common", "regen", "opd", "tools", "launch")
 SCRIPTS = ("onpolicy-regen", "onpolicy-show-rows", "onpolicy-train", "onpolicy-sft", "onpolicy-evaluate",
-           "onpolicy-serve", "onpolicy-torchrun")
-
-
-def _build_and_install(folder: Path) -> dict:
-    source = folder / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO_ROOT / name, source / name)
-    for name in ("configs", *PRODUCT):
-        shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(folder / "dist"), str(source)],
-                   check=True, capture_output=True, timeout=300)
-    wheel = next((folder / "dist").glob("onpolicy_research-*.whl"))
-    venv = folder / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    site = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True, timeout=60).stdout.strip())
-    # the dependencies (torch, hydra, ...) from this venv: a path a .pth adds is searched, its own .pth files are not
-    # read, so this venv's editable install of the checkout stays out
-    (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([*pip, "--python", str(venv / "bin" / "python"), "install", "--no-deps", str(wheel)], check=True,
-                   capture_output=True, timeout=300)
-    return {"wheel": str(wheel), "bin": str(venv / "bin"), "site": str(site)}
+           "onpolicy-serve", "onpolicy-tiny", "onpolicy-torchrun")
 
 
 @pytest.fixture(scope="session")
@@ -64,17 +41,18 @@ def installed(tmp_path_factory) -> dict:
         if not done.is_file():
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
-            done.write_text(json.dumps(_build_and_install(folder)))
+            done.write_text(json.dumps(build_and_install(folder)))
     return json.loads(done.read_text())
 
 
-def run_script(installed: dict, name: str, *arguments: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_script(installed: dict, name: str, *arguments: str, cwd: Path, **env_vars: str) -> subprocess.CompletedProcess:
     """The console script ``name`` as a person runs it: from ``cwd``, offline, with no tokenizer from the
-    environment and no ``PYTHONPATH`` leading back to the checkout."""
+    environment and no ``PYTHONPATH`` leading back to the checkout (``env_vars`` added)."""
     env = {key: value for key, value in os.environ.items()
            if key not in ("PYTHONPATH", "MINIMIND_TOKENIZER", "ONPOLICY_TINY_DIR", "HYDRA_FULL_ERROR")}
     env["HOME"] = str(cwd.parent / "home")  # the tiny checkpoints' default folder is under the user's cache
     env.pop("XDG_CACHE_HOME", None)
+    env.update(env_vars)
     return subprocess.run([str(Path(installed["bin"]) / name), *arguments], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -149,3 +127,60 @@ def test_installed_runs_that_stop_at_their_checks_leave_no_folder_where_they_ran
     assert train.returncode == 1 and "error: agent data file not found: missing.jsonl" in train.stderr, train.stderr
     assert "Traceback" not in train.stderr
     assert list(elsewhere.iterdir()) == []  # no outputs/, no out/
+
+
+def without_matplotlib(folder: Path) -> str:
+    """A ``PYTHONPATH`` folder whose ``matplotlib`` cannot be imported, as in an install without the chart extra."""
+    (folder / "matplotlib").mkdir(parents=True)
+    (folder / "matplotlib" / "__init__.py").write_text('raise ImportError("No module named \'matplotlib\'")\n')
+    return str(folder)
+
+
+def test_a_first_run_from_the_wheel_alone_needs_no_checkout_and_no_matplotlib(installed, tmp_path):
+    """The commands ``onpolicy-tiny`` prints, run as printed from an empty folder. Before: ``server=local`` stopped at
+    the missing tiny checkpoint with a hint to run ``make tiny`` (a checkout's), and ``onpolicy-evaluate`` without
+    matplotlib ended in Hydra's traceback of an ImportError."""
+    elsewhere, blocked = tmp_path / "elsewhere", without_matplotlib(tmp_path / "blocked")
+    elsewhere.mkdir()
+    tiny = run_script(installed, "onpolicy-tiny", cwd=elsewhere)
+    assert tiny.returncode == 0 and tiny.stderr == "", tiny.stderr
+    cache = tmp_path / "home" / ".cache" / "onpolicy-research" / "tiny"
+    assert sorted(path.name for path in cache.iterdir()) == [
+        "standin-tokenizer", "tiny_student.pth", "tiny_teacher.pth", "tool_demonstrations.jsonl",
+        "tool_heldout.jsonl", "tool_prompts.jsonl"]
+    commands = [shlex.split(line) for line in tiny.stdout.splitlines() if line.startswith("  onpolicy-")]
+    assert [command[0] for command in commands] == ["onpolicy-regen", "onpolicy-train", "onpolicy-evaluate"]
+    commands[0].append(f"server.port={free_port()}")  # the default 8011 may be another test's
+    for name, *arguments in commands:
+        ran = run_script(installed, name, *arguments, cwd=elsewhere, PYTHONPATH=blocked)
+        assert ran.returncode == 0, ran.stderr
+        assert "Traceback" not in ran.stderr + ran.stdout and "generated new fontManager" not in ran.stderr + ran.stdout
+    rows = (elsewhere / "tiny-run" / "regen.jsonl").read_text().splitlines()
+    assert len(rows) == len(Path(installed["site"], "regen", "samples", "sample_prompts.jsonl").read_text().splitlines())
+    assert "warning:" in ran.stdout + ran.stderr and "matplotlib" in ran.stdout + ran.stderr  # the chart, left out
+    evaluation = json.loads((elsewhere / "tiny-run" / "eval" / "evaluation.json").read_text())
+    assert [result["name"] for result in evaluation["checkpoints"]] == ["before", "after"]
+    assert not (elsewhere / "tiny-run" / "eval" / "evaluation.png").exists()
+    # nothing outside the named outputs and Hydra's run folders (before: out/servers/local-8011.log)
+    assert sorted(path.name for path in elsewhere.iterdir()) == ["outputs", "tiny-run"]
+
+
+def test_installed_typos_are_refused_before_torch_is_imported(installed, tmp_path):
+    """Before: every ``onpolicy-train`` config error took 6-8 s on 2 cores (torch imported first); regen's about 1 s."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("onpolicy-train", "onpolicy-sft", "onpolicy-evaluate"):
+        ran = run_script(installed, name, "batch_sise=4", cwd=elsewhere, PYTHONPROFILEIMPORTTIME="1")
+        assert ran.returncode == 1 and "error: unknown setting batch_sise" in ran.stderr, ran.stderr
+        imported = {line.split("|")[-1].strip() for line in ran.stderr.splitlines() if line.startswith("import time:")}
+        assert "hydra" in imported and "torch" not in imported  # the import log: the check ran, torch never loaded
+    checked = run_script(installed, "onpolicy-train", "data=x.jsonl", "device=gpu", cwd=elsewhere,
+                         PYTHONPROFILEIMPORTTIME="1")
+    assert "error: device must be auto, cpu, cuda or cuda:N, got 'gpu'" in checked.stderr, checked.stderr
+    assert "torch" not in {line.split("|")[-1].strip() for line in checked.stderr.splitlines()}
+    # torchrun from the install: -m opd.train (no opd/train.py outside a checkout) reaches the same check
+    launched = run_script(installed, "onpolicy-torchrun", "--nproc-per-node", "1", "-m", "opd.train", "batch_sise=4",
+                          cwd=elsewhere)
+    assert launched.returncode == 1 and "error: unknown setting batch_sise" in launched.stderr, launched.stderr
+    assert "Traceback" not in launched.stderr
+    assert list(elsewhere.iterdir()) == []

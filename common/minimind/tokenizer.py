@@ -2,7 +2,7 @@
 
 The real MiniMind-3 tokenizer is never shipped with this repo: users point ``tokenizer=`` at their
 MiniMind checkout's tokenizer folder or a hub id. Machines without it (tests, the demo) use the stand-in
-that ``standins/tokenizer.py`` writes.
+that ``common/minimind/standin_tokenizer.py`` writes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 r"""What regen takes from, and gives back to, the Hydra run it is part of (nothing outside a Hydra app).
 
-``multirun_overrides()`` gives a multirun job's overrides, which its output is named after. ``scrub_credentials()`` removes
+``run_folder()`` is the job's Hydra folder, where a started server's log goes by default. ``multirun_overrides()`` gives a multirun job's overrides, which its output is named after. ``scrub_credentials()`` removes
 ``user:password@`` from the URLs in Hydra's own record of the job (``.hydra/*.yaml``, ``multirun.yaml``),
 which Hydra writes before the job starts, so credentials given in ``server.endpoints`` stay off disk; Hydra's
 escaped form of an override (``http\://alice\:pw@host\:8000``) included. ``StripCredentials`` does the same for
@@ -29,6 +29,17 @@ def _hydra_config():
         return HydraConfig.get()
     except (ImportError, ValueError):  # not inside a Hydra app (tests call run() directly)
         return None
+
+
+def run_folder() -> Path | None:
+    """The run's Hydra folder: ``hydra.run.dir`` (``outputs/regen/DATE/TIME``), or a multirun's sweep folder, which
+    all its jobs share (as they share the server it starts first); ``None`` outside a Hydra app."""
+    hydra_cfg = _hydra_config()
+    if hydra_cfg is None:
+        return None
+    from hydra.types import RunMode
+
+    return Path(hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else hydra_cfg.runtime.output_dir)
 
 
 def multirun_overrides() -> str | None:

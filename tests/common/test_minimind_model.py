@@ -20,9 +20,9 @@ from common.minimind.model import (
     read_native_state_dict,
     save_native,
 )
+from common.minimind.standin_tokenizer import build_standin_tokenizer
 from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from common.user_errors import UserError, error_lines
-from standins.tokenizer import build_standin_tokenizer
 
 DENSE = MiniMindArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 MOE = dataclasses.replace(DENSE, use_moe=True)

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from standins.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
+from common.minimind.tiny import tiny_arch, write_tiny_checkpoints
 from tests.helpers.paths import REPO_ROOT
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from standins.tiny_checkpoints import write_tiny_checkpoints
+from common.minimind.tiny import write_tiny_checkpoints
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from common.minimind.model import load_native
+from common.minimind.tiny import tiny_arch
 from experiments.recipe.synthetic_task import write_task
 from opd.checkpoints import load_resume
 from opd.sft import train
-from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import run_entry
 from tests.helpers.paths import REPO_ROOT

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from common.minimind.tiny import tiny_arch
 from common.user_errors import Interrupted, exit_on_user_error
 from experiments.recipe.synthetic_task import write_task
 from opd.checkpoints import load_resume
 from opd.distributed import Ranks
 from opd.stop_signals import AGAIN, StepStop, stopping
-from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.processes import communicate, loaded
 from tests.helpers.standin_vllm_cli import wait_until

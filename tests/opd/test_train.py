@@ -11,10 +11,10 @@ import torch
 
 from common.chat_records import RecordError
 from common.minimind.model import load_native
+from common.minimind.tiny import tiny_arch, write_tiny_checkpoints
 from common.user_errors import UserError
 from opd.checkpoints import ResumeRefusedError, load_resume
 from opd.train import train
-from standins.tiny_checkpoints import tiny_arch, write_tiny_checkpoints
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import not_a_checkpoint, run_entry, write_agent_data
 from tests.helpers.paths import REPO_ROOT, small_tmpfs

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from common.minimind.model import load_native
+from common.minimind.tiny import tiny_arch
 from opd.chat_format import ChatFormat
 from opd.checkpoints import ResumeRefusedError, load_resume
 from opd.config import LossConfig
@@ -20,7 +21,6 @@ from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.episodes import pack_episodes
 from opd.loss import token_divergence
 from opd.train import train
-from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import entry_command, entry_env, run_entry, write_agent_data
 from tests.helpers.paths import REPO_ROOT

@@ -18,7 +18,7 @@ import torch
 from common.minimind.model import build_model, save_native
 from common.minimind.spec import MiniMindArch
 from launch.server_process import ServerStartError, probe_models, start_detached, stop_process_group
-from regen.servers import SharedServerCallback, local_command, provide_endpoints, vllm_command
+from regen.servers import SharedServerCallback, local_command, log_path, provide_endpoints, vllm_command
 from regen.settings import RegenSettings
 from tests.helpers.configs import compose_config
 from tests.helpers.paths import REPO_ROOT
@@ -124,7 +124,7 @@ def test_start_ready_and_stop_on_success(standin):
             assert json.load(response)["choices"][0]["message"]["content"] == "ok"
     assert group_gone(pid) and probe_models(base_url(cfg)) is None
     assert standin.starts() == 1
-    assert not cfg.log_path.with_suffix(".pid").exists()  # no pid file naming a dead process is left behind
+    assert not log_path(cfg).with_suffix(".pid").exists()  # no pid file naming a dead process is left behind
 
 
 def test_stop_on_failure_inside_the_block(standin):
@@ -148,7 +148,7 @@ def test_early_death_is_reported_with_the_log_tail(standin):
         pytest.fail("the block must not run")
     first_line, _, tail = str(caught.value).partition("\n")
     assert first_line == (f"launch/vllm.sh failed with status 1: vllm exited with status 3 before it was ready "
-                          f"(log: {cfg.log_path})")
+                          f"(log: {log_path(cfg)})")
     assert "CUDA out of memory while loading weights" in tail
 
 
