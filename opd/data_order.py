@@ -2,8 +2,8 @@
 
 Epoch ``e`` visits the records in ``randperm(n)`` seeded with ``seed + e``, cut into micro-batches of
 ``batch_size`` (the last one may be short) and windows of ``accumulation_steps`` micro-batches (the last
-window of an epoch may be partial); one window is one optimizer step. ``max_steps`` caps the run's steps
-(resumed ones included). A ``DataCursor`` (epoch, next micro-batch) is all a resume needs.
+window of an epoch may be partial); one window is one optimizer step. ``max_steps``, when set, is the run's steps
+(resumed ones included) and overrides ``epochs``, as in transformers' Trainer: the order goes on into further epochs. A ``DataCursor`` (epoch, next micro-batch) is all a resume needs.
 """
 
 from __future__ import annotations
@@ -42,11 +42,13 @@ class DataOrder:
         self.num_records = num_records
         self.batch_size = batch_size
         self.accumulation_steps = accumulation_steps
-        self.epochs = epochs
         self.seed = seed
         self.batches_per_epoch = math.ceil(num_records / batch_size)
-        windows = epochs * math.ceil(self.batches_per_epoch / accumulation_steps)
-        self.total_steps = min(max_steps, windows) if max_steps else windows
+        per_epoch = math.ceil(self.batches_per_epoch / accumulation_steps)
+        if max_steps:  # as in transformers' Trainer, max_steps overrides epochs: as many passes as it takes
+            self.epochs, self.total_steps = math.ceil(max_steps / per_epoch), max_steps
+        else:
+            self.epochs, self.total_steps = epochs, epochs * per_epoch
 
     def order(self, epoch: int) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed + epoch)
