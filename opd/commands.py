@@ -1,26 +1,46 @@
 """opd's commands: ``onpolicy-train``, ``onpolicy-sft`` and ``onpolicy-evaluate`` (``python opd/train.py`` etc. in a
-checkout). ``--help`` is written from the YAML before the entry is imported (``import torch`` alone takes seconds);
-anything else goes on to the entry's Hydra ``main``, with Ctrl-C / SIGTERM ending its start-up (the imports, Hydra
-composing the config) in one line and 130 / 143 (``common.start_up``)."""
+checkout). ``--help`` is written from the YAML; then Hydra composes the config and ``opd.config`` checks it, all
+before torch is imported (``import torch`` alone takes seconds), so a typo is refused at once; only a checked run
+imports the entry's module and runs its work. Ctrl-C / SIGTERM during the start-up end it in one line and 130 / 143
+(``common.start_up``)."""
 
 from __future__ import annotations
 
-from common.entry_help import exit_with_help_if_asked
-from common.start_up import run_entry
+import importlib
 
-# entry -> (its config in configs/, the groups whose options live in a folder of another name)
-ENTRIES: dict[str, tuple[str, dict[str, str] | None]] = {
-    "train": ("opd", {"teacher": "model", "student": "model"}),
-    "sft": ("sft", None),
-    "evaluate": ("evaluate", None),
+from common.entry_help import exit_with_help_if_asked
+from common.hydra_errors import composition_errors_as_user_errors
+from common.package_files import CONFIG_DIR
+from common.start_up import start_up_interrupts, stop_at_start_up
+from common.user_errors import exit_on_user_error
+
+# entry -> (its config in configs/, its schema in opd.config, the function of opd.{entry} that runs a checked config,
+# the groups whose options live in a folder of another name)
+ENTRIES: dict[str, tuple[str, str, str, dict[str, str] | None]] = {
+    "train": ("opd", "OPDConfig", "train", {"teacher": "model", "student": "model"}),
+    "sft": ("sft", "SFTConfig", "train", None),
+    "evaluate": ("evaluate", "EvalConfig", "evaluate", None),
 }
 
 
 def run(entry: str) -> None:
-    """``opd/{entry}.py``'s command: its ``--help``, else its ``main``, imported here."""
-    config, group_folders = ENTRIES[entry]
+    """``opd/{entry}.py``'s command: its ``--help``, else its config composed and checked, then its work."""
+    config, schema, work, group_folders = ENTRIES[entry]
     exit_with_help_if_asked(config, f"opd/{entry}.py", group_folders)
-    run_entry(f"opd.{entry}")
+    stop_at_start_up()
+    with exit_on_user_error(), start_up_interrupts(), composition_errors_as_user_errors():
+        import hydra
+
+        from opd import config as schemas
+        from opd.out_dir import checked_run
+
+        schemas.register_model_groups()
+
+        def job(cfg) -> None:
+            checked_run(getattr(schemas, schema), cfg,
+                        lambda settings: getattr(importlib.import_module(f"opd.{entry}"), work)(settings))
+
+        hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config)(job)()
 
 
 def train() -> None:

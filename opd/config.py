@@ -41,9 +41,9 @@ from common.config_schema import (
     parsed_by,
     require,
 )
-from common.minimind.precision import Precision, resolve_precision
+from common.minimind.precision import Precision, check_precision_names, resolve_precision
 from common.minimind.spec import ModelSpec, is_native_checkpoint
-from common.package_files import CONFIG_DIR, register_resolvers
+from common.package_files import CONFIG_DIR, extras_install, register_resolvers
 from common.user_errors import UserError
 
 MODEL_PRESETS = CONFIG_DIR / "model"
@@ -98,7 +98,14 @@ def register_model_groups() -> None:
 
 
 class _Precision:
-    """The ``device`` and ``dtype`` keys of an entry, resolved (and so checked) by ``resolve_precision``."""
+    """The ``device`` and ``dtype`` keys of an entry: checked by name when parsed (torch is not imported yet),
+    resolved by ``resolve_precision`` when the run asks (CUDA's availability)."""
+
+    def check_precision(self) -> None:
+        try:
+            check_precision_names(self.device, self.dtype)
+        except UserError as error:
+            raise ConfigError(str(error)) from None
 
     @property
     def precision(self) -> Precision:
@@ -284,7 +291,7 @@ class LoggerConfig:
             package = LOGGER_BACKENDS[backend]
             if package and importlib.util.find_spec(package) is None:
                 raise ConfigError(f"logger.backends: {backend} needs the {package} package, which is not installed: "
-                                  f"pip install -e '.[{backend}]'")
+                                  f"{extras_install(backend)}")
 
 
 def _model_with_tokenizer(key: str, spec: ModelSpec, tokenizer: str | None) -> None:
@@ -296,7 +303,7 @@ def _model_with_tokenizer(key: str, spec: ModelSpec, tokenizer: str | None) -> N
     if not spec.tokenizer and is_native_checkpoint(spec.checkpoint):
         raise ConfigError(f"tokenizer is not set, and {key}.checkpoint={spec.checkpoint} holds none (a MiniMind .pth)",
                           "pass tokenizer=PATH (your MiniMind checkout's tokenizer folder, or a hub id) or export "
-                          "MINIMIND_TOKENIZER; `make tiny` writes a stand-in one to out/tiny/standin-tokenizer")
+                          "MINIMIND_TOKENIZER (`onpolicy-tiny` writes a stand-in one, which the tiny presets use)")
 
 
 @dataclass
@@ -322,7 +329,7 @@ class TrainingRunConfig(_Precision):
     logger: LoggerConfig
 
     def __post_init__(self) -> None:
-        self.precision  # noqa: B018 (resolving checks device and dtype)
+        self.check_precision()
         check_integers("", self, ("batch_size", "accumulation_steps", "epochs", "save_interval"))
         check_integer("max_steps", self.max_steps, 1, optional=True)
 
@@ -393,7 +400,7 @@ class EvalConfig(_Precision):
     log_step: int  # the x axis of the scores in the loggers (e.g. the training step of the checkpoints)
 
     def __post_init__(self) -> None:
-        self.precision  # noqa: B018 (resolving checks device and dtype)
+        self.check_precision()
         check_integer("batch_size", self.batch_size, 1)
         check_integer("samples_per_prompt", self.samples_per_prompt, 1)
         check_integer("log_step", self.log_step, 0)

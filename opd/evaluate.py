@@ -25,7 +25,10 @@ peak is not measured (a process-lifetime maximum would mix checkpoints). Setting
 from __future__ import annotations
 
 if __name__ == "__main__":  # the script: the imports below happen once, inside the command's start-up (opd.commands)
-    from opd.commands import run
+    try:
+        from opd.commands import run
+    except ModuleNotFoundError:  # a Python without the project (not the venv's): one line, no traceback
+        raise SystemExit("error: this Python has no onpolicy-research: use the venv's (make setup, then source .venv/bin/activate)") from None
 
     run("evaluate")
     raise SystemExit
@@ -38,16 +41,13 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-import hydra
 import torch
-from omegaconf import DictConfig
 
 from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, RecordError, load_agent_records
 from common.minimind.model import load_model
 from common.minimind.spec import ModelSpec, is_native_checkpoint
 from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
-from common.package_files import CONFIG_DIR
 from common.run_folders import checks_passed
 from common.stop_signals import held
 from common.user_errors import UserError
@@ -55,8 +55,7 @@ from opd.chat_format import ChatFormat
 from opd.checkpoints import vocabulary_fingerprint
 from opd.config import EvalConfig
 from opd.metric_loggers import MetricLoggers
-from opd.out_dir import checked_run
-from opd.reporting import print_table, progress_bar, require_matplotlib, run_dir_of, show, write_chart
+from opd.reporting import chart_pyplot, print_table, progress_bar, run_dir_of, show, write_chart
 from opd.rollout import AgentRollout
 from opd.sampling import record_sampler, sample_seed
 from opd.scoring import aggregate, expected_outcomes, score_episode
@@ -64,15 +63,11 @@ from opd.scoring import aggregate, expected_outcomes, score_episode
 MIB = 1 << 20
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
-def main(cfg: DictConfig) -> None:
-    checked_run(EvalConfig, cfg, evaluate)
-
 
 def evaluate(cfg: EvalConfig) -> dict:
-    """Evaluate every model of ``cfg.models`` on ``cfg.data``; prints the table, writes JSON (and the chart)."""
-    if cfg.chart:
-        require_matplotlib()
+    """Evaluate every model of ``cfg.models`` on ``cfg.data``; prints the table, writes JSON (and the chart, where
+    matplotlib is installed: else one warning line)."""
+    chart = cfg.chart and chart_pyplot("evaluation.png", turn_off=", or set chart=false") is not None
     records, data_sha256 = load_agent_records(cfg.data)
     check_heldout(records, cfg)
     checks_passed()  # data and tokenizers are checked: from here on a failure keeps the run's folders
@@ -85,15 +80,15 @@ def evaluate(cfg: EvalConfig) -> dict:
               "settings": {"sampling": asdict(cfg.sampling), "rollout": asdict(cfg.rollout), "seed": cfg.seed,
                            "samples_per_prompt": cfg.samples_per_prompt, "batch_size": cfg.batch_size, "device": str(cfg.precision.device), "isolate": cfg.isolate},
               "checkpoints": results, "json": str(out / "evaluation.json"),
-              "chart": str(out / "evaluation.png") if cfg.chart else None}
+              "chart": str(out / "evaluation.png") if chart else None}
     with MetricLoggers(cfg.logger, run_dir_of(cfg.out_dir), config=asdict(cfg)) as loggers:
         for result in results:
             loggers.log({"step": cfg.log_step, **result}, step=cfg.log_step, prefix=f"eval/{result['name']}")
     print_table(results)
     atomic_write_json(out / "evaluation.json", report)
-    if cfg.chart:
+    if chart:
         write_chart(results, out / "evaluation.png")
-    show(f"wrote {report['json']}" + (f" and {report['chart']}" if cfg.chart else ""))
+    show(f"wrote {report['json']}" + (f" and {report['chart']}" if chart else ""))
     return report
 
 

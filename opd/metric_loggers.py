@@ -47,6 +47,12 @@ class MetricLoggers:
                                      mode=wandb_settings.mode, dir=str(self.run_dir), config=self.config)
         return self
 
+    def locations(self) -> dict[str, str]:
+        """Where the backends write, for the run summary: ``tensorboard`` (the folder for ``tensorboard --logdir``)
+        and ``wandb`` (the run's folder), when listed."""
+        backends = self.settings.backends
+        return {name: str(self.run_dir / name) for name in ("tensorboard", "wandb") if name in backends}
+
     def __exit__(self, exc_type, error, traceback) -> None:
         self._jsonl.close()
         if self._tensorboard is not None:

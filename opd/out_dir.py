@@ -1,6 +1,6 @@
 """One run per ``out_dir``: opd's entries make the folder and lock it before anything loads, for the whole run.
 
-``checked_run`` is every entry's ``main``: its settings parsed and checked, then its work with ``out_dir`` held.
+``checked_run`` is every command's job (``opd.commands``): its settings parsed and checked, then its work with ``out_dir`` held.
 
 ``hold_out_dir`` takes ``common.run_lock.OutputLock`` on ``{out_dir}/.lock``; the OS lets go when the process
 exits however it exits (``kill -9`` included), and a second run on the same folder (train, sft or evaluate) is

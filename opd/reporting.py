@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import logging
-import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -22,6 +21,8 @@ from rich.progress import (
 from rich.table import Table
 
 from common.atomic_write import atomic_write, atomic_write_json
+from common.package_files import extras_install
+from common.user_errors import UserError
 from opd.chat_format import ChatFormat
 from opd.config import LoggerConfig
 from opd.episodes import Episode
@@ -71,34 +72,6 @@ def run_summary(*, step: int, start_step: int, losses: list[float], tokens: int,
             "tokens_per_s": tokens / wall if wall > 0 else 0.0, "wall_s": wall, "device": str(precision.device),
             "dtype": precision.dtype_name, "weights": str(paths[0]) if paths[0] else None,
             "resume_file": str(paths[1]) if paths[1] else None, "metrics": str(run_dir / "metrics.jsonl")}
-
-
-class RunLogFile(logging.FileHandler):
-    """The file handler of the entries' run log (``<hydra.run.dir>/<entry>.log``): a line it cannot write (a full
-    disk) is left out of the file quietly, not reported as logging's "--- Logging error ---" and a traceback. The
-    console has the line, and the run's next write to that disk (``metrics.jsonl`` after every step, a checkpoint)
-    ends it with the one error naming the file."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        if not isinstance(sys.exc_info()[1], OSError):
-            super().handleError(record)
-
-
-class StdoutHandler(logging.StreamHandler):
-    """The console handler of the entries' run log (``configs/hydra/job_logging/run_log.yaml``): writes to
-    ``sys.stdout`` as it is at each line, so rich's live progress display (which redirects it) keeps its bar below
-    the lines instead of being written over."""
-
-    def __init__(self):
-        super().__init__(sys.stdout)
-
-    @property
-    def stream(self):
-        return sys.stdout
-
-    @stream.setter
-    def stream(self, value) -> None:  # StreamHandler sets it; the stream is always the current sys.stdout
-        pass
 
 
 def show(renderable) -> None:
@@ -172,6 +145,7 @@ class TrainLog:
         end-of-run summary as a two-column table and write it as JSON to each of ``paths``."""
         curves = write_training_curves(self.rows, self.run_dir / "training_curves.png", title=f"{self.label} training")
         summary["curves"] = str(curves) if curves else None
+        summary.update(self.loggers.locations())  # tensorboard --logdir ..., the W&B run's folder
         table = Table(title=f"{self.label} summary", show_header=False)
         for key, value in summary.items():
             table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
@@ -250,11 +224,12 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ImportError("the chart needs matplotlib: pip install -e '.[chart]' (or set chart=false)") from None
+        raise UserError(f"the chart needs matplotlib: {extras_install('chart')}", "or set chart=false") from None
 
 
 def pyplot():
-    """matplotlib's pyplot on the file-only Agg backend."""
+    """matplotlib's pyplot on the file-only Agg backend, its font cache built without a word (the first run)."""
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -271,6 +246,16 @@ def save_png(figure, path: str | Path) -> Path:
     atomic_write(path, lambda stream: figure.savefig(stream, format="png", dpi=120, bbox_inches="tight"))
     pyplot().close(figure)
     return path
+
+
+def chart_pyplot(png: str, turn_off: str = ""):
+    """``pyplot()``, or None with one warning line that ``png`` is not drawn when matplotlib is missing (``turn_off``:
+    the setting that stops asking for it)."""
+    try:
+        return pyplot()
+    except ImportError:
+        RUN_LOG.warning(f"warning: no {png}: it needs matplotlib ({extras_install('chart')}{turn_off})")
+        return None
 
 
 def write_chart(results: list[dict], path: str | Path, title: str = "held-out evaluation") -> Path:
@@ -307,12 +292,8 @@ CURVES = (("loss", "loss"), ("lr", "learning rate"), ("answer_accuracy", "answer
 def write_training_curves(rows: list[dict], path: str | Path, title: str = "training") -> Path | None:
     """A PNG of a run's steps (``metrics.jsonl`` rows): one panel per curve of ``CURVES`` against the step, accuracy
     only where steps measured it. None, with one warning line, when matplotlib is missing or there are no steps."""
-    try:
-        plt = pyplot()
-    except ImportError:
-        RUN_LOG.warning("warning: no training_curves.png: it needs matplotlib (pip install -e '.[chart]')")
-        return None
-    if not rows:
+    plt = chart_pyplot("training_curves.png")
+    if plt is None or not rows:
         return None
     from matplotlib.ticker import MaxNLocator
 

@@ -13,18 +13,18 @@ exact resume, checkpoints and logs of ``opd/train.py``. Settings: ``configs/sft.
 from __future__ import annotations
 
 if __name__ == "__main__":  # the script: the imports below happen once, inside the command's start-up (opd.commands)
-    from opd.commands import run
+    try:
+        from opd.commands import run
+    except ModuleNotFoundError:  # a Python without the project (not the venv's): one line, no traceback
+        raise SystemExit("error: this Python has no onpolicy-research: use the venv's (make setup, then source .venv/bin/activate)") from None
 
     run("sft")
     raise SystemExit
 
 from dataclasses import asdict, dataclass
 
-import hydra
 import torch
-from omegaconf import DictConfig
 
-from common.package_files import CONFIG_DIR
 from opd.chat_format import ChatFormat
 from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
 from opd.config import SFTConfig
@@ -34,13 +34,7 @@ from opd.distributed import Ranks
 from opd.episodes import Episode
 from opd.loss import sft_loss_step
 from opd.model_loading import initial_model
-from opd.out_dir import checked_run
 from opd.training_loop import Recipe, TrainingRun
-
-
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="sft")
-def main(cfg: DictConfig) -> None:
-    checked_run(SFTConfig, cfg, train)
 
 
 def train(cfg: SFTConfig) -> dict:

@@ -15,23 +15,23 @@ micro-batch from the teacher's cached rollouts instead; ``guidance`` lets the te
 from __future__ import annotations
 
 if __name__ == "__main__":  # the script: the imports below happen once, inside the command's start-up (opd.commands)
-    from opd.commands import run
+    try:
+        from opd.commands import run
+    except ModuleNotFoundError:  # a Python without the project (not the venv's): one line, no traceback
+        raise SystemExit("error: this Python has no onpolicy-research: use the venv's (make setup, then source .venv/bin/activate)") from None
 
     run("train")
     raise SystemExit
 
 from dataclasses import dataclass
 
-import hydra
 import torch
-from omegaconf import DictConfig
 
 from common.chat_records import AgentRecord
 from common.generation.sampler import TokenSampler
-from common.package_files import CONFIG_DIR
 from opd.chat_format import ChatFormat
 from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
-from opd.config import OPDConfig, register_model_groups
+from opd.config import OPDConfig
 from opd.data_order import Window, teacher_count
 from opd.demonstrations import fitting_episodes, load_records, tokenizing_processes
 from opd.distributed import Ranks
@@ -39,18 +39,10 @@ from opd.episodes import Episode
 from opd.guidance import Guide
 from opd.loss import distill_loss_step
 from opd.model_loading import load_student_and_teacher
-from opd.out_dir import checked_run
 from opd.reporting import BrokenTurnWatch
 from opd.rollout import AgentRollout
 from opd.teacher_rollouts import cached_teacher_episodes
 from opd.training_loop import Recipe, TrainingRun
-
-register_model_groups()
-
-
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="opd")
-def main(cfg: DictConfig) -> None:
-    checked_run(OPDConfig, cfg, train)
 
 
 def train(cfg: OPDConfig) -> dict:

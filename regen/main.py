@@ -10,7 +10,10 @@ The job is ``regen.job.run``. A mistake a person can fix ends in one or two ``er
 the first line of this file on (Hydra importing and composing the config included).
 """
 
-from common.entry_help import exit_with_help_if_asked
+try:
+    from common.entry_help import exit_with_help_if_asked
+except ModuleNotFoundError:  # the script, by a Python without the project (not the venv's): one line, no traceback
+    raise SystemExit("error: this Python has no onpolicy-research: use the venv's (make setup, then source .venv/bin/activate)") from None
 from common.hydra_errors import composition_errors_as_user_errors
 from common.package_files import CONFIG_DIR, register_resolvers
 from common.start_up import raise_if_signalled, start_up_interrupts, stop_at_start_up

@@ -1,6 +1,6 @@
-"""Show what `make demo` produced: where the output is, its summary, and one row decoded.
+"""Show rows regen wrote: where its output is, its summary, and its first row decoded.
 
-    python -m regen.show_rows out/demo/sample.jsonl --tokenizer TOKENIZER
+    python -m regen.show_rows out/demo/sample.jsonl --tokenizer TOKENIZER   # what `make demo` produced
 
 The row is shown as its prompt part (``loss_mask`` 0) and generated part (``loss_mask`` 1), each decoded
 with special tokens kept, so the token-level bookkeeping is visible.

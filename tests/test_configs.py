@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from functools import partial
 
 import pytest
 import yaml
@@ -11,6 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from common.minimind.spec import ModelSpec
+from opd import commands
 from tests.helpers.configs import compose_config, entry_config, options
 from tests.helpers.entries import run_main
 from tests.helpers.paths import CONFIG_DIR, REPO_ROOT
@@ -117,8 +119,11 @@ def test_multirun_job_dirs_never_collide():
 
 def run_cli(script: str, *overrides: str) -> dict:
     """``python SCRIPT --cfg job OVERRIDES`` (inside this process): the composed config it prints."""
-    entry = importlib.import_module(script.removesuffix(".py").replace("/", "."))
-    result = run_main(entry.main, "--cfg", "job", *overrides, cwd=REPO_ROOT, program=script)
+    if script.startswith("opd/"):  # opd's scripts hand over to their command (opd.commands), which composes
+        main = partial(commands.run, script.removeprefix("opd/").removesuffix(".py"))
+    else:
+        main = importlib.import_module(script.removesuffix(".py").replace("/", ".")).main
+    result = run_main(main, "--cfg", "job", *overrides, cwd=REPO_ROOT, program=script)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 

@@ -1,19 +1,24 @@
 """Device and precision choice: ``auto`` is CUDA with bfloat16 autocast when available, else CPU in float32.
 
 Master weights and optimizer state stay float32; ``bfloat16``/``float16`` run forwards under autocast
-(float16 with a gradient scaler, CUDA only).
+(float16 with a gradient scaler, CUDA only). :func:`check_precision_names` checks the settings without importing
+torch (an entry refuses a typo before its slow imports); :func:`resolve_precision` also asks torch for CUDA.
 """
 
 from __future__ import annotations
 
+import re
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from common.user_errors import UserError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -21,39 +26,53 @@ class Precision:
     """Where the models run and which autocast dtype forwards use (float32: none)."""
 
     device: torch.device
-    dtype: torch.dtype
+    dtype_name: str
 
     @property
-    def dtype_name(self) -> str:
-        return next(name for name, dtype in DTYPES.items() if dtype == self.dtype)
+    def dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.dtype_name)
 
     @property
     def uses_grad_scaler(self) -> bool:
-        return self.dtype == torch.float16
+        return self.dtype_name == "float16"
 
     def autocast(self) -> AbstractContextManager:
-        if self.dtype == torch.float32:
+        if self.dtype_name == "float32":
             return nullcontext()
+        import torch
+
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
+        import torch
+
         return torch.amp.GradScaler(self.device.type, enabled=self.uses_grad_scaler)
 
 
+def check_precision_names(device: str = "auto", dtype: str = "auto") -> None:
+    """``device``: auto, cpu, cuda, cuda:N; ``dtype``: auto, float32, bfloat16, float16 (float16 not on the CPU)."""
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if dtype != "auto" and dtype not in DTYPE_NAMES:
+        raise UserError(f"dtype must be auto or one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+    if dtype == "float16" and device == "cpu":
+        raise UserError("dtype=float16 needs CUDA (it trains with a gradient scaler); use float32 or bfloat16")
+
+
 def resolve_precision(device: str = "auto", dtype: str = "auto") -> Precision:
-    """``device``: auto, cpu, cuda, cuda:N; ``dtype``: auto, float32, bfloat16, float16."""
+    """The checked settings, with ``auto`` and CUDA's availability answered by torch."""
+    import torch
+
+    check_precision_names(device, dtype)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}") from None
+    resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device={device}, but CUDA is not available (use device=cpu or device=auto)")
     if dtype == "auto":
         dtype = "bfloat16" if resolved.type == "cuda" else "float32"
-    if dtype not in DTYPES:
-        raise UserError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "float16" and resolved.type != "cuda":
         raise UserError("dtype=float16 needs CUDA (it trains with a gradient scaler); use float32 or bfloat16")
-    return Precision(resolved, DTYPES[dtype])
+    return Precision(resolved, dtype)

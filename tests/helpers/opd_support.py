@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
+from functools import partial
 
 import torch
 
 from common.chat_records import AgentRecord
 from common.minimind.model import build_model
 from common.minimind.spec import MiniMindArch
+from common.minimind.tiny import tiny_arch
+from opd import commands
 from tests.helpers.entries import Ran, run_main
 from tests.helpers.paths import REPO_ROOT
 from tools.mock_tools import tool_schemas
@@ -91,8 +93,15 @@ def entry_env() -> dict[str, str]:
 def run_entry(entry: str, *arguments: str, cwd=None) -> Ran:
     """``python opd/{entry}.py ARGUMENTS`` run to its end from ``cwd`` (the repository root by default), inside this
     process (``tests/helpers/entries.py``): what it printed and its exit status."""
-    return run_main(importlib.import_module(f"opd.{entry}").main, *arguments, cwd=cwd or REPO_ROOT,
-                    program=f"opd/{entry}.py")
+    return run_main(partial(commands.run, entry), *arguments, cwd=cwd or REPO_ROOT, program=f"opd/{entry}.py")
+
+
+def model_override(name: str, checkpoint, role: str = "student") -> str:
+    """``+models.{name}={...}``: a tiny ``role`` checkpoint as one model block of an evaluation."""
+    arch = tiny_arch(role)
+    return (f"+models.{name}={{checkpoint: '{checkpoint}', hidden_size: {arch.hidden_size}, "
+            f"num_hidden_layers: {arch.num_hidden_layers}, num_attention_heads: {arch.num_attention_heads}, "
+            f"num_key_value_heads: {arch.num_key_value_heads}}}")
 
 
 def not_a_checkpoint(key: str, path) -> str:

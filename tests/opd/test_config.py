@@ -54,27 +54,33 @@ def test_blocks_become_the_objects_that_use_them():
     assert cfg.precision.device.type == "cpu" and cfg.precision.dtype_name == "float32"
 
 
-@pytest.mark.parametrize("entry,overrides,key", [
-    ("opd", ["data=agent.jsonl", "teacher=tiny_teacher", "student=tiny_student"], "teacher"),
-    ("sft", ["data=demos.jsonl", "model=tiny_student"], "model"),
-    ("evaluate", ["data=heldout.jsonl", "+model@models.small=tiny_student"], "models.small"),
+@pytest.mark.parametrize("entry,overrides,key,checkpoint", [
+    ("opd", ["data=agent.jsonl"], "teacher", "out/agent_768.pth"),
+    ("sft", ["data=demos.jsonl", "model=full_sft_768"], "model", "out/full_sft_768.pth"),
+    ("evaluate", ["data=heldout.jsonl", "+model@models.small=agent_512"], "models.small", "out/agent_512.pth"),
 ])
-def test_a_missing_tokenizer_names_the_key_a_person_types(entry, overrides, key):
+def test_a_missing_tokenizer_names_the_key_a_person_types(entry, overrides, key, checkpoint):
     """Every model block takes the entry's ``tokenizer=``: that is the key to name, not ``student.tokenizer``."""
     with pytest.raises(ConfigError) as caught:
         entry_config(entry, [*overrides, "device=cpu"])
-    checkpoint = tiny_dir() / f"tiny_{'teacher' if key == 'teacher' else 'student'}.pth"  # the preset's, resolved
     assert caught.value.message == f"tokenizer is not set, and {key}.checkpoint={checkpoint} holds none (a MiniMind .pth)"
     assert caught.value.hint.startswith("pass tokenizer=PATH ")
 
 
+def test_the_tiny_presets_use_the_standin_tokenizer_beside_their_checkpoints_unless_one_is_named():
+    """Before: a tiny run needed ``tokenizer=out/tiny/standin-tokenizer``, a path only a checkout has."""
+    tiny = ["data=agent.jsonl", "teacher=tiny_teacher", "student=tiny_student", "device=cpu"]
+    cfg = entry_config("opd", tiny)
+    assert cfg.teacher.tokenizer == cfg.student.tokenizer == str(tiny_dir() / "standin-tokenizer")
+    assert entry_config("opd", [*tiny, "tokenizer=tok"]).student.tokenizer == "tok"
+
+
 def test_a_missing_tokenizer_is_two_error_lines(tmp_path):
-    result = run_entry("train", "data=agent.jsonl", "teacher=tiny_teacher", "student=tiny_student",
-                       f"hydra.run.dir={tmp_path}")
+    result = run_entry("train", "data=agent.jsonl", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 1 and result.stderr.splitlines() == [
-        f"error: tokenizer is not set, and teacher.checkpoint={tiny_dir() / 'tiny_teacher.pth'} holds none (a MiniMind .pth)",
+        "error: tokenizer is not set, and teacher.checkpoint=out/agent_768.pth holds none (a MiniMind .pth)",
         "error: pass tokenizer=PATH (your MiniMind checkout's tokenizer folder, or a hub id) or export "
-        "MINIMIND_TOKENIZER; `make tiny` writes a stand-in one to out/tiny/standin-tokenizer"]
+        "MINIMIND_TOKENIZER (`onpolicy-tiny` writes a stand-in one, which the tiny presets use)"]
 
 
 def test_an_hf_model_needs_no_tokenizer_setting():

@@ -13,21 +13,14 @@ import pytest
 from common.chat_records import RecordError, load_agent_records
 from common.config_schema import ConfigError
 from common.minimind.spec import ModelSpec
+from common.minimind.tiny import tiny_arch
 from common.minimind.tokenizer import load_tokenizer
 from experiments.recipe.synthetic_task import write_task
 from opd.config import EvalConfig, LoggerConfig, RolloutConfig, SamplingConfig, WandbConfig
 from opd.evaluate import check_heldout, evaluate, evaluate_checkpoint
 from opd.sampling import prompt_key
-from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.configs import entry_config
-from tests.helpers.opd_support import agent_record, not_a_checkpoint, run_entry
-
-
-def model_override(name: str, checkpoint, role: str) -> str:
-    arch = tiny_arch(role)
-    return (f"+models.{name}={{checkpoint: '{checkpoint}', hidden_size: {arch.hidden_size}, "
-            f"num_hidden_layers: {arch.num_hidden_layers}, num_attention_heads: {arch.num_attention_heads}, "
-            f"num_key_value_heads: {arch.num_key_value_heads}}}")
+from tests.helpers.opd_support import agent_record, model_override, not_a_checkpoint, run_entry
 
 
 def test_evaluate_cli_compares_checkpoints(tmp_path, tokenizer_path, tiny_checkpoints):

@@ -22,10 +22,9 @@ from experiments.recipe.synthetic_task import write_task
 from opd.config import LoggerConfig, WandbConfig
 from opd.metric_loggers import MetricLoggers
 from opd.reporting import TrainLog, write_training_curves
-from standins.tiny_checkpoints import tiny_arch
 from tests.helpers.charts import drawn_axes
 from tests.helpers.configs import entry_config
-from tests.helpers.opd_support import run_entry, write_agent_data
+from tests.helpers.opd_support import model_override, run_entry, write_agent_data
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -92,10 +91,7 @@ def test_evaluation_scores_go_to_the_loggers_at_log_step(tmp_path, tokenizer_pat
     display ends with the time elapsed and remaining."""
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed (pip install -e '.[dev]')")
     data = write_task(tmp_path / "task", train=2, heldout=2, seed=4)["files"]["heldout_prompts"]
-    arch = tiny_arch("student")
-    model = (f"+models.small={{checkpoint: '{tiny_checkpoints['student']}', hidden_size: {arch.hidden_size}, "
-             f"num_hidden_layers: {arch.num_hidden_layers}, num_attention_heads: {arch.num_attention_heads}, "
-             f"num_key_value_heads: {arch.num_key_value_heads}}}")
+    model = model_override("small", tiny_checkpoints["student"])
     run = tmp_path / "run"
     result = run_entry("evaluate", f"data={data}", f"tokenizer={tokenizer_path}", f"out_dir={tmp_path / 'eval'}",
                        f"hydra.run.dir={run}", "rollout.max_gen_len=4", "rollout.max_turns=1", "device=cpu",
