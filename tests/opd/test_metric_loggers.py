@@ -83,6 +83,7 @@ def test_hydra_run_log_holds_the_step_lines_and_the_summary_lists_the_curves(ten
     assert "step 2  loss " in result.stdout  # the console still shows them
     summary = json.loads((run / "summary.json").read_text())
     assert summary["curves"] == str(run / "training_curves.png")
+    assert summary["tensorboard"] == str(run / "tensorboard")  # where `tensorboard --logdir` points (was not named)
     assert (run / "training_curves.png").read_bytes()[:8] == PNG
 
 
