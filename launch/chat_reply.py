@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import TYPE_CHECKING
 
-from launch.batch_engine import Generation
 from tools.tool_calls import ToolCall, split_tool_calls
+
+if TYPE_CHECKING:  # torch's import is the engine's; the command's argument parser reads the constants below
+    from launch.batch_engine import Generation
 
 REASONING_PARSERS = ("qwen3",)
 TOOL_CALL_PARSERS = ("hermes",)

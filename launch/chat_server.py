@@ -37,13 +37,13 @@ from pathlib import Path
 from aiohttp import web
 from jinja2 import TemplateError
 
-from common.entry_help import program_name
 from common.minimind.tokenizer import max_token_bytes, token_floor
 from common.start_up import started
 from common.user_errors import UserError
 from launch.batch_engine import BatchEngine, SamplingParams
-from launch.chat_reply import REASONING_PARSERS, TOOL_CALL_PARSERS, build_reply
+from launch.chat_reply import build_reply
 from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, decode_body, parse_chat_request
+from launch.serve import build_parser
 
 SERVICE_KEY = web.AppKey("chat_service", object)
 # aiohttp does not cancel a handler whose client went away unless told to: with it, the handler's CancelledError
@@ -248,13 +248,6 @@ def load_service(args: argparse.Namespace) -> ChatService:
     )
 
 
-def port_number(text: str) -> int:
-    """``--port``: a TCP port, 1 to 65535."""
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"not a port (1 to 65535): {text}")
-    return int(text)
-
-
 def bind_error(host: str, port: int, error: OSError) -> UserError:
     """The one line for a server that could not listen on ``host:port``, naming the flag that changes it."""
     reason = os.strerror(error.errno) if error.errno and error.errno > 0 else error.strerror or str(error)
@@ -265,36 +258,6 @@ def bind_error(host: str, port: int, error: OSError) -> UserError:
     else:  # a name that does not resolve, an address not of this machine
         hint = "--host takes an address of this machine, as 127.0.0.1 or 0.0.0.0"
     return UserError(f"cannot serve on {host}:{port}: {reason.lower()} ({hint})")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from common.minimind.spec import MiniMindArch
-
-    parser = argparse.ArgumentParser(prog=program_name("python -m launch.chat_server"),
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="native MiniMind .pth, HF model folder or hub id")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (required for a .pth)")
-    for f in fields(MiniMindArch):  # unset flags fall back to MiniMindArch's defaults
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        else:
-            parser.add_argument(flag, type=int, default=None, help="architecture flag of a native checkpoint")
-    parser.add_argument("--served-model-name", default=None, help="name in /v1/models (default: --checkpoint)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=port_number, default=8011)
-    parser.add_argument("--max-batch-size", type=int, default=32, help="most sequences decoded together")
-    parser.add_argument("--max-prefill-tokens", type=int, default=8192, help="padded prompt tokens per prefill pass")
-    parser.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
-    parser.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None)
-    parser.add_argument("--tool-call-parser", choices=[*TOOL_CALL_PARSERS, "none"], default="hermes")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--body-timeout-s", type=float, default=30.0,
-                        help="seconds a request's body may take to arrive (then 408 and the connection is closed)")
-    parser.add_argument("--api-key", default=None, help="requests must send 'Authorization: Bearer KEY' (vLLM's "
-                                                        "flag; default: $VLLM_API_KEY, else no key)")
-    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
-    return parser
 
 
 class OneLinePerCondition:
@@ -323,7 +286,7 @@ async def _exit_with_parent(parent_pid: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Load the model, then serve until SIGINT / SIGTERM (aiohttp's handlers from then on)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # launch.serve parsed them once before the imports
     service = load_service(args)
     app = create_app(service)
 

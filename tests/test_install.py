@@ -174,6 +174,10 @@ def test_installed_typos_are_refused_before_torch_is_imported(installed, tmp_pat
         assert ran.returncode == 1 and "error: unknown setting batch_sise" in ran.stderr, ran.stderr
         imported = {line.split("|")[-1].strip() for line in ran.stderr.splitlines() if line.startswith("import time:")}
         assert "hydra" in imported and "torch" not in imported  # the import log: the check ran, torch never loaded
+    served = run_script(installed, "onpolicy-serve", "--checkpoint", "c.pth", "--port", "99999", cwd=elsewhere,
+                        PYTHONPROFILEIMPORTTIME="1")
+    assert served.returncode == 2 and "argument --port: not a port (1 to 65535): 99999" in served.stderr
+    assert "torch" not in {line.split("|")[-1].strip() for line in served.stderr.splitlines()}
     checked = run_script(installed, "onpolicy-train", "data=x.jsonl", "device=gpu", cwd=elsewhere,
                          PYTHONPROFILEIMPORTTIME="1")
     assert "error: device must be auto, cpu, cuda or cuda:N, got 'gpu'" in checked.stderr, checked.stderr

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from common.minimind.tiny import tiny_arch, write_tiny_checkpoints
-from launch.chat_server import bind_error, build_parser
+from launch.chat_server import bind_error
+from launch.serve import build_parser
 from tests.helpers.paths import REPO_ROOT
 
 
