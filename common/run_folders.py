@@ -14,7 +14,8 @@ line, where Hydra's own attempt ends in its traceback); :func:`note_new_folder` 
 itself (opd's ``out_dir``, regen's output folder). :func:`discard_unless_checked` wraps a job: when the job ends with
 an error (or Ctrl-C) before it calls :func:`checks_passed`, each noted folder loses the files this run put there at
 its start (Hydra's config copies and log, the lock) and is removed if that leaves it empty, and so is each parent
-this run made. A folder holding anything else (another run's files) stays as it is. After :func:`checks_passed`
+this run made; files it made in a folder that was there before (:func:`note_new_files`: regen's empty output and
+manifest) are removed too. A folder holding anything else (another run's files) stays as it is. After :func:`checks_passed`
 nothing is removed: the folders and the log are the run's record.
 """
 
@@ -36,6 +37,7 @@ HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml
 
 _new: set[Path] = set()  # folders this run made: noted before they existed
 _files: dict[Path, tuple[str, ...]] = {}  # a noted folder -> the files this run writes there before its checks
+_new_files: set[Path] = set()  # files this run made in a folder that was there before (regen's empty output)
 _checked = False
 _sweep: Path | None = None  # a sweep folder this run made (-m): its jobs' folders are this run's too
 
@@ -45,6 +47,7 @@ def forget() -> None:
     global _checked
     _new.clear()
     _files.clear()
+    _new_files.clear()
     _checked = False
 
 
@@ -62,6 +65,12 @@ def note_new_folder(folder: str | Path, files: tuple[str, ...] = ()) -> None:
     _files[folder] = tuple(files)
 
 
+def note_new_files(*paths: str | Path) -> None:
+    """Before making them: note each of ``paths`` that does not exist yet as made by this run, wherever it is (a run
+    stopped at its checks removes them; :func:`note_new_folder` covers the folders it makes)."""
+    _new_files.update(path for path in (Path(p).expanduser().absolute() for p in paths) if not path.exists())
+
+
 def checks_passed() -> None:
     """The run's checks passed: from here on its folders are kept whatever happens."""
     global _checked
@@ -71,6 +80,9 @@ def checks_passed() -> None:
 
 def _discard() -> None:
     """Remove what the module doc says: the noted files, then empty folders, deepest first."""
+    for path in _new_files:
+        with suppress(OSError):
+            path.unlink()
     for folder in sorted(_files, key=lambda path: len(path.parts), reverse=True):
         if folder not in _new:
             continue

@@ -19,6 +19,7 @@ from regen.endpoints.reply_bodies import read_body, read_head
 from regen.endpoints.secrets import Secrets
 
 MODELS_PAGE_BYTES = 16 << 20  # /v1/models: a list of model cards
+SHOWN_MODELS = 10  # model ids an error names at most (a server may list thousands)
 
 
 class EndpointsUnusable(UserError):
@@ -41,7 +42,8 @@ async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Se
                         message = (await read_head(reply)).decode("utf-8", "replace")[:300]
                         raise RuntimeError(f"HTTP {reply.status}{hint}: {message}")
                     data = json.loads(await read_body(reply, MODELS_PAGE_BYTES))
-                cards = [(str(card["id"]), card.get("max_model_len")) for card in data["data"]]
+                # a model id names the output file and appears in messages: no credential of the run in it
+                cards = [(secrets.redact(str(card["id"])), card.get("max_model_len")) for card in data["data"]]
             except Exception as error:  # noqa: BLE001 - reported per endpoint, the run goes on with the others
                 if out_of_descriptors(error):
                     raise OutOfFileDescriptors(f"asking {endpoint.url} for its models") from None
@@ -68,7 +70,9 @@ def pick_model(served: dict[str, int | None], wanted: str | None, must_serve_wan
     if wanted and wanted in served:
         return wanted
     if wanted and must_serve_wanted:
-        raise EndpointsUnusable(f"server.model={wanted!r} is not served by the endpoints (they serve {list(served)})",
+        listed = ", ".join(repr(name) for name in list(served)[:SHOWN_MODELS])
+        more = f" and {len(served) - SHOWN_MODELS} more" if len(served) > SHOWN_MODELS else ""
+        raise EndpointsUnusable(f"server.model={wanted!r} is not served by the endpoints (they serve {listed}{more})",
                                 "drop server.model to use what they serve, or point server.endpoints elsewhere")
     if not served:
         raise EndpointsUnusable("the endpoints' /v1/models lists no model")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.run_folders import note_new_folder
+from common.run_folders import note_new_files, note_new_folder
 from common.run_lock import OutputLock
 from common.user_errors import UserError
 from regen.outputs.output_files import (
@@ -126,6 +126,8 @@ def open_output(settings: RegenSettings, paths: OutputPaths, current: dict[str, 
     except OSError as error:  # the folder cannot be made or written
         raise UserError(f"cannot write the output {paths.output} ({error.strerror or error})",
                         "choose another output= or output_dir=") from None
+    # with the lock held (a run refused by another's lock must not take that run's new files for its own)
+    note_new_files(paths.output, paths.errors, paths.manifest)
     try:
         remove_stale_temps(paths)
         if not settings.resume:

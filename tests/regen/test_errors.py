@@ -112,6 +112,9 @@ def test_a_server_that_fails_to_start_is_an_error_line_after_its_log(tmp_path, t
     assert error_lines(result) == [
         f"error: launch/vllm.sh failed with status 1: vllm exited with status 3 before it was ready (log: {log})"]
     assert "CUDA out of memory while loading weights" in result.stderr  # the log's tail, shown above the error
+    # the run stopped at its checks (the server never served): before, empty out.jsonl, its manifest and errors
+    # file stayed in the folder, which existed before the run
+    assert not list(tmp_path.glob("out*")) and log.is_file()
 
 
 def test_checks_run_before_a_vllm_server_would_start(tmp_path, tokenizer_path):

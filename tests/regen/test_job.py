@@ -131,10 +131,19 @@ def test_rows_after_a_resume_that_removed_duplicates_land_in_the_output(serve, r
 
 def test_model_is_detected_and_checked(serve, regen):
     server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}), model="served/name")
-    with pytest.raises(EndpointsUnusable, match=r"server.model='other' is not served by the endpoints \(they serve \['served/name'\]\)"):
+    with pytest.raises(EndpointsUnusable, match=r"server.model='other' is not served by the endpoints \(they serve 'served/name'\)"):
         regen([server.url], [{"prompt": "Hi"}], "server.model=other")
     summary, _, _ = regen([server.url], [{"prompt": "Hi"}], "server.model=served/name")
     assert summary["model"] == "served/name"
+
+
+def test_a_model_id_holding_the_api_key_is_named_redacted(serve, regen, monkeypatch):
+    """Before: the endpoints' model list went into the error as the server sent it."""
+    monkeypatch.setenv("REGEN_TEST_KEY", "sk-secret-123")
+    server = serve(Script({}), model="org/sk-secret-123")
+    with pytest.raises(EndpointsUnusable) as refused:
+        regen([server.url], [{"prompt": "Hi"}], "server.model=other", "api_key_env=REGEN_TEST_KEY")
+    assert str(refused.value).endswith("(they serve 'org/[redacted]')")
 
 
 def test_api_key_is_sent_but_never_written(serve, regen, tmp_path, monkeypatch):
