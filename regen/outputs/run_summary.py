@@ -13,8 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from regen.outputs.output_files import OutputPaths
 from regen.conversations.request_params import RequestParams
+from regen.outputs.output_files import OutputPaths
 from regen.outputs.run_output import RunOutput
 from regen.outputs.run_stats import RunStats
 from regen.settings import RegenSettings
