@@ -28,13 +28,14 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from common.atomic_write import commit, stage
 from common.minimind.model import load_failure, native_state_dict
+from common.resume_signature import ResumeRefusedError, described, differences, flat_settings
 from common.user_errors import UserError
 from opd.data_order import DataCursor
 
@@ -42,10 +43,6 @@ LOG = logging.getLogger(__name__)  # a child of the entries' run log ("opd")
 RESUME_FORMAT = "opd-resume/4"
 RESUME_KEYS = ("format", "model", "optimization", "step", "cursor", "rng", "signature", "weights_sha256",
                "content_sha256")
-
-
-class ResumeRefusedError(UserError):
-    """The resume file cannot continue this run (other settings, damaged, or not matching its weights)."""
 
 
 class CheckpointWriteError(UserError):
@@ -108,17 +105,10 @@ def vocabulary_fingerprint(tokenizer) -> str:
 
 
 def run_signature(settings: Mapping, *, models: Mapping[str, torch.nn.Module], fingerprints: Mapping[str, str]) -> dict:
-    """Everything a continuation must share with the run that wrote the resume file, as flat dotted keys.
-
-    ``settings`` maps names to values or settings dataclasses (flattened field by field), ``models`` adds each
-    model's architecture, ``fingerprints`` the identities of files (data, teacher weights, tokenizer).
-    """
-    signature = dict(fingerprints)
-    for name, value in settings.items():
-        if is_dataclass(value):
-            signature.update({f"{name}.{field.name}": getattr(value, field.name) for field in fields(value)})
-        else:
-            signature[name] = value
+    """Everything a continuation must share with the run that wrote the resume file, as flat dotted keys
+    (``common.resume_signature.flat_settings`` of ``settings``), with each model's architecture and the
+    ``fingerprints`` of files (data, teacher weights, tokenizer)."""
+    signature = {**fingerprints, **flat_settings(settings)}
     for role, model in models.items():
         signature.update({f"{role}.{key}": value for key, value in architecture_of(model).items()})
     return signature
@@ -126,12 +116,10 @@ def run_signature(settings: Mapping, *, models: Mapping[str, torch.nn.Module], f
 
 def check_signature(saved: Mapping, current: Mapping, source: str | Path) -> None:
     """Refuse to continue when any setting of the saved run differs, naming each one."""
-    keys = sorted(set(saved) | set(current))
-    differences = [f"{key}: saved {saved.get(key)!r}, now {current.get(key)!r}"
-                   for key in keys if saved.get(key) != current.get(key)]
-    if differences:
+    changed = differences(saved, current)
+    if changed:
         raise ResumeRefusedError(
-            f"refusing to resume from {source}: the run's settings differ\n  " + "\n  ".join(differences)
+            f"refusing to resume from {source}: the run's settings differ\n  " + described(changed)
             + "\nresume with the original settings, or start a new run without resume=")
 
 

@@ -180,6 +180,16 @@ class LossConfig:
         require(0 < self.jsd_beta < 1, "loss.jsd_beta",
                 "in (0, 1) (the limits are loss.kl_direction=forward_kl and reverse_kl)", self.jsd_beta)
 
+    def resume_settings(self) -> dict:
+        """What a continuation must share (``common.resume_signature``): ``jsd_beta`` only with ``jsd``, and
+        ``mask_broken_turns`` only when on, so runs from before it existed still resume."""
+        settings = {"kl_direction": self.kl_direction, "temperature": self.temperature}
+        if self.kl_direction == "jsd":
+            settings["jsd_beta"] = self.jsd_beta
+        if self.mask_broken_turns:
+            settings["mask_broken_turns"] = True
+        return settings
+
 
 @dataclass
 class GuidanceConfig:
@@ -231,6 +241,12 @@ class OptimConfig:
         check_integer("optim.warmup_steps", self.warmup_steps, 0)
         check_integer("optim.lr_schedule_steps", self.lr_schedule_steps, 1, optional=True)
         require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", "null or > 0", self.grad_clip)
+
+    def resume_settings(self) -> dict:
+        """What a continuation must share: all but ``lr_schedule_steps``, which the loop records resolved (its span
+        in steps) instead."""
+        return {name: getattr(self, name) for name in
+                ("learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "grad_clip")}
 
 
 def _processes(key: str, value) -> int | str:
@@ -359,6 +375,26 @@ class OPDConfig(TrainingRunConfig):
         for key in ("teacher", "student"):
             _model_with_tokenizer(key, getattr(self, key), self.tokenizer)
 
+    @property
+    def demonstrated(self) -> bool:
+        """The fixed-data baseline on the data file's own demonstrations (not the teacher's rollouts)."""
+        return self.mode == "offline" and self.offline.source == "dataset"
+
+    def recipe_settings(self) -> dict:
+        """The recipe's part of the resume signature (the loop adds its own): what is off is left out (the mixture
+        at 0, guidance, the baseline's settings on-policy), so runs from before a setting existed still resume."""
+        on_policy = self.mode == "on_policy"
+        settings = {"mode": self.mode, "rollout": self.rollout, "loss": self.loss, "sampling": self.sampling}
+        if not on_policy:
+            settings["offline.source"] = self.offline.source
+        if self.demonstrated and self.offline.drop_too_long:
+            settings["offline.drop_too_long"] = True
+        if on_policy and self.mixture.teacher_share:
+            settings["mixture.teacher_share"] = self.mixture.teacher_share
+        if on_policy and self.guidance.active:
+            settings["guidance"] = self.guidance
+        return settings
+
 
 @dataclass
 class SFTConfig(TrainingRunConfig):
@@ -377,6 +413,14 @@ class SFTConfig(TrainingRunConfig):
         check_integer("max_total_len", self.max_total_len, 1)
         check_name("save_prefix", self.save_prefix, "files in out_dir")
         _model_with_tokenizer("model", self.model, self.tokenizer)
+
+    def recipe_settings(self) -> dict:
+        """The recipe's part of the resume signature; ``drop_too_long`` only when on (runs from before it resume)."""
+        settings = {"from_scratch": self.from_scratch, "max_total_len": self.max_total_len,
+                    "open_thinking": self.open_thinking}
+        if self.drop_too_long:
+            settings["drop_too_long"] = True
+        return settings
 
 
 @dataclass

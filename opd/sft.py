@@ -52,9 +52,7 @@ def train(cfg: SFTConfig) -> dict:
                                    shown=run.ranks.is_main, processes=tokenizing_processes(cfg.dataset_num_proc))
     order = run.data_order(len(episodes))
     signature = run.signature(
-        order, {"from_scratch": cfg.from_scratch, "max_total_len": cfg.max_total_len, "open_thinking": cfg.open_thinking,
-                **({"drop_too_long": True} if cfg.drop_too_long else {})},
-        models={"model": model},
+        order, cfg.recipe_settings(), models={"model": model},
         fingerprints={"data.sha256": data_sha256, "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer),
                       "model.init": f"scratch:seed={cfg.seed}" if cfg.from_scratch
                       else file_fingerprint(cfg.model.checkpoint)})

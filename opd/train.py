@@ -54,7 +54,7 @@ def train(cfg: OPDConfig) -> dict:
     run = TrainingRun(cfg)
     torch.manual_seed(cfg.seed)
     # --- data and models, checked before any compute
-    demonstrated = cfg.mode == "offline" and cfg.offline.source == "dataset"  # the data file's own demonstrations
+    demonstrated = cfg.demonstrated  # the data file's own demonstrations
     records, data_sha256, demonstrations = load_records(cfg.data, demonstrated=demonstrated)
     student, teacher, tokenizer = load_student_and_teacher(cfg)
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
@@ -69,22 +69,10 @@ def train(cfg: OPDConfig) -> dict:
         chat_format.prompt_ids(record, cfg.rollout.max_total_len)
     order = run.data_order(len(records))
     on_policy = cfg.mode == "on_policy"
-    # settings that are off (the mixture at 0, guidance, loss.jsd_beta without jsd, loss.mask_broken_turns) are
-    # left out of the signature, so runs from before they existed still resume
     signature = run.signature(
-        order, {"mode": cfg.mode, "rollout": cfg.rollout, "loss": cfg.loss, "sampling": cfg.sampling,
-                **({"offline.source": cfg.offline.source} if not on_policy else {}),
-                **({"offline.drop_too_long": True} if demonstrated and cfg.offline.drop_too_long else {}),
-                **({"mixture.teacher_share": cfg.mixture.teacher_share} if on_policy and cfg.mixture.teacher_share
-                   else {}),
-                **({"guidance": cfg.guidance} if on_policy and cfg.guidance.active else {})},
-        models={"teacher": teacher, "student": student},
+        order, cfg.recipe_settings(), models={"teacher": teacher, "student": student},
         fingerprints={"data.sha256": data_sha256, "teacher.checkpoint_sha256": file_fingerprint(cfg.teacher.checkpoint),
                       "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)})
-    if cfg.loss.kl_direction != "jsd":
-        signature.pop("loss.jsd_beta")
-    if not cfg.loss.mask_broken_turns:
-        signature.pop("loss.mask_broken_turns")
     run.claim(student, "agent_opd", signature)
     teacher.to(run.device).eval().requires_grad_(False)
     sampler = TokenSampler(cfg.sampling, run.device, run.ranks.seed(cfg.sampling.seed_or(cfg.seed)))

@@ -158,13 +158,11 @@ class TrainingRun:
         resolved) and the recipe's ``settings``, ``models`` and ``fingerprints``. The rest (e.g. ``max_steps``, ``epochs``,
         ``save_interval``, ``out_dir``, ``device``, ``gradient_checkpointing``, ``logger``) may change."""
         cfg = self.cfg
-        signature = run_signature(
+        return run_signature(
             {"seed": cfg.seed, "batch_size": cfg.batch_size, "accumulation_steps": cfg.accumulation_steps,
              "world_size": self.ranks.world_size, "dtype": cfg.precision.dtype_name,
              "lr_schedule_steps": self.schedule_steps(order), "optim": cfg.optim, **settings},
             models=models, fingerprints=fingerprints)
-        signature.pop("optim.lr_schedule_steps")
-        return signature
 
     def claim(self, model: torch.nn.Module, prefix: str, signature: dict) -> None:
         """Name the run's checkpoints (``prefix`` and ``model``'s size), refuse another run's in ``out_dir``, keep

@@ -13,28 +13,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from common.atomic_write import atomic_write_json
-from common.user_errors import UserError
+from common.resume_signature import ResumeRefusedError, described, differences, flat_settings
 from regen.outputs.output_files import OutputPaths
 from regen.settings import RegenSettings
 
 MANIFEST_VERSION = 1
-
-
-class ResumeRefused(UserError):
-    """A resume whose settings differ from the manifest's."""
-
-
-def _flat(prefix: str, value: Any, into: dict[str, Any]) -> None:
-    if isinstance(value, Mapping) and value:
-        for key in sorted(value, key=str):
-            _flat(f"{prefix}.{key}", value[key], into)
-    else:
-        into[prefix] = value
 
 
 def run_settings(settings: RegenSettings, dataset_fingerprint: str, model: str,
@@ -52,15 +40,9 @@ def run_settings(settings: RegenSettings, dataset_fingerprint: str, model: str,
         "model": model, "tokenizer": tokenizer_fingerprint, "max_tokens": settings.max_tokens,
         "carry_reasoning": settings.carry_reasoning, "mix_seed": settings.mix_seed,
     }
-    for name, value in (("sampling", settings.sampling), ("extra_request_params", settings.extra_request_params),
-                        *mixes.items()):
-        _flat(name, value if value else None, flat)
+    flat |= flat_settings({name: value if value else None for name, value in (
+        ("sampling", settings.sampling), ("extra_request_params", settings.extra_request_params), *mixes.items())})
     return json.loads(json.dumps(flat))  # tuples become lists, as they read back from the file
-
-
-def _differences(saved: Mapping, current: Mapping) -> dict[str, tuple[Any, Any]]:
-    return {key: (saved.get(key), current.get(key)) for key in sorted(set(saved) | set(current))
-            if saved.get(key) != current.get(key)}
 
 
 def _write(paths: OutputPaths, manifest: dict) -> None:
@@ -75,7 +57,7 @@ def _read(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise ResumeRefused(f"{path} cannot be read ({type(error).__name__}: {error})", hint) from None
+        raise ResumeRefusedError(f"{path} cannot be read ({type(error).__name__}: {error})", hint) from None
     if not isinstance(manifest, dict):
         problem = f"it holds a {type(manifest).__name__}, not an object"
     elif not isinstance(manifest.get("settings"), dict):
@@ -83,12 +65,12 @@ def _read(path: Path) -> dict[str, Any]:
     elif not isinstance(manifest.get("changes", []), list):
         problem = f"'changes' is {type(manifest['changes']).__name__}, not a list"
     elif manifest.get("version") != MANIFEST_VERSION:
-        raise ResumeRefused(f"{path} has manifest version {manifest.get('version')!r}; this regen reads version "
+        raise ResumeRefusedError(f"{path} has manifest version {manifest.get('version')!r}; this regen reads version "
                             f"{MANIFEST_VERSION} only", "resume it with the regen that wrote it, or remove the manifest "
                             "to resume without a settings check") from None
     else:
         return manifest
-    raise ResumeRefused(f"{path} is not a regen manifest: {problem}", hint)
+    raise ResumeRefusedError(f"{path} is not a regen manifest: {problem}", hint)
 
 
 def check_and_record(paths: OutputPaths, current: dict[str, Any], *, resuming: bool, accept_changes: bool,
@@ -105,18 +87,18 @@ def check_and_record(paths: OutputPaths, current: dict[str, Any], *, resuming: b
         return {}
     manifest = _read(paths.manifest)
     saved = manifest["settings"]
-    differences = _differences(saved, current)
-    if differences and not accept_changes:
-        listing = "\n".join(f"  {key}: saved {old!r}, now {new!r}" for key, (old, new) in differences.items())
-        raise ResumeRefused(
-            f"refusing to resume {paths.output}: the run's settings differ from {paths.manifest.name}\n{listing}",
+    changed = differences(saved, current)
+    if changed and not accept_changes:
+        raise ResumeRefusedError(
+            f"refusing to resume {paths.output}: the run's settings differ from {paths.manifest.name}\n  "
+            + described(changed),
             "resume with the original settings, or add resume_accept_changes=true to continue with these "
             "(the change is recorded in the manifest)")
-    if differences:
+    if changed:
         manifest.setdefault("changes", []).append(
-            {"at": now, "differences": {key: {"old": old, "new": new} for key, (old, new) in differences.items()}})
+            {"at": now, "differences": {key: {"old": old, "new": new} for key, (old, new) in changed.items()}})
         manifest["settings"] = current
         _write(paths, manifest)
     else:
         paths.match_output_mode(paths.manifest)
-    return differences
+    return changed

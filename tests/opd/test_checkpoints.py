@@ -14,9 +14,9 @@ import torch
 
 from common.minimind.model import load_native
 from common.minimind.precision import resolve_precision
+from common.resume_signature import ResumeRefusedError
 from opd.checkpoints import (
     CheckpointWriteError,
-    ResumeRefusedError,
     load_resume,
     restore,
     rng_state,

@@ -21,7 +21,8 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from common.minimind.model import load_native, save_native
 from common.minimind.tiny import tiny_arch
 from common.minimind.tokenizer import MINIMIND_VOCAB_SIZE
-from opd.checkpoints import ResumeRefusedError, load_resume
+from common.resume_signature import ResumeRefusedError
+from opd.checkpoints import load_resume
 from opd.distributed import Ranks
 from opd.torchrun import exit_status, failure_lines, job_status
 from opd.train import train

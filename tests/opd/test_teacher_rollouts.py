@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from common.chat_records import RecordError
+from common.resume_signature import ResumeRefusedError
 from experiments.recipe.synthetic_task import write_task
 from opd.chat_format import ChatFormat
-from opd.checkpoints import ResumeRefusedError, load_resume
+from opd.checkpoints import load_resume
 from opd.data_order import DataOrder
 from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.train import train

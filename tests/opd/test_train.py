@@ -12,8 +12,9 @@ import torch
 from common.chat_records import RecordError
 from common.minimind.model import load_native
 from common.minimind.tiny import tiny_arch, write_tiny_checkpoints
+from common.resume_signature import ResumeRefusedError
 from common.user_errors import UserError
-from opd.checkpoints import ResumeRefusedError, load_resume
+from opd.checkpoints import load_resume
 from opd.train import train
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import not_a_checkpoint, run_entry, write_agent_data

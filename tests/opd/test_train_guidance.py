@@ -14,8 +14,9 @@ import torch
 
 from common.minimind.model import load_native
 from common.minimind.tiny import tiny_arch
+from common.resume_signature import ResumeRefusedError
 from opd.chat_format import ChatFormat
-from opd.checkpoints import ResumeRefusedError, load_resume
+from opd.checkpoints import load_resume
 from opd.config import LossConfig
 from opd.demonstrations import demonstration_episode, load_demonstrations
 from opd.episodes import pack_episodes

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from regen.outputs.run_manifest import ResumeRefused
+from common.resume_signature import ResumeRefusedError
 from tests.helpers.regen_support import EOS, ok, write_jsonl
 
 ROWS = [{"id": "a", "prompt": "first"}, {"id": "b", "prompt": "second"}]
@@ -52,7 +52,7 @@ def test_a_first_run_records_what_produced_the_output(first_run, tmp_path, token
 ])
 def test_a_resume_with_a_changed_setting_is_refused_naming_it(first_run, regen, tmp_path, override, key, old, new):
     server, before = first_run
-    with pytest.raises(ResumeRefused) as refused:
+    with pytest.raises(ResumeRefusedError) as refused:
         regen([server.url], ROWS, "resume=true", override)
     assert f"\n  {key}: saved {old!r}, now {new!r}" in str(refused.value)
     assert str(refused.value).startswith(f"refusing to resume {tmp_path / 'out.jsonl'}: the run's settings differ "
@@ -64,13 +64,13 @@ def test_a_resume_with_a_changed_setting_is_refused_naming_it(first_run, regen, 
 def test_another_model_dataset_or_tokenizer_is_refused(first_run, serve, regen, tmp_path, tokenizer_path):
     server, _ = first_run
     other_model = serve(lambda payload: ok("answer", [1, 5], [6, EOS]), model="org/other")
-    with pytest.raises(ResumeRefused, match="model: saved 'standin', now 'org/other'"):
+    with pytest.raises(ResumeRefusedError, match="model: saved 'standin', now 'org/other'"):
         regen([other_model.url], ROWS, "resume=true")
-    with pytest.raises(ResumeRefused, match=r"dataset.fingerprint: saved 'sha256:\w+', now 'sha256:\w+'"):
+    with pytest.raises(ResumeRefusedError, match=r"dataset.fingerprint: saved 'sha256:\w+', now 'sha256:\w+'"):
         regen([server.url], [*ROWS, {"id": "c", "prompt": "a row added later"}], "resume=true")
     reformatted = tmp_path / "tokenizer.json"
     reformatted.write_text(json.dumps(json.loads((tokenizer_path / "tokenizer.json").read_text()), indent=1))
-    with pytest.raises(ResumeRefused, match=r"\n  tokenizer: saved 'sha256:\w+', now 'sha256:\w+'"):
+    with pytest.raises(ResumeRefusedError, match=r"\n  tokenizer: saved 'sha256:\w+', now 'sha256:\w+'"):
         regen([server.url], ROWS, "resume=true", f"tokenizer={reformatted}")
 
 
@@ -119,7 +119,7 @@ def test_a_manifest_of_the_wrong_shape_is_an_error_naming_it(first_run, regen, t
     if saved == "keep":
         saved = {**manifest(tmp_path), "changes": 5}
     path.write_text(json.dumps(saved))
-    with pytest.raises(ResumeRefused, match=f"^{path} is not a regen manifest: ") as refused:
+    with pytest.raises(ResumeRefusedError, match=f"^{path} is not a regen manifest: ") as refused:
         regen([server.url], ROWS, "resume=true", *overrides)
     assert refused.value.hint == "restore it, or remove it to resume without a settings check"
     assert (tmp_path / "out.jsonl").read_bytes() == before and json.loads(path.read_text()) == saved
@@ -131,7 +131,7 @@ def test_a_manifest_of_an_unknown_version_is_refused_naming_it(first_run, regen,
     path = tmp_path / "out.manifest.json"
     saved = {**manifest(tmp_path), "version": version}
     path.write_text(json.dumps(saved))
-    with pytest.raises(ResumeRefused, match=re.escape(f"{path} has manifest version {version!r}; this regen reads "
+    with pytest.raises(ResumeRefusedError, match=re.escape(f"{path} has manifest version {version!r}; this regen reads "
                                                       "version 1 only")) as refused:
         regen([server.url], ROWS, "resume=true")
     assert refused.value.hint.startswith("resume it with the regen that wrote it")
