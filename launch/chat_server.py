@@ -5,7 +5,8 @@
 
 Serves a native MiniMind ``.pth`` (architecture flags + tokenizer) or an HF model folder / hub id.
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming), ``GET /health`` and
-``GET /stats`` (the batch engine's counters: forward passes, tokens, peak batch). Concurrent requests
+``GET /stats`` (the batch engine's counters: forward passes, tokens, peak batch; the open and refused connections).
+Past ``--max-connections`` open connections a new one gets 503 (``launch.connection_cap``). Concurrent requests
 share forward passes (``launch.batch_engine``). A request is decoded, checked and tokenized on a worker
 thread (one, so the tokenizer is never used from two threads), so a very long prompt never holds up the
 event loop; a body over the size limit is a 413. Binds 127.0.0.1 unless ``--host`` says otherwise. With
@@ -43,6 +44,7 @@ from common.user_errors import UserError
 from launch.batch_engine import BatchEngine, SamplingParams
 from launch.chat_reply import build_reply
 from launch.chat_request import SAMPLING_DEFAULTS, ChatRequest, RequestError, decode_body, parse_chat_request
+from launch.connection_cap import CappedListener, default_limit, listen
 from launch.serve import build_parser
 
 SERVICE_KEY = web.AppKey("chat_service", object)
@@ -67,6 +69,7 @@ class ChatService:
     api_key: str | None = None  # requests must carry it as a bearer token (vLLM's --api-key); None: open
     longest_token: int | None = None  # UTF-8 bytes of the longest vocabulary entry (check_text_fits), read once
     body_timeout_s: float = 30.0  # a body not read whole by then is a 408 and the connection is closed
+    listener: CappedListener | None = None  # the listening socket, with its connection cap's counters
     preparer: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="prepare"))
 
     def prepare(self, raw: bytes) -> tuple[ChatRequest, list[int], SamplingParams]:
@@ -177,7 +180,12 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE_KEY].engine.stats())
+    service = request.app[SERVICE_KEY]
+    listener = service.listener
+    connections = {} if listener is None else {"open_connections": listener.open_connections,
+                                               "max_connections": listener.limit,
+                                               "refused_connections": listener.refused}
+    return web.json_response({**service.engine.stats(), **connections})
 
 
 @web.middleware
@@ -298,17 +306,14 @@ def main(argv: list[str] | None = None) -> None:
         async def watch_parent(_app: web.Application) -> None:
             _app["parent_watch"] = asyncio.create_task(_exit_with_parent(args.parent_pid))
         app.on_startup.append(watch_parent)
-    listening = []
-
-    def serving(_banner: str) -> None:  # run_app's print: called once the port is bound and listening
-        listening.append(True)
+    def serving(_banner: str) -> None:  # run_app's print: called once the site is up on the socket
         print(f"serving {service.model_name} on http://{args.host}:{args.port} "
-              f"(max batch {args.max_batch_size}, max model len {service.max_model_len})", flush=True)
+              f"(max batch {args.max_batch_size}, max model len {service.max_model_len}, "
+              f"max connections {service.listener.limit})", flush=True)
 
-    started()
     try:
-        web.run_app(app, host=args.host, port=args.port, print=serving, access_log=None, **RUNNER_OPTIONS)
+        service.listener = listen(args.host, args.port, args.max_connections or default_limit())
     except OSError as error:  # socket.gaierror included: a --host that does not resolve
-        if listening:
-            raise
         raise bind_error(args.host, args.port, error) from None
+    started()
+    web.run_app(app, sock=service.listener, print=serving, access_log=None, **RUNNER_OPTIONS)

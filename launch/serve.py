@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a request's body may take to arrive (then 408 and the connection is closed)")
     parser.add_argument("--api-key", default=None, help="requests must send 'Authorization: Bearer KEY' (vLLM's "
                                                         "flag; default: $VLLM_API_KEY, else no key)")
+    parser.add_argument("--max-connections", type=int, default=None,
+                        help="open connections at most; past it a new one gets 503 and is closed (default: half "
+                             "the open-file limit, at most 4096)")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     return parser
 

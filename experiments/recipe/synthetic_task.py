@@ -14,7 +14,7 @@ observations render them (``"28°C"``, ``"晴"``, ``"7.21"``, ``"2025-03-07 15:3
 Why lookups and not arithmetic: a model of the recipe's size (128 wide, 4 layers, trained from scratch for a
 few minutes on CPU) learns to find an entity of the question and use it (a city into a call, that city's facts
 into the answer) within a few hundred SFT steps, but copying free multi-digit numbers (an expression into a
-call, a result into the answer) takes it thousands (``opd/README.md``, the recipe section, has the numbers).
+call, a result into the answer) takes it thousands (``experiments/recipe/README.md`` has the numbers).
 
 Splits are disjoint by pair of lookups: a problem belongs to the split a fixed hash of its two slots (in
 either order, so both orders share a split; seed independent) falls in: ``heldout`` below ``heldout_share``,

@@ -15,6 +15,8 @@ import pytest
 from common.minimind.tiny import tiny_arch, write_tiny_checkpoints
 from tests.helpers.paths import REPO_ROOT
 
+MAX_CONNECTIONS = 8
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -38,7 +40,8 @@ def served(tmp_path_factory, tokenizer_path):
         [sys.executable, "-m", "launch.chat_server", "--checkpoint", str(checkpoint), "--tokenizer",
          str(tokenizer_path), "--hidden-size", str(arch.hidden_size), "--num-hidden-layers", str(arch.num_hidden_layers),
          "--num-attention-heads", str(arch.num_attention_heads), "--num-key-value-heads",
-         str(arch.num_key_value_heads), "--port", str(port), "--max-model-len", "4096", "--threads", "1"],
+         str(arch.num_key_value_heads), "--port", str(port), "--max-model-len", "4096", "--threads", "1",
+         "--max-connections", str(MAX_CONNECTIONS)],
         cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     for _ in range(1200):  # bounded: 0.1 s a round while it imports torch and loads
@@ -80,3 +83,27 @@ def test_a_client_that_goes_away_takes_its_sequences_out_of_the_batch(served):
         time.sleep(0.05)
     assert (stats["running"], stats["cancelled_requests"] - before["cancelled_requests"],
             stats["finished_requests"] - before["finished_requests"]) == (0, 4, 0)
+
+
+def test_past_max_connections_a_new_connection_gets_503_and_the_server_stays_up(served):
+    """Before: 1,100 connections that never sent their body (under ulimit -n 1024) made a normal request time out,
+    and the log grew by a traceback per connection."""
+    port = int(served.rsplit(":", 1)[1])
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]  # they send nothing
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as extra:
+            answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+        assert b"too many open connections" in answer
+        idle.pop().close()  # one slot frees: a client that finishes its request is served again
+        for _ in range(600):  # bounded: until the server has seen that connection close
+            try:
+                stats = get(served, "/stats")
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert (stats["max_connections"], stats["open_connections"]) == (MAX_CONNECTIONS, MAX_CONNECTIONS)
+        assert stats["refused_connections"] >= 1
+    finally:
+        for client in idle:
+            client.close()
