@@ -22,8 +22,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from opd.chat_format import ChatFormat
-from opd.demonstrations import fitting_episodes, load_demonstrations
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.demonstrations import fitting_episodes, load_demonstrations
 
 HORIZONS = (1, 2, 4, 6)
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="out/bench/demonstration_tokenizing.json")
     args = parser.parse_args(argv)
     # imported here, not above: each spawned worker imports this module again, and should import what a training
-    # run's workers import (opd.demonstrations), not the other benchmark's models
+    # run's workers import (opd.episodes.demonstrations), not the other benchmark's models
     from benchmarks.opd_training import bench_tokenizer
 
     console = Console()

@@ -33,12 +33,12 @@ from common.atomic_write import atomic_write_json
 from common.minimind.model import build_model
 from common.minimind.precision import resolve_precision
 from common.user_errors import UserError, exit_on_user_error
-from opd.chat_format import ChatFormat
 from opd.config import LossConfig, OptimConfig, RolloutConfig
-from opd.episodes import pack_episodes, shared_prefix_length
-from opd.loss import TargetLogits, logits_at_targets, token_divergence
-from opd.optimization import Optimization
-from opd.rollout import AgentRollout
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import pack_episodes, shared_prefix_length
+from opd.rollouts.rollout import AgentRollout
+from opd.training.loss import TargetLogits, logits_at_targets, token_divergence
+from opd.training.optimization import Optimization
 from standins.scripted_sampler import ScriptedSampler
 
 PHASES = ("rollout", "teacher", "student", "optimizer")

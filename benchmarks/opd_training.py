@@ -60,13 +60,13 @@ from common.minimind.precision import resolve_precision
 from common.minimind.standin_tokenizer import build_standin_tokenizer
 from common.minimind.tiny import tiny_arch
 from common.minimind.tokenizer import load_tokenizer
-from opd.chat_format import ChatFormat
 from opd.config import GuidanceConfig, LossConfig, OptimConfig, RolloutConfig, SamplingConfig
-from opd.episodes import pack_episodes
-from opd.guidance import BehaviourPolicy
-from opd.loss import TargetLogits, distill_loss_step
-from opd.optimization import Optimization
-from opd.rollout import AgentRollout
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import pack_episodes
+from opd.rollouts.guidance import BehaviourPolicy
+from opd.rollouts.rollout import AgentRollout
+from opd.training.loss import TargetLogits, distill_loss_step
+from opd.training.optimization import Optimization
 from standins.scripted_sampler import ScriptedSampler
 from tools.mock_tools import tool_schemas
 

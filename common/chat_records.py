@@ -4,7 +4,7 @@ Each line holds ``conversations`` or ``messages`` (``role``/``content`` dicts). 
 message's ``tools`` field or a top-level ``tools`` field (a list, or a JSON string of one). A trailing
 assistant answer is dropped, so the prompt ends with a user or tool turn; ``gt`` (expected answer strings)
 is optional, and so is ``expected_calls``: the tool calls a correct episode makes, in order, each
-``{"name": ..., "arguments": {...}}`` (evaluation compares the model's calls with them: ``opd.scoring``).
+``{"name": ..., "arguments": {...}}`` (evaluation compares the model's calls with them: ``opd.episodes.scoring``).
 Any malformed row raises ``RecordError`` naming the file, line and field.
 
 Hostile rows are refused before they cost anything: a line over ``MAX_LINE_BYTES`` before it is parsed (the file

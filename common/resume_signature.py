@@ -1,6 +1,6 @@
 """One resume signature for both jobs: a run's settings as flat ``dotted.key: value`` pairs, compared key by key with
 those a saved run recorded. regen's manifest (``regen.outputs.run_manifest``) and opd's resume file
-(``opd.checkpoints``) both hold one; a continuation whose settings differ is refused naming each key
+(``opd.training.checkpoints``) both hold one; a continuation whose settings differ is refused naming each key
 (:class:`ResumeRefusedError`), or, where a job allows it, the differences are recorded."""
 
 from __future__ import annotations

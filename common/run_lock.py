@@ -21,12 +21,12 @@ from pathlib import Path
 from common.user_errors import UserError
 
 
-class OutputLocked(UserError):
+class OutputLockedError(UserError):
     """Another run holds this output."""
 
 
 class OutputLock:
-    """``acquire()`` takes the lock (or raises :class:`OutputLocked`); ``release()`` lets it go."""
+    """``acquire()`` takes the lock (or raises :class:`OutputLockedError`); ``release()`` lets it go."""
 
     def __init__(self, path: Path, output: Path, *, job: str, hint: str, remove_on_release: bool = False):
         """``path`` is the lock file, ``output`` what it guards; ``job`` names the holder's kind in the refusal
@@ -46,7 +46,7 @@ class OutputLock:
                 os.close(fd)
                 if error.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
-                raise OutputLocked(f"{self.output} is being written by another {self.job} run (pid {holder}, "
+                raise OutputLockedError(f"{self.output} is being written by another {self.job} run (pid {holder}, "
                                    f"lock {self.path})", self.hint) from None
             if self._path_names(fd):
                 break

@@ -1,8 +1,8 @@
 """A job's own Ctrl-C and SIGTERM handling once it runs: ``handling(handler)`` makes one handler take both signals
 while a block runs and gives the previous handlers back after it; ``held()`` holds them back while a process is spawned.
 
-regen's run (``regen.stop_signals``: the conversations in flight are cancelled, the finished ones kept) and opd's
-training loop (``opd.stop_signals``: the step in progress finishes and is saved) each install theirs with it; before
+regen's run (``regen.cancel_on_signal``: the conversations in flight are cancelled, the finished ones kept) and opd's
+training loop (``opd.training.stop_and_save``: the step in progress finishes and is saved) each install theirs with it; before
 that, the start-up handler of ``common.start_up`` (or Python's default) has them.
 
 Only in the main thread, and each signal only over Python's default handler or ``common.start_up``'s (the start-up

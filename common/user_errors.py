@@ -54,20 +54,20 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
-class DiskFull(UserError):
+class DiskFullError(UserError):
     """A file of the run could not be written: no space left on its disk."""
 
 
 @contextmanager
 def full_disk_is_one_error(hint: str) -> Iterator[None]:
-    """A full disk (ENOSPC, from any write of the block) as :class:`DiskFull`: its message names the file and the
+    """A full disk (ENOSPC, from any write of the block) as :class:`DiskFullError`: its message names the file and the
     space needed where the write said so (``common.atomic_write.no_space``); ``hint`` says how the job goes on."""
     try:
         yield
     except OSError as error:
         if error.errno != errno.ENOSPC:
             raise
-        raise DiskFull(error.strerror or str(error), hint) from None
+        raise DiskFullError(error.strerror or str(error), hint) from None
 
 
 def error_lines(error: BaseException) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opd.reporting import pyplot, save_png
+from opd.reports.charts import pyplot, save_png
 
 
 def write_curve_chart(report: dict, path: str | Path) -> Path:

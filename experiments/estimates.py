@@ -1,5 +1,5 @@
 """The statistics the experiments report: paired differences on the same problems, Student's t intervals over seeds
-and least-squares slopes (means with standard errors are the evaluation's own, ``opd.scoring.mean_and_se``)."""
+and least-squares slopes (means with standard errors are the evaluation's own, ``opd.episodes.scoring.mean_and_se``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from opd.scoring import mean_and_se
+from opd.episodes.scoring import mean_and_se
 
 
 def paired_difference(correct: list[dict[str, float]], baseline: list[dict[str, float]]) -> dict:

@@ -62,7 +62,7 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class Generation:
+class FinishedGeneration:
     """A finished generation: its token ids (stop token included) and why it ended."""
 
     token_ids: list[int]
@@ -135,7 +135,7 @@ class BatchEngine:
         self._waiting.clear()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
-        """Queue a request; the future resolves to a ``Generation``. Cancel the future to abandon it."""
+        """Queue a request; the future resolves to a ``FinishedGeneration``. Cancel the future to abandon it."""
         max_new = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         if not prompt_ids or max_new < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in {self.max_model_len}")
@@ -269,14 +269,14 @@ class BatchEngine:
             _resolve(sequence.future, generation)
         self._keep_rows(keep)
 
-    def _finished(self, sequence: _Sequence) -> Generation | None:
+    def _finished(self, sequence: _Sequence) -> FinishedGeneration | None:
         token = sequence.output_ids[-1]
         if token in self.eos_token_ids and not sequence.params.ignore_eos:
-            return Generation(list(sequence.output_ids), "stop", token, stopped_by_eos=True)
+            return FinishedGeneration(list(sequence.output_ids), "stop", token, stopped_by_eos=True)
         if token in sequence.params.stop_token_ids:
-            return Generation(list(sequence.output_ids), "stop", token)
+            return FinishedGeneration(list(sequence.output_ids), "stop", token)
         if len(sequence.output_ids) >= sequence.max_new_tokens:
-            return Generation(list(sequence.output_ids), "length")
+            return FinishedGeneration(list(sequence.output_ids), "length")
         return None
 
     def _drop_cancelled(self) -> None:
@@ -290,7 +290,7 @@ class BatchEngine:
             self._batch.keep(rows)
 
 
-def _resolve(future: Future, generation: Generation) -> None:
+def _resolve(future: Future, generation: FinishedGeneration) -> None:
     try:
         future.set_result(generation)
     except InvalidStateError:  # cancelled by the client meanwhile

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from tools.tool_calls import ToolCall, split_tool_calls
 
 if TYPE_CHECKING:  # torch's import is the engine's; the command's argument parser reads the constants below
-    from launch.batch_engine import Generation
+    from launch.batch_engine import FinishedGeneration
 
 REASONING_PARSERS = ("qwen3",)
 TOOL_CALL_PARSERS = ("hermes",)
@@ -51,7 +51,7 @@ def extract_tool_calls(text: str | None) -> tuple[str | None, list[dict]]:
     ]
 
 
-def build_reply(*, model: str, prompt_ids: list[int], generation: Generation, tokenizer,
+def build_reply(*, model: str, prompt_ids: list[int], generation: FinishedGeneration, tokenizer,
                 return_token_ids: bool, skip_special_tokens: bool = True,
                 reasoning_parser: str | None = None, parse_tool_calls: bool = False) -> dict:
     """The ``/v1/chat/completions`` JSON for one finished generation."""

@@ -32,7 +32,7 @@ def run(entry: str) -> None:
         import hydra
 
         from opd import config as schemas
-        from opd.out_dir import checked_run
+        from opd.training.out_dir import checked_run
 
         schemas.register_model_groups()
 

@@ -7,9 +7,9 @@ objects, whose ``__post_init__`` checks ranges and choices with that module's he
 (``configs/``): the dataclasses hold no defaults of their own, except the model blocks' architecture flags
 (MiniMind-3's, from ``MiniMindArch``) and the sampling keys (null = not set).
 
-Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollout.AgentRollout``, ``sampling`` →
-``common.generation.sampler.TokenSampler``, ``guidance`` → ``opd.guidance.BehaviourPolicy``, ``loss`` → ``opd.loss.token_divergence``, ``optim`` → ``opd.optimization.Optimization``,
-``logger`` → ``opd.metric_loggers.MetricLoggers``,
+Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollouts.rollout.AgentRollout``, ``sampling`` →
+``common.generation.sampler.TokenSampler``, ``guidance`` → ``opd.rollouts.guidance.BehaviourPolicy``, ``loss`` → ``opd.training.loss.token_divergence``, ``optim`` → ``opd.training.optimization.Optimization``,
+``logger`` → ``opd.training.metric_loggers.MetricLoggers``,
 ``teacher``/``student``/``model``/``models.NAME`` (``common.minimind.spec.ModelSpec``) →
 ``common.minimind.model.load_model``.
 
@@ -193,7 +193,7 @@ class LossConfig:
 
 @dataclass
 class GuidanceConfig:
-    """The behaviour policy of on-policy rollouts (``opd.guidance``): null keys are off, and with all three off the
+    """The behaviour policy of on-policy rollouts (``opd.rollouts.guidance``): null keys are off, and with all three off the
     student writes every token. At most one of ``turn_share``, ``token_mix`` and ``top_k`` may be set."""
 
     turn_share: float | None  # Guided-OPD: probability that the teacher writes an assistant turn
@@ -250,7 +250,7 @@ class OptimConfig:
 
 
 def _processes(key: str, value) -> int | str:
-    """``dataset_num_proc``: ``auto`` or an integer >= 1 (``opd.demonstrations.tokenizing_processes``)."""
+    """``dataset_num_proc``: ``auto`` or an integer >= 1 (``opd.episodes.demonstrations.tokenizing_processes``)."""
     return auto_or_count(key, value, "the CPUs of this rank", 1)
 
 
@@ -292,7 +292,7 @@ class WandbConfig:
 
 @dataclass
 class LoggerConfig:
-    """Where an entry's metrics go (``opd.metric_loggers``): ``metrics.jsonl`` always, and the other ``backends``
+    """Where an entry's metrics go (``opd.training.metric_loggers``): ``metrics.jsonl`` always, and the other ``backends``
     listed; a backend whose package is missing is refused here, before anything loads."""
 
     backends: list[str]
@@ -436,7 +436,7 @@ class EvalConfig(_Precision):
     device: str
     dtype: str
     seed: int
-    samples_per_prompt: int  # k episodes per record, sample j seeded by (seed, the prompt, j): opd.sampling.sample_seed
+    samples_per_prompt: int  # k episodes per record, sample j seeded by (seed, the prompt, j): opd.rollouts.sampling.sample_seed
     batch_size: int
     isolate: bool  # each checkpoint in a fresh process (its own peak RSS on CPU)
     chart: bool

@@ -5,11 +5,11 @@
         +model@models.teacher=agent_768
 
 Every checkpoint rolls out the same held-out records in the same batches through the trainer's own
-batched rollout and MiniMind's tool world (``opd.rollout``), with one ``sampling`` setting (greedy by
+batched rollout and MiniMind's tool world (``opd.rollouts.rollout``), with one ``sampling`` setting (greedy by
 default), one ``rollout`` block of limits and the same seeds: ``samples_per_prompt`` (k) episodes per record,
 sample j of a record drawn from its own generator seeded by (``sampling.seed`` or ``seed``, the record's prompt,
-j) (``opd.sampling.sample_seed``), so an episode depends on neither the batches, nor the records' order, nor the
-other records. Episodes are scored by ``opd.scoring`` (accuracy with its SE over prompts, call error types,
+j) (``opd.rollouts.sampling.sample_seed``), so an episode depends on neither the batches, nor the records' order, nor the
+other records. Episodes are scored by ``opd.episodes.scoring`` (accuracy with its SE over prompts, call error types,
 recovery); each checkpoint's episodes go to ``episodes_{name}.jsonl``, one line per (record, sample) with its
 ``sample`` index, for inspection.
 
@@ -49,16 +49,19 @@ from common.minimind.model import load_model
 from common.minimind.spec import ModelSpec, is_native_checkpoint
 from common.minimind.tokenizer import check_same_tokenizer, load_tokenizer
 from common.run_folders import checks_passed
+from common.run_log import progress_bar, show
 from common.stop_signals import held
 from common.user_errors import UserError
-from opd.chat_format import ChatFormat
-from opd.checkpoints import vocabulary_fingerprint
 from opd.config import EvalConfig
-from opd.metric_loggers import MetricLoggers
-from opd.reporting import chart_pyplot, print_table, progress_bar, run_dir_of, show, write_chart
-from opd.rollout import AgentRollout
-from opd.sampling import record_sampler, sample_seed
-from opd.scoring import aggregate, expected_outcomes, score_episode
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.scoring import aggregate, expected_outcomes, score_episode
+from opd.reports.charts import chart_pyplot, write_chart
+from opd.reports.tables import print_table
+from opd.rollouts.rollout import AgentRollout
+from opd.rollouts.sampling import record_sampler, sample_seed
+from opd.training.checkpoints import vocabulary_fingerprint
+from opd.training.metric_loggers import MetricLoggers
+from opd.training.train_log import run_dir_of
 
 MIB = 1 << 20
 

@@ -4,8 +4,8 @@
     python opd/sft.py data=demonstrations.jsonl from_scratch=true model.hidden_size=256 model.num_hidden_layers=4
 
 The demonstrations become fixed token sequences exactly as the fixed-data distillation baseline builds them
-(``opd.demonstrations``: assistant tokens, each turn's EOS included, are targets; prompt, observations and
-role markers are context). The recipe of ``opd.training_loop``'s loop: each optimizer step minimizes the mean
+(``opd.episodes.demonstrations``: assistant tokens, each turn's EOS included, are targets; prompt, observations and
+role markers are context). The recipe of ``opd.training.loop``'s loop: each optimizer step minimizes the mean
 cross-entropy over every target token of its window (plus a MoE model's router loss), with the data order, schedule,
 exact resume, checkpoints and logs of ``opd/train.py``. Settings: ``configs/sft.yaml`` (schema ``opd.config.SFTConfig``).
 """
@@ -25,16 +25,16 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from opd.chat_format import ChatFormat
-from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
 from opd.config import SFTConfig
-from opd.data_order import Window
-from opd.demonstrations import fitting_episodes, load_demonstrations, tokenizing_processes
-from opd.distributed import Ranks
-from opd.episodes import Episode
-from opd.loss import sft_loss_step
-from opd.model_loading import initial_model
-from opd.training_loop import Recipe, TrainingRun
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.demonstrations import fitting_episodes, load_demonstrations, tokenizing_processes
+from opd.episodes.episode import Episode
+from opd.training.checkpoints import file_fingerprint, vocabulary_fingerprint
+from opd.training.data_order import Window
+from opd.training.distributed import Ranks
+from opd.training.loop import Recipe, TrainingRun
+from opd.training.loss import sft_loss_step
+from opd.training.model_loading import initial_model
 
 
 def train(cfg: SFTConfig) -> dict:

@@ -3,13 +3,13 @@
     python opd/train.py teacher=agent_768 student=full_sft_768 data=agent_rl.jsonl tokenizer=PATH
     python opd/train.py ... mode=offline      # the fixed-data baseline: same loss, data order and steps
 
-A recipe of ``opd.training_loop``: each optimizer step rolls every micro-batch of its window out with the current
+A recipe of ``opd.training.loop``: each optimizer step rolls every micro-batch of its window out with the current
 student (``mode=on_policy``: batched multi-turn episodes in MiniMind's tool world) or takes its fixed sequences
 (``mode=offline``: the records' own demonstrations, or the teacher's rollouts generated once and cached), and
 minimizes the T²-scaled full-vocabulary KL from the frozen teacher on every generated token
-(``opd.loss.distill_loss_step``). ``mixture.teacher_share`` (GKD's mixture) takes that share of every on-policy
+(``opd.training.loss.distill_loss_step``). ``mixture.teacher_share`` (GKD's mixture) takes that share of every on-policy
 micro-batch from the teacher's cached rollouts instead; ``guidance`` lets the teacher steer the student's rollouts
-(``opd.guidance``). Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``); reference: ``opd/README.md``.
+(``opd.rollouts.guidance``). Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``); reference: ``opd/README.md``.
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ import torch
 
 from common.chat_records import AgentRecord
 from common.generation.sampler import TokenSampler
-from opd.chat_format import ChatFormat
-from opd.checkpoints import file_fingerprint, vocabulary_fingerprint
 from opd.config import OPDConfig
-from opd.data_order import Window, teacher_count
-from opd.demonstrations import fitting_episodes, load_records, tokenizing_processes
-from opd.distributed import Ranks
-from opd.episodes import Episode
-from opd.guidance import Guide
-from opd.loss import distill_loss_step
-from opd.model_loading import load_student_and_teacher
-from opd.reporting import BrokenTurnWatch
-from opd.rollout import AgentRollout
-from opd.teacher_rollouts import cached_teacher_episodes
-from opd.training_loop import Recipe, TrainingRun
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.demonstrations import fitting_episodes, load_records, tokenizing_processes
+from opd.episodes.episode import Episode
+from opd.rollouts.guidance import Guide
+from opd.rollouts.rollout import AgentRollout
+from opd.rollouts.teacher_rollouts import cached_teacher_episodes
+from opd.training.checkpoints import file_fingerprint, vocabulary_fingerprint
+from opd.training.data_order import Window, teacher_count
+from opd.training.distributed import Ranks
+from opd.training.loop import Recipe, TrainingRun
+from opd.training.loss import distill_loss_step
+from opd.training.model_loading import load_student_and_teacher
+from opd.training.train_log import BrokenTurnWatch
 
 
 def train(cfg: OPDConfig) -> dict:

@@ -4,8 +4,8 @@ Everything a person can get wrong is checked before any server starts (settings,
 writable, not taken by another run, not an earlier run's without ``resume=true``, a resume with the same
 settings); when the served model decides the output's name (``server=external`` without ``server.model``) the
 endpoints are asked first, still before any request. Ctrl-C and SIGTERM stop the run between requests: finished
-conversations stay, the summary says ``interrupted`` (``regen.stop_signals``). A full disk ends the run with one
-``error:`` line naming the file and the space its write needed (``common.user_errors.DiskFull``); the output keeps
+conversations stay, the summary says ``interrupted`` (``regen.cancel_on_signal``). A full disk ends the run with one
+``error:`` line naming the file and the space its write needed (``common.user_errors.DiskFullError``); the output keeps
 whole blocks only, and the summary is written when there is room for it.
 """
 
@@ -22,6 +22,7 @@ from rich.markup import escape
 from common.atomic_write import atomic_write_json
 from common.run_folders import checks_passed
 from common.user_errors import UserError, full_disk_is_one_error
+from regen.cancel_on_signal import StopSignals, stop_signals
 from regen.conversations.detokenizer import Detokenizer, load_detokenizer
 from regen.conversations.regenerate import Regeneration, RequestShape
 from regen.conversations.request_params import RequestParams
@@ -40,10 +41,9 @@ from regen.pipeline import Pipeline, SourceRows
 from regen.rows.sources import Source, open_source
 from regen.servers import provide_endpoints
 from regen.settings import ExternalServer, RegenSettings, check_max_tokens_fit
-from regen.stop_signals import StopSignals, stop_signals
 
 
-class RunStopped(UserError):
+class RunStoppedError(UserError):
     """The run ended before the end of the source (every endpoint down)."""
 
 
@@ -51,7 +51,7 @@ REGEN_DISK_FULL_HINT = ("make room on that disk, then run again with resume=true
                         "resume repairs the rest)")
 
 
-class NothingSucceeded(UserError):
+class NothingSucceededError(UserError):
     """Every conversation this run tried failed (or every row was unusable): the run is a failure."""
 
 
@@ -134,23 +134,23 @@ async def regenerate_dataset(state: RunState, pool: EndpointPool, source: Source
 
 def unless_out_of_descriptors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """asyncio's report of an error no one awaited, except one from running out of file descriptors: that is the
-    run's own error already (``OutOfFileDescriptors``: two lines), so it prints no traceback of its own."""
+    run's own error already (``OutOfFileDescriptorsError``: two lines), so it prints no traceback of its own."""
     if not out_of_descriptors(context.get("exception")):
         loop.default_exception_handler(context)
 
 
 def check_finished(state: RunState) -> None:
-    """Raise :class:`RunStopped` when reading stopped early, :class:`NothingSucceeded` when no conversation
+    """Raise :class:`RunStoppedError` when reading stopped early, :class:`NothingSucceededError` when no conversation
     succeeded although some failed, or when every row read was unusable (and none was done before)."""
     stats, errors = state.stats, state.output.paths.errors
     state.output.rows.check_in_place()  # deleted after the last block: the rows went with it
     state.output.errors.check_in_place()
     if stats.stopped:
-        raise RunStopped(f"regen stopped early: {stats.stopped}",
+        raise RunStoppedError(f"regen stopped early: {stats.stopped}",
                          "bring the endpoints back, then run again with resume=true")
     if stats.done or not (stats.failed or (stats.input_errors and not stats.skipped_done)):
         return
-    raise NothingSucceeded(
+    raise NothingSucceededError(
         f"no conversation succeeded: {stats.failed} failed, {stats.input_errors} input errors; the first: "
         f"{stats.first_failure}", f"see {errors} for every one; fix the cause, then run again with resume=true")
 

@@ -18,7 +18,7 @@ from common.hydra_errors import composition_errors_as_user_errors
 from common.package_files import CONFIG_DIR, register_resolvers
 from common.start_up import raise_if_signalled, start_up_interrupts, stop_at_start_up
 from common.user_errors import exit_on_user_error
-from regen.stop_signals import START_UP_MESSAGE
+from regen.cancel_on_signal import START_UP_MESSAGE
 
 
 def job(cfg) -> None:

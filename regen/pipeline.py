@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from regen.conversations.regenerate import ConversationFailed, Regeneration
-from regen.endpoints.chat_client import OutOfFileDescriptors, Retries, out_of_descriptors
+from regen.endpoints.chat_client import OutOfFileDescriptorsError, Retries, out_of_descriptors
 from regen.endpoints.endpoint_pool import Affinity
 from regen.outputs.output_files import IdIndex
 from regen.outputs.run_output import RunOutput
@@ -213,7 +213,7 @@ class Pipeline:
             dispatch.result()
         except OSError as error:  # no file descriptor left for reading the source or writing: the same as connecting
             if out_of_descriptors(error):
-                raise OutOfFileDescriptors("regenerating conversations") from None
+                raise OutOfFileDescriptorsError("regenerating conversations") from None
             raise
         finally:
             pending = [produce, dispatch, *self._conversations]

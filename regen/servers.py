@@ -34,6 +34,7 @@ from launch.server_process import (
     stop_process_group,
     wait_until_ready,
 )
+from regen.cancel_on_signal import stop_signals
 from regen.outputs.hydra_runtime import run_folder
 from regen.settings import (
     LOCAL_ARCH_KEYS,
@@ -44,7 +45,6 @@ from regen.settings import (
     ServerSettings,
     VllmServer,
 )
-from regen.stop_signals import stop_signals
 
 VLLM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "vllm.sh"
 
@@ -52,7 +52,7 @@ VLLM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "vllm.sh"
 @contextmanager
 def provide_endpoints(server: ServerSettings) -> Iterator[tuple[EndpointAddress, ...]]:
     """Yield ready endpoints for ``server`` and release what was started when the block exits, Ctrl-C and SIGTERM
-    included (they raise ``Interrupted`` here: ``regen.stop_signals``, the run's own handler when it has one)."""
+    included (they raise ``Interrupted`` here: ``regen.cancel_on_signal``, the run's own handler when it has one)."""
     if isinstance(server, ExternalServer):
         yield server.endpoints
         return

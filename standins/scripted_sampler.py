@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
-from opd.episodes import Episode
+from opd.episodes.episode import Episode
 
 
 class ScriptedSampler:

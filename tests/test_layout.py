@@ -78,3 +78,81 @@ def test_each_part_of_regen_says_its_role_in_one_line():
         role = ast.get_docstring(ast.parse((part / "__init__.py").read_text()))
         assert role and "\n" not in role, part.name
         assert f"| **`{part.name}/`** |" in first_section, part.name
+
+
+def product_import_graph() -> dict[str, set[str]]:
+    """Each product module's imports of other product modules (``opd.training.loss``; a package is its
+    ``__init__``), function-level imports included."""
+    paths = {".".join(path.with_suffix("").relative_to(REPO_ROOT).parts).removesuffix(".__init__"): path
+             for package in PACKAGES for path in (REPO_ROOT / package).rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in paths else node.module
+                          for alias in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        graph[name] = {module for module in found if module in paths and module != name}
+    return graph
+
+
+def cycles_of(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles a depth-first walk meets (empty when the graph has none)."""
+    state, found = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                found.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_no_import_cycle_among_modules_or_rooms():
+    """No product module imports itself round a circle, nor does any room (a sub-package, or a top-level module)."""
+    graph = product_import_graph()
+    assert cycles_of(graph) == []
+
+    def room(module):
+        return ".".join(module.split(".")[:2])
+
+    rooms = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room(module), set()).update(room(target) for target in targets if room(target) != room(module))
+    assert cycles_of(rooms) == []
+    assert cycles_of({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]  # the walk finds a circle where there is one
+
+
+def test_opd_keeps_its_entries_at_the_top_and_the_rest_in_rooms():
+    """opd's top level holds at most 12 modules and packages (the entries, ``config.py`` and the rooms), and no module
+    in a room imports an entry."""
+    opd = REPO_ROOT / "opd"
+    top = [path.name for path in opd.iterdir()
+           if (path.suffix == ".py" and path.name != "__init__.py") or (path / "__init__.py").exists()]
+    assert len(top) <= 12, sorted(top)
+    entries = {f"opd.{path.stem}" for path in opd.glob("*.py") if path.stem not in ("__init__", "config")}
+    back = sorted(f"{module} imports {target}" for module, targets in product_import_graph().items()
+                  if module.count(".") >= 2 and module.startswith("opd.") for target in targets & entries)
+    assert back == []
+
+
+def test_readmes_stay_reference_sized():
+    """The top README is under 12 KB with its quick start in the first 40 lines and no ± figures; every package README
+    is under 25 KB."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert len(readme.encode()) < 12_000
+    assert any(line.startswith("## Quick start") for line in readme.splitlines()[:40])
+    assert "±" not in readme
+    sizes = {package: len((REPO_ROOT / package / "README.md").read_bytes()) for package in PACKAGES}
+    assert all(size < 25_000 for size in sizes.values()), sizes

@@ -12,7 +12,7 @@ Rows leave with ``keep`` (columns that are holes in every remaining row are cut)
 (``prefill_shared_prefix``). The caches append in place (``common.generation.kv_cache``).
 
 The model body may run under bf16/fp16 autocast; the output projection whose logits a step returns runs in fp32,
-outside autocast, as opd's loss does (``opd.loss.logits_at_targets``). Decoding only: run it under
+outside autocast, as opd's loss does (``opd.training.loss.logits_at_targets``). Decoding only: run it under
 ``torch.inference_mode()`` (or ``no_grad``).
 """
 

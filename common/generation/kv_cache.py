@@ -9,7 +9,7 @@ more are cut from the left (``drop_leading_columns``), and another batch's rows 
 (``extend_rows``): what ``common.generation.decode_batch.DecodeBatch`` does to its rows.
 
 For decoding without autograd only: a later step writes into the buffer that earlier steps' views read, which
-autograd would reject. Training forwards (``opd.loss``) keep the ``DynamicCache`` they build.
+autograd would reject. Training forwards (``opd.training.loss``) keep the ``DynamicCache`` they build.
 """
 
 from __future__ import annotations

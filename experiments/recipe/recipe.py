@@ -53,9 +53,9 @@ from experiments.charts import write_curve_chart
 from experiments.estimates import paired_difference, read_evaluation
 from experiments.recipe.config import TASK_FILES, RecipeConfig, RecipeModel
 from experiments.stages import Stage, replay, run_stages
-from opd.checkpoints import step_weights_path
-from opd.reporting import require_matplotlib
-from opd.scoring import mean_and_se
+from opd.episodes.scoring import mean_and_se
+from opd.reports.charts import require_matplotlib
+from opd.training.checkpoints import step_weights_path
 
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 NO_INTERMEDIATE_SAVES = 1_000_000  # save_interval: only each run's final checkpoint

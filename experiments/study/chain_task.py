@@ -61,7 +61,7 @@ Either way the retry follows: the step again from the last correct value, itself
 (a retry that fails is retried, the state a teacher meets when its retry of a student's error goes wrong). So a
 wrong value is visible (the call's expression sits in the context beside the question and the previous observation)
 and fixable (a retry from the last correct value is the right move), and every episode still has H correct calls.
-The noise turn has ``"weight": 0``: it is context, never a target (``opd.demonstrations``); the retry is learned.
+The noise turn has ``"weight": 0``: it is context, never a target (``opd.episodes.demonstrations``); the retry is learned.
 The retry turn says so before its call (``RETRY_NOTE``, as an agent states what it noticed): noticing the wrong
 value and choosing which observation to copy are then decisions at two different tokens. A bare retry asks both of
 one token, which the pilot's 2-layer teacher did not learn (``experiments/study/README.md``, "Pilot"). With
@@ -313,7 +313,7 @@ def make_record(triple: tuple[int, str, int], horizon: int, *, demonstration: bo
                 retry_names_input: bool = False, guard_numbers: dict[str, float] | None = None) -> dict:
     """An agent JSONL row: the system turn declaring ``calculate_math``, the question, ``gt``, then the turns (a
     demonstration) or the gold calls as ``expected_calls`` (a prompt: the evaluation classifies every call against
-    them, ``opd.scoring``); ``key`` and ``operand_key``: a checked problem's, kept as ``task.check_key`` and
+    them, ``opd.episodes.scoring``); ``key`` and ``operand_key``: a checked problem's, kept as ``task.check_key`` and
     ``task.operand_key``."""
     if operand_key is not None and key is None:
         raise ValueError("an operand check needs a checked problem (key), got operand_key without key")

@@ -8,14 +8,14 @@ episodes, has the retry in its support).
         --sampling opd_rollout --seed 0 --out seed0/continuation.json
 
 ``--episodes`` is an evaluation's ``episodes_{name}.jsonl`` (``opd/evaluate.py``: each row holds its turns' text and
-``opd.scoring``'s call types). The *post-error prefix* of an episode is its turns up to and including the turn of its
+``opd.episodes.scoring``'s call types). The *post-error prefix* of an episode is its turns up to and including the turn of its
 first call error, each call turn followed by the tool world's observations, exactly as the rollout fed them. Only
-errors the student can recover from are continued: the row's ``first_error_recoverable`` (``opd.scoring``: the tool
+errors the student can recover from are continued: the row's ``first_error_recoverable`` (``opd.episodes.scoring``: the tool
 world answered the call, every error type but ``broken_json``, which MiniMind does not read as a call, and another
 turn followed it), so G4 and the recovery rate count the same errors. The teacher
 continues each prefix with the turns left (``--max-turns`` minus the prefix's), at ``--sampling`` (a preset of
-``configs/sampling/``) with the evaluation's per-record seeds (``opd.sampling.sample_seed``), and its episode is scored
-by ``opd.scoring``. ``note_probability``: the mean over the continued prefixes of the model's probability of
+``configs/sampling/``) with the evaluation's per-record seeds (``opd.rollouts.sampling.sample_seed``), and its episode is scored
+by ``opd.episodes.scoring``. ``note_probability``: the mean over the continued prefixes of the model's probability of
 ``chain_task.RETRY_NOTE``'s first token as the first token of its next turn (teacher-forced on the prefix, one forward
 each), also by the erring call. Writes the counts by first error type, by the erring call (the first call, whose retry reads the
 question, or a later one, whose retry reads the last correct call) and the share that ended correct; with
@@ -42,11 +42,11 @@ from common.package_files import CONFIG_DIR
 from experiments.study.chain_task import RETRY_NOTE
 from experiments.study.divergence import model_spec
 from experiments.study.gates import gold_calls, misread_number
-from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig, SamplingConfig
-from opd.rollout import AgentRollout
-from opd.sampling import record_sampler, sample_seed
-from opd.scoring import BROKEN_JSON, CALL_ERRORS, FAILED_CALL, WRONG_VALUE, score_episode
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.scoring import BROKEN_JSON, CALL_ERRORS, FAILED_CALL, WRONG_VALUE, score_episode
+from opd.rollouts.rollout import AgentRollout
+from opd.rollouts.sampling import record_sampler, sample_seed
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import execute_call
 
@@ -87,7 +87,7 @@ def continuation_records(rows: list[dict], records: dict[str, AgentRecord], max_
         if found is None:
             continue
         turn, call, kind = found
-        if not row["first_error_recoverable"]:  # opd.scoring's rule, the recovery rate's denominator
+        if not row["first_error_recoverable"]:  # opd.episodes.scoring's rule, the recovery rate's denominator
             skipped[BROKEN_JSON if kind == BROKEN_JSON else "no_turn_left"] += 1
             continue
         record = records[row["source"]]

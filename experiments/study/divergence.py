@@ -35,11 +35,11 @@ from common.chat_records import load_agent_records
 from common.generation.sampler import TokenSampler
 from common.minimind.model import load_model
 from common.minimind.spec import ModelSpec
-from opd.chat_format import ChatFormat
 from opd.config import LossConfig, RolloutConfig, SamplingConfig
-from opd.episodes import pack_episodes, shared_prefix_length
-from opd.loss import logits_at_targets, token_divergence
-from opd.rollout import AgentRollout
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import pack_episodes, shared_prefix_length
+from opd.rollouts.rollout import AgentRollout
+from opd.training.loss import logits_at_targets, token_divergence
 
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 BATCH = 16

@@ -4,7 +4,7 @@ value against a threshold stated before the full study (``configs/study.yaml`` `
 - ``G0_teacher_t1_accuracy`` (at least): the robust teacher's held-out accuracy at temperature 1, all horizons.
 - ``G1_student_intermediate_errors`` (at least): of the warm students' *intermediate* calls at temperature 1 (a call
   whose expected position is past the first and within the horizon: ``intermediate_calls``), the share with a call
-  error (``opd.scoring``'s types: wrong value, wrong operation, failed call, broken JSON), pooled over seeds.
+  error (``opd.episodes.scoring``'s types: wrong value, wrong operation, failed call, broken JSON), pooled over seeds.
 - ``G2_recoverable_errors`` (at least): of those errors, the share the student can recover from: the tool world
   answered the call (not broken JSON, which ends a MiniMind episode) and a turn was left for a retry.
 - ``G3_kd_horizon_drop`` (at least): KD's temperature-1 accuracy at H=1 minus at the longest horizon, after the last
@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from experiments.study.chain_task import GUARD_NUMBERS, guard_numbers_of, step_numbers
-from opd.scoring import (
+from opd.episodes.scoring import (
     BROKEN_JSON,
     CALL_ERRORS,
     CORRECT,

@@ -3,7 +3,7 @@
 - **decodings**: every held-out evaluation runs under each decoding of ``evaluation.decodings`` (``t1``: temperature
   1, as the rollouts decode, k samples per problem; ``greedy``: the negative control); every figure below is per
   decoding.
-- **accuracy**: the share of held-out problems of that horizon whose episodes are correct (``opd.scoring``; with k
+- **accuracy**: the share of held-out problems of that horizon whose episodes are correct (``opd.episodes.scoring``; with k
   samples a problem counts the share of its samples), as the mean over seeds ± its standard error over seeds;
   ``per_seed`` holds every seed's level. The teachers: one run, ± the SE over problems.
 - **minus baseline**: the arm's accuracy minus the baseline arm's on the same problems. ``se`` is the standard error
@@ -18,7 +18,7 @@
 - **ties**: every seed, decoding and step at which all arms scored the same at every horizon (a ceiling or a floor:
   there the paired differences can only read 0).
 - **gates**: ``experiments.study.gates``.
-- **recovery**, **error episodes**, **tool errors** and the call error types: ``opd.scoring``'s (the evaluation's own
+- **recovery**, **error episodes**, **tool errors** and the call error types: ``opd.episodes.scoring``'s (the evaluation's own
   classifier, run on the episodes' rows): recovery is, of the episodes whose first call error was recoverable (the
   tool world answered it and a turn followed), the share that still ended correct; error episodes count every episode
   with a call error; tool errors the share of calls that returned no result.
@@ -42,9 +42,9 @@ from rich.table import Table
 
 from experiments.estimates import interval, paired_difference, slope
 from experiments.study.gates import ALL, continuation_counts, gate_values, source_line, student_error_rates
-from opd.scoring import aggregate, mean_and_se, score_from_row
+from opd.episodes.scoring import aggregate, mean_and_se, score_from_row
 
-# the figures of opd.scoring.aggregate kept per horizon group
+# the figures of opd.episodes.scoring.aggregate kept per horizon group
 CALL_FIGURES = ("tool_error_rate", "error_episodes", "recovery_rate", "wrong_value_rate", "wrong_operation_rate",
                 "failed_call_rate", "broken_json_rate")
 
@@ -58,7 +58,7 @@ def horizons_by_line(heldout: Path) -> dict[int, int]:
 def checkpoint_scores(directory: Path, name: str, horizons: dict[int, int]) -> dict:
     """One evaluated checkpoint's episodes grouped by horizon (and ``all``): ``correct`` (line -> the share of the
     problem's samples that ended correct: 0 or 1 with one sample per prompt) and the call figures of
-    ``opd.scoring.aggregate`` (``CALL_FIGURES``)."""
+    ``opd.episodes.scoring.aggregate`` (``CALL_FIGURES``)."""
     rows = [json.loads(line) for line in (directory / f"episodes_{name}.jsonl").read_text().splitlines()]
     groups: dict = {}
     for group in sorted({horizons[source_line(row["source"])] for row in rows}) + [ALL]:

@@ -31,8 +31,8 @@ from common.minimind.model import load_model
 from common.user_errors import exit_on_user_error
 from experiments.study.chain_task import RETRY_NOTE, step_numbers
 from experiments.study.divergence import model_spec
-from opd.chat_format import ChatFormat
-from opd.demonstrations import Demonstration, demonstration_episode, load_demonstrations
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.demonstrations import Demonstration, demonstration_episode, load_demonstrations
 from tools.tool_calls import ToolCall, split_tool_calls
 
 

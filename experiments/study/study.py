@@ -71,8 +71,8 @@ from experiments.stages import Stage, replay, run_stages
 from experiments.study.config import StudyConfig
 from experiments.study.gates import student_episodes
 from experiments.study.report import print_report, study_report, summary_results
-from opd.checkpoints import step_weights_path
-from opd.reporting import require_matplotlib
+from opd.reports.charts import require_matplotlib
+from opd.training.checkpoints import step_weights_path
 
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 NO_INTERMEDIATE_SAVES = 1_000_000  # save_interval: only each run's final checkpoint

@@ -36,10 +36,10 @@ from common.chat_records import load_agent_records
 from common.generation.sampler import TokenSampler
 from common.minimind.model import load_model
 from experiments.study.divergence import model_spec
-from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig, SamplingConfig
-from opd.rollout import AgentRollout
-from opd.scoring import score_episode
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.scoring import score_episode
+from opd.rollouts.rollout import AgentRollout
 
 BATCH = 64
 POLL_S = 1.0  # how often a followed SFT's folder is looked at for a new kept checkpoint

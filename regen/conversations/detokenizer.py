@@ -25,11 +25,11 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
-class TokenizerMismatch(UserError):
+class TokenizerMismatchError(UserError):
     """The replies carry ids the configured tokenizer does not have: the whole run is misconfigured."""
 
 
-class TokenizerNotFound(UserError):
+class TokenizerNotFoundError(UserError):
     """No candidate names a readable ``tokenizer.json``."""
 
 
@@ -85,7 +85,7 @@ class Detokenizer:
                 pass
         top = max(ids)
         if top >= self.vocab_size:
-            raise TokenizerMismatch(
+            raise TokenizerMismatchError(
                 f"token id {top} is outside the vocabulary of tokenizer {self.source} ({self.vocab_size} ids)",
                 "set tokenizer= to the served model's tokenizer folder or hub id")
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -113,7 +113,7 @@ def load_detokenizer(candidates: Iterable[str | None], *, explicit: str | None =
         try:
             return Detokenizer(_tokenizer_file(explicit), explicit)
         except Exception as error:  # noqa: BLE001 - any failure: the setting is wrong, not a reason to guess
-            raise TokenizerNotFound(f"tokenizer={explicit} cannot be loaded ({type(error).__name__}: {error})",
+            raise TokenizerNotFoundError(f"tokenizer={explicit} cannot be loaded ({type(error).__name__}: {error})",
                                     "point tokenizer= at the served model's tokenizer folder (with tokenizer.json) "
                                     "or hub id, or leave it unset to use the model's own") from None
     tried, seen = [], set()
@@ -125,6 +125,6 @@ def load_detokenizer(candidates: Iterable[str | None], *, explicit: str | None =
             return Detokenizer(_tokenizer_file(str(name)), str(name))
         except Exception as error:  # noqa: BLE001 - every failure is reported together below
             tried.append(f"{name}: {type(error).__name__}: {error}")
-    raise TokenizerNotFound(
+    raise TokenizerNotFoundError(
         "no tokenizer.json for the row text" + (" (tried " + "; ".join(tried) + ")" if tried else ""),
         "set tokenizer= to the served model's tokenizer folder or hub id")

@@ -20,7 +20,7 @@ from regen.conversations.detokenizer import Detokenizer
 from regen.conversations.history_turns import assistant_turn, history_message
 from regen.conversations.replies import CheckedReply, ReplyError, parse_reply
 from regen.conversations.request_params import RequestParams
-from regen.endpoints.chat_client import ChatClient, Reply, RequestFailed, Retries
+from regen.endpoints.chat_client import ChatClient, Reply, RequestFailedError, Retries
 from regen.endpoints.endpoint_pool import Affinity
 from regen.rows.conversation import Conversation
 
@@ -142,7 +142,7 @@ async def regenerate(conversation: Conversation, send: Send, shape: RequestShape
                 break
     except ReplyError as error:
         raise ConversationFailed(error, len(outcome.rows), endpoint, outcome.retries) from error
-    except RequestFailed as error:
+    except RequestFailedError as error:
         raise ConversationFailed(error, len(outcome.rows), error.endpoint or endpoint,
                                  outcome.retries + error.retries) from error
     for row in outcome.rows:

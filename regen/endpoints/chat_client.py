@@ -35,7 +35,7 @@ import aiohttp
 import orjson
 
 from common.user_errors import UserError
-from regen.endpoints.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpoint
+from regen.endpoints.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpointError
 from regen.endpoints.reply_bodies import BodyTooLarge, read_body, read_head
 from regen.endpoints.secrets import Secrets
 
@@ -45,7 +45,7 @@ CONNECT_TIMEOUT_S = 30.0
 ConnectTimeout = getattr(aiohttp, "ConnectionTimeoutError", aiohttp.ServerTimeoutError)
 
 
-class OutOfFileDescriptors(UserError):
+class OutOfFileDescriptorsError(UserError):
     """The client process hit its open-files limit: a local limit, not a failing endpoint."""
 
     def __init__(self, doing: str):
@@ -76,7 +76,7 @@ class Retries:
         return Retries(self.count + other.count, self.wait_s + other.wait_s)
 
 
-class RequestFailed(RuntimeError):
+class RequestFailedError(RuntimeError):
     """A request that did not get a usable reply; ``endpoint`` is where the last attempt went, ``retries`` what
     retrying it took before giving up."""
 
@@ -166,7 +166,7 @@ def client_session(api_key_env: str | None) -> aiohttp.ClientSession:
 
 class ChatClient:
     """One shared aiohttp session sending chat requests to the pool's endpoints. It keeps the endpoints' counts (in
-    the pool) and returns what each request came to (:class:`Reply`, or :class:`RequestFailed`), its retries
+    the pool) and returns what each request came to (:class:`Reply`, or :class:`RequestFailedError`), its retries
     included; the run's own counters are the caller's."""
 
     def __init__(self, session: aiohttp.ClientSession, pool: EndpointPool, policy: RetryPolicy,
@@ -190,7 +190,7 @@ class ChatClient:
                 retry_after = reply.headers.get("Retry-After")
                 body = await (read_body(reply, self.max_reply_bytes) if status == 200 else read_head(reply))
         except BodyTooLarge as error:
-            raise RequestFailed(f"reply from {endpoint.url} refused: {error} (max_reply_mib; by default 8 MiB + "
+            raise RequestFailedError(f"reply from {endpoint.url} refused: {error} (max_reply_mib; by default 8 MiB + "
                                 "512 bytes per max_tokens)", endpoint.url) from None
         except ConnectTimeout as error:
             raise _Retryable(f"no connection within {self.timeout.sock_connect:g} s ({type(error).__name__})",
@@ -200,14 +200,14 @@ class ChatClient:
                              timed_out=True) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
             if out_of_descriptors(error):
-                raise OutOfFileDescriptors(f"connecting to {endpoint.url}") from None
+                raise OutOfFileDescriptorsError(f"connecting to {endpoint.url}") from None
             raise _Retryable(self.secrets.redact(f"{type(error).__name__}: {error}".rstrip(": ")),
                              unreachable=True) from None
         if status != 200:
             message = f"HTTP {status} from {endpoint.url}: {self.secrets.redact(_server_message(body))}"
             if status >= 500 or status in RETRYABLE_STATUSES:
                 raise _Retryable(message, parse_retry_after(retry_after))
-            raise RequestFailed(message, endpoint.url)
+            raise RequestFailedError(message, endpoint.url)
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -223,30 +223,30 @@ class ChatClient:
         while True:
             try:
                 return self.pool.pick(affinity)
-            except NoLiveEndpoint as error:
+            except NoLiveEndpointError as error:
                 if self.gave_up_on_endpoints:
-                    raise RequestFailed(f"{error} (waited {self.all_down_wait_s:g} s)", retries=retries) from None
+                    raise RequestFailedError(f"{error} (waited {self.all_down_wait_s:g} s)", retries=retries) from None
             await asyncio.sleep(min(1.0, max(0.01, self.all_down_wait_s - self.pool.down_for_s())))
 
     async def complete(self, payload: dict[str, Any], affinity: Affinity) -> Reply:
-        """The :class:`Reply` to ``payload``, sent on the endpoint ``affinity`` holds; raises :class:`RequestFailed`."""
+        """The :class:`Reply` to ``payload``, sent on the endpoint ``affinity`` holds; raises :class:`RequestFailedError`."""
         try:
             body = orjson.dumps(payload)
         except TypeError as error:  # settings and rows are checked before: a last guard, one error row
-            raise RequestFailed(f"the request cannot be sent as JSON: {error}") from None
+            raise RequestFailedError(f"the request cannot be sent as JSON: {error}") from None
         retries = Retries()
         while True:
             endpoint = await self._live_endpoint(affinity, retries)
             try:
                 data = await self._attempt(endpoint, body)
-            except RequestFailed as error:
+            except RequestFailedError as error:
                 self.pool.record_failure(endpoint, str(error), unreachable=False)
                 error.retries = retries
                 raise
             except _Retryable as error:
                 self.pool.record_failure(endpoint, str(error), unreachable=error.unreachable)
                 if retries.count >= self.policy.max_retries:
-                    raise RequestFailed(f"gave up after {retries.count + 1} attempts: {error}", endpoint.url,
+                    raise RequestFailedError(f"gave up after {retries.count + 1} attempts: {error}", endpoint.url,
                                         retries) from None
                 # taken out, or timed out with another endpoint live: go to another endpoint now, no wait
                 moved = not endpoint.live or (error.timed_out and self.pool.move_away(affinity, endpoint))

@@ -32,7 +32,7 @@ from yarl import URL
 from regen.settings import EndpointAddress
 
 
-class NoLiveEndpoint(RuntimeError):
+class NoLiveEndpointError(RuntimeError):
     """Every endpoint has been taken out."""
 
 
@@ -226,13 +226,13 @@ class EndpointPool:
         return True
 
     def pick(self, affinity: Affinity) -> Endpoint:
-        """The endpoint for this conversation's next request; raises :class:`NoLiveEndpoint`."""
+        """The endpoint for this conversation's next request; raises :class:`NoLiveEndpointError`."""
         current = affinity.endpoint
         if current is not None and current.live:
             return current
         live = [endpoint for endpoint in self.endpoints if endpoint.live]
         if not live:
-            raise NoLiveEndpoint("no endpoint left: " + "; ".join(
+            raise NoLiveEndpointError("no endpoint left: " + "; ".join(
                 f"{e.url} taken out after {e.failures} failures (last: {e.last_error})" for e in self.endpoints))
         chosen = self._least_loaded(live)
         self._bind(affinity, chosen)

@@ -3,7 +3,7 @@ model a run's requests name.
 
 Asked before the first request: when the served model names the output (external endpoints without
 ``server.model``) before the output is opened, else once a server regen started is up. An endpoint that does not
-answer is taken out; when none answers, or none serves the asked model, the run stops (:class:`EndpointsUnusable`).
+answer is taken out; when none answers, or none serves the asked model, the run stops (:class:`EndpointsUnusableError`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import aiohttp
 
 from common.user_errors import UserError
-from regen.endpoints.chat_client import OutOfFileDescriptors, client_session, out_of_descriptors
+from regen.endpoints.chat_client import OutOfFileDescriptorsError, client_session, out_of_descriptors
 from regen.endpoints.endpoint_pool import EndpointPool
 from regen.endpoints.reply_bodies import read_body, read_head
 from regen.endpoints.secrets import Secrets
@@ -22,7 +22,7 @@ MODELS_PAGE_BYTES = 16 << 20  # /v1/models: a list of model cards
 SHOWN_MODELS = 10  # model ids an error names at most (a server may list thousands)
 
 
-class EndpointsUnusable(UserError):
+class EndpointsUnusableError(UserError):
     """No endpoint answers, or none serves the asked model."""
 
 
@@ -46,7 +46,7 @@ async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Se
                 cards = [(secrets.redact(str(card["id"])), card.get("max_model_len")) for card in data["data"]]
             except Exception as error:  # noqa: BLE001 - reported per endpoint, the run goes on with the others
                 if out_of_descriptors(error):
-                    raise OutOfFileDescriptors(f"asking {endpoint.url} for its models") from None
+                    raise OutOfFileDescriptorsError(f"asking {endpoint.url} for its models") from None
                 endpoint.live, endpoint.taken_out = False, 1
                 endpoint.last_error = secrets.redact(f"/v1/models: {type(error).__name__}: {error}")
                 continue
@@ -57,7 +57,7 @@ async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Se
                 else:
                     served.setdefault(model, known)
     if not any(endpoint.live for endpoint in pool.endpoints):
-        raise EndpointsUnusable("no endpoint answers /v1/models: " + "; ".join(
+        raise EndpointsUnusableError("no endpoint answers /v1/models: " + "; ".join(
             f"{e.url} ({e.last_error})" for e in pool.endpoints),
             "start the server, or check server.endpoints (and api_key_env)")
     return served
@@ -72,8 +72,8 @@ def pick_model(served: dict[str, int | None], wanted: str | None, must_serve_wan
     if wanted and must_serve_wanted:
         listed = ", ".join(repr(name) for name in list(served)[:SHOWN_MODELS])
         more = f" and {len(served) - SHOWN_MODELS} more" if len(served) > SHOWN_MODELS else ""
-        raise EndpointsUnusable(f"server.model={wanted!r} is not served by the endpoints (they serve {listed}{more})",
+        raise EndpointsUnusableError(f"server.model={wanted!r} is not served by the endpoints (they serve {listed}{more})",
                                 "drop server.model to use what they serve, or point server.endpoints elsewhere")
     if not served:
-        raise EndpointsUnusable("the endpoints' /v1/models lists no model")
+        raise EndpointsUnusableError("the endpoints' /v1/models lists no model")
     return next(iter(served))

@@ -58,7 +58,7 @@ class OutputPaths:
 
     def match_output_mode(self, sibling: Path) -> None:
         """Give ``sibling`` the output's permissions (the output got the umask's when it was created); an output that
-        is gone (deleted mid-run: ``OutputGone``) leaves it as it is."""
+        is gone (deleted mid-run: ``OutputGoneError``) leaves it as it is."""
         try:
             mode = self.output.stat().st_mode & 0o7777
         except FileNotFoundError:
@@ -66,7 +66,7 @@ class OutputPaths:
         os.chmod(sibling, mode)
 
 
-class OutputGone(UserError):
+class OutputGoneError(UserError):
     """The file an appender writes was deleted or replaced while the run wrote it."""
 
     def __init__(self, path: Path):
@@ -74,7 +74,7 @@ class OutputGone(UserError):
                          "the old file", "run again with resume=true: it regenerates what the file does not hold")
 
 
-class DamagedOutput(UserError):
+class DamagedOutputError(UserError):
     """An output file that resume cannot repair on its own (damage before the last block)."""
 
     def __init__(self, message: str):
@@ -163,10 +163,10 @@ def _row_head(line: bytes, path: Path, line_number: int) -> tuple[str, int | Non
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise DamagedOutput(f"{path}:{line_number}: not a JSON row; the output file is damaged") from None
+            raise DamagedOutputError(f"{path}:{line_number}: not a JSON row; the output file is damaged") from None
         primary_id = row.get("primary_id") or row.get("id") if isinstance(row, dict) else None
         if not primary_id:
-            raise DamagedOutput(f"{path}:{line_number}: row has no primary_id")
+            raise DamagedOutputError(f"{path}:{line_number}: row has no primary_id")
     declared = line.rfind(b'"num_generations":')
     count = _DECLARED_ROWS.match(line, declared) if declared >= 0 else None
     return str(primary_id), int(count.group(1)) if count else None
@@ -197,7 +197,7 @@ def repair_and_scan(path: Path) -> ResumeState:
 
     def close(current: _Block, line_number: int) -> None:
         if not current.complete:
-            raise DamagedOutput(f"{path}:{line_number}: conversation {current.primary_id} has {current.rows} of "
+            raise DamagedOutputError(f"{path}:{line_number}: conversation {current.primary_id} has {current.rows} of "
                              f"{current.declared} rows before another starts; the output file is damaged")
         if current.primary_id in state.done_ids:
             duplicates.append(current)
@@ -284,7 +284,7 @@ def compact_errors(path: Path, succeeded, *, drop_input_errors: bool = False) ->
 class LineAppender:
     """Appends whole-line JSON blocks (orjson, compact) to a file: one unbuffered write loop per block. A block that
     does not fit (a full disk) is cut off again, so the file ends with whole blocks, and raises ``no_space``. After
-    each block the path must still name the file written (``check_in_place``: one ``stat``), else ``OutputGone``:
+    each block the path must still name the file written (``check_in_place``: one ``stat``), else ``OutputGoneError``:
     an output deleted mid-run would otherwise take every later row with it, unnoticed."""
 
     def __init__(self, path: Path):
@@ -307,14 +307,14 @@ class LineAppender:
         self.check_in_place()
 
     def check_in_place(self) -> None:
-        """Raise ``OutputGone`` unless the path still names the file this appender writes."""
+        """Raise ``OutputGoneError`` unless the path still names the file this appender writes."""
         try:
             named = os.stat(self.path)
         except FileNotFoundError:
-            raise OutputGone(self.path) from None
+            raise OutputGoneError(self.path) from None
         written = os.fstat(self._handle.fileno())
         if (named.st_dev, named.st_ino) != (written.st_dev, written.st_ino):
-            raise OutputGone(self.path)
+            raise OutputGoneError(self.path)
 
     def close(self) -> None:
         self._handle.close()

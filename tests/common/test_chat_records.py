@@ -7,7 +7,7 @@ import json
 import pytest
 
 from common.chat_records import RecordError, load_agent_records
-from opd.demonstrations import load_demonstrations
+from opd.episodes.demonstrations import load_demonstrations
 from tests.helpers.opd_support import MINIMIND_ROWS
 from tools.mock_tools import tool_schemas
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from common.run_lock import OutputLock, OutputLocked
+from common.run_lock import OutputLock, OutputLockedError
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.standin_vllm_cli import wait_for_file
 
@@ -36,7 +36,7 @@ def hold_in_another_process(tmp_path) -> subprocess.Popen:
 def test_a_second_holder_is_refused_until_the_first_is_gone(tmp_path, signum):
     holder = hold_in_another_process(tmp_path)
     try:
-        with pytest.raises(OutputLocked) as refused:
+        with pytest.raises(OutputLockedError) as refused:
             OutputLock(tmp_path / "out.lock", tmp_path / "out.jsonl", **ROLE).acquire()
         assert str(refused.value) == (f"{tmp_path / 'out.jsonl'} is being written by another regen run "
                                       f"(pid {holder.pid}, lock {tmp_path / 'out.lock'})")
@@ -81,7 +81,7 @@ def test_a_lock_file_removed_between_open_and_flock_is_not_held_twice(tmp_path, 
     monkeypatch.setattr(os, "open", open_then_the_holder_finishes)
     second = OutputLock(lock, output, **ROLE, remove_on_release=True).acquire()
     monkeypatch.undo()
-    with pytest.raises(OutputLocked):
+    with pytest.raises(OutputLockedError):
         OutputLock(lock, output, **ROLE, remove_on_release=True).acquire()
     assert lock.read_text() == f"{os.getpid()}\n"
     second.release()

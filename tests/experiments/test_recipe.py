@@ -20,7 +20,7 @@ from experiments.estimates import interval, paired_difference, slope, t_critical
 from experiments.recipe.config import Arm, RecipeConfig
 from experiments.recipe.recipe import curve_report, curve_steps, recipe_stages
 from experiments.stages import Stage, replay, run_stages, stages_to_start
-from opd.scoring import mean_and_se
+from opd.episodes.scoring import mean_and_se
 from tests.helpers.configs import compose_config
 from tests.helpers.paths import REPO_ROOT
 

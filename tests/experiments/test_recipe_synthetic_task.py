@@ -19,7 +19,7 @@ from experiments.recipe.synthetic_task import (
     split_of,
     write_task,
 )
-from opd.demonstrations import load_demonstrations
+from opd.episodes.demonstrations import load_demonstrations
 from tests.helpers.paths import REPO_ROOT
 from tools.answer_check import answer_is_correct, final_answer
 from tools.mock_tools import EXCHANGE_RATES, LOCAL_TIMES, TRANSLATIONS, WEATHER

@@ -21,7 +21,7 @@ from experiments.study.curve_problems import main as curve_main
 from experiments.study.gates import intermediate_calls
 from experiments.study.report import checkpoint_scores, print_report, study_report, summary_results
 from experiments.study.study import StudyPaths, curve_steps, study_stages
-from opd.scoring import EpisodeScore
+from opd.episodes.scoring import EpisodeScore
 from tests.helpers.configs import compose_config
 from tests.helpers.entries import run_main
 from tests.helpers.paths import REPO_ROOT
@@ -560,7 +560,7 @@ def test_logit_pushes_are_minus_the_divergences_gradients_and_the_report_lists_t
 
     from experiments.study.divergence import logit_pushes, push_report, top_percent_share
     from opd.config import LossConfig
-    from opd.loss import token_divergence
+    from opd.training.loss import token_divergence
 
     student = torch.tensor([[4.0, 0.0, -6.0], [0.5, 1.0, 0.0]], dtype=torch.float64)
     teacher = torch.tensor([[0.0, 0.0, 6.0], [1.0, 0.0, -1.0]], dtype=torch.float64)
@@ -631,7 +631,7 @@ def continuation_rows(data) -> list[dict]:
 
     base = {"source": f"{data}:1", "stop_reason": "answer", "final_answer": "", "correct": False, "turns": 3,
             "assistant_tokens": 9, "teacher_tokens": 0, "call_statuses": [], "expected_calls": 4, "gt": []}
-    # first_error_recoverable as opd.scoring writes it: the tool world answered the first error and a turn followed
+    # first_error_recoverable as opd.episodes.scoring writes it: the tool world answered the first error and a turn followed
     return [
         {**base, "sample": 0, "turn_texts": [call("(13 - 6) % 20"), call("(7 - 5) % 20"), "The result is 1.<|im_end|>"],
          "call_types": ["correct", "wrong_value"], "first_error": "wrong_value", "first_error_recoverable": True},

@@ -26,9 +26,9 @@ from experiments.study.chain_task import (
     step_numbers,
     write_task,
 )
-from opd.chat_format import ChatFormat
-from opd.demonstrations import demonstration_episode, load_demonstrations
-from opd.scoring import expected_outcomes
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.demonstrations import demonstration_episode, load_demonstrations
+from opd.episodes.scoring import expected_outcomes
 from tools.answer_check import answer_is_correct
 from tools.tool_calls import ToolCall
 from tools.tool_environment import execute_call

@@ -11,8 +11,8 @@ import torch
 
 from experiments.study.chain_task import RETRY_NOTE, make_record
 from experiments.study.retry_probe import probe, turn_kinds
-from opd.chat_format import ChatFormat
-from opd.demonstrations import demonstration_episode, parse_demonstration
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.demonstrations import demonstration_episode, parse_demonstration
 from tests.helpers.opd_support import tiny_model
 
 

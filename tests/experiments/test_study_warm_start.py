@@ -16,7 +16,7 @@ from experiments.study.warm_start import followed_checkpoints
 def quick_polls(monkeypatch):
     monkeypatch.setattr(warm_start, "POLL_S", 0.01)
 
-# a stand-in SFT: keeps "weights" at steps 10, 20, ... (written whole, then renamed, as opd.checkpoints does), and
+# a stand-in SFT: keeps "weights" at steps 10, 20, ... (written whole, then renamed, as opd.training.checkpoints does), and
 # waits for a file of the test before each next step, so the test decides how far it gets
 FAKE_SFT = """
 import os, sys, time

@@ -15,7 +15,6 @@ import pytest
 from common.minimind.tiny import tiny_arch, write_tiny_checkpoints
 from tests.helpers.paths import REPO_ROOT
 
-
 MAX_CONNECTIONS = 8
 
 

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from common.minimind.precision import resolve_precision
-from opd.chat_format import ChatFormat
 from opd.config import LossConfig, RolloutConfig
-from opd.episodes import pack_episodes
-from opd.guidance import BehaviourPolicy
-from opd.loss import TargetLogits, distill_loss_step, token_divergence
-from opd.reporting import BrokenTurnWatch, episode_counts, episode_figures
-from opd.rollout import AgentRollout
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import pack_episodes
+from opd.rollouts.guidance import BehaviourPolicy
+from opd.rollouts.rollout import AgentRollout
 from opd.train import train
+from opd.training.loss import TargetLogits, distill_loss_step, token_divergence
+from opd.training.train_log import BrokenTurnWatch, episode_counts, episode_figures
 from standins.scripted_sampler import ScriptedSampler
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import (

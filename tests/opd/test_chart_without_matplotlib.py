@@ -12,7 +12,7 @@ import pytest
 from common.package_files import extras_install
 from experiments.recipe.synthetic_task import write_task
 from opd.evaluate import evaluate
-from opd.reporting import chart_pyplot
+from opd.reports.charts import chart_pyplot
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import model_override
 

@@ -15,16 +15,16 @@ import torch
 from common.minimind.model import load_native
 from common.minimind.precision import resolve_precision
 from common.resume_signature import ResumeRefusedError
-from opd.checkpoints import (
+from opd.config import OptimConfig
+from opd.training.checkpoints import (
     CheckpointWriteError,
     load_resume,
     restore,
     rng_state,
     save_checkpoint,
 )
-from opd.config import OptimConfig
-from opd.data_order import DataCursor
-from opd.optimization import Optimization
+from opd.training.data_order import DataCursor
+from opd.training.optimization import Optimization
 from tests.helpers.opd_support import TINY_STUDENT, tiny_model
 from tests.helpers.paths import small_tmpfs
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opd.data_order import DataCursor, DataOrder
+from opd.training.data_order import DataCursor, DataOrder
 
 
 def test_epoch_order_windows_and_cursor():

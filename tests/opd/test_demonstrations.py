@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import opd.demonstrations
+import opd.episodes.demonstrations
 from common.chat_records import RecordError
-from opd.chat_format import ChatFormat, PromptTooLongError
-from opd.demonstrations import (
+from opd.episodes.chat_format import ChatFormat, PromptTooLongError
+from opd.episodes.demonstrations import (
     _start_worker,
     demonstration_episode,
     fitting_episodes,
@@ -23,7 +23,7 @@ from opd.demonstrations import (
     parse_demonstration,
     tokenizing_processes,
 )
-from opd.episodes import ANSWER, MAX_TURNS, pack_episodes
+from opd.episodes.episode import ANSWER, MAX_TURNS, pack_episodes
 from tests.helpers.opd_support import call_text, encode, observation_text
 from tests.helpers.paths import REPO_ROOT
 from tools.mock_tools import tool_schemas
@@ -182,8 +182,8 @@ def test_worker_processes_build_the_same_episodes_in_order_and_leave_out_or_refu
     rows = [short, DEMONSTRATION, short, short, DEMONSTRATION, short, DEMONSTRATION]
     demonstrations = [parse_demonstration(row, f"d.jsonl:{line}") for line, row in enumerate(rows, start=1)]
     limit = len(demonstration_episode(demonstrations[1], chat_format).ids) - 1  # DEMONSTRATION is one token over
-    monkeypatch.setattr(opd.demonstrations, "POOL_MIN", 2)  # a pool for these 7, in chunks of 3: 3 + 3 + 1
-    monkeypatch.setattr(opd.demonstrations, "CHUNK", 3)
+    monkeypatch.setattr(opd.episodes.demonstrations, "POOL_MIN", 2)  # a pool for these 7, in chunks of 3: 3 + 3 + 1
+    monkeypatch.setattr(opd.episodes.demonstrations, "CHUNK", 3)
     kept, episodes = fitting_episodes(demonstrations, chat_format, limit, drop_too_long=True, processes=2)
     alone = fitting_episodes(demonstrations, chat_format, limit, drop_too_long=True, processes=1)
     assert [demonstration.record.source for demonstration in kept] == ["d.jsonl:1", "d.jsonl:3", "d.jsonl:4",
@@ -206,12 +206,12 @@ def test_workers_leave_ctrl_c_and_sigterm_to_the_run_and_auto_shares_the_cpus_am
             pass
 
     monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.append((signum, handler)))
-    monkeypatch.setattr(opd.demonstrations.threading, "Thread", Watchdog)
-    monkeypatch.setattr(opd.demonstrations, "_WORKER", None)
+    monkeypatch.setattr(opd.episodes.demonstrations.threading, "Thread", Watchdog)
+    monkeypatch.setattr(opd.episodes.demonstrations, "_WORKER", None)
     _start_worker(chat_format, 100)
     assert installed == [(signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_IGN)]
-    assert opd.demonstrations._WORKER == (chat_format, 100)
-    assert watchdogs == [(opd.demonstrations._exit_with_parent, (os.getppid(),), True)]
+    assert opd.episodes.demonstrations._WORKER == (chat_format, 100)
+    assert watchdogs == [(opd.episodes.demonstrations._exit_with_parent, (os.getppid(),), True)]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert tokenizing_processes("auto") == 8 and tokenizing_processes(3) == 3
     monkeypatch.delattr(os, "sched_getaffinity")  # macOS has no affinity: the CPU count instead
@@ -227,7 +227,7 @@ def test_workers_leave_ctrl_c_and_sigterm_to_the_run_and_auto_shares_the_cpus_am
 WORKER_OF_A_KILLED_RUN = """
 import multiprocessing, sys, time
 from concurrent.futures import ProcessPoolExecutor
-from opd.demonstrations import _start_worker
+from opd.episodes.demonstrations import _start_worker
 pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), _start_worker, (None, 1))
 print(pool.submit(__import__("os").getpid).result(), flush=True)
 time.sleep(600)

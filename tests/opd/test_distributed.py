@@ -22,10 +22,10 @@ from common.minimind.model import load_native, save_native
 from common.minimind.tiny import tiny_arch
 from common.minimind.tokenizer import MINIMIND_VOCAB_SIZE
 from common.resume_signature import ResumeRefusedError
-from opd.checkpoints import load_resume
-from opd.distributed import Ranks
 from opd.torchrun import exit_status, failure_lines, job_status
 from opd.train import train
+from opd.training.checkpoints import load_resume
+from opd.training.distributed import Ranks
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import HOLD_OUT_DIR, write_agent_data
 from tests.helpers.paths import REPO_ROOT

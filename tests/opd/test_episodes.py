@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opd.episodes import Episode, shared_prefix_length
+from opd.episodes.episode import Episode, shared_prefix_length
 from tests.helpers.opd_support import agent_record
 
 

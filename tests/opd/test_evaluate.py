@@ -18,7 +18,7 @@ from common.minimind.tokenizer import load_tokenizer
 from experiments.recipe.synthetic_task import write_task
 from opd.config import EvalConfig, LoggerConfig, RolloutConfig, SamplingConfig, WandbConfig
 from opd.evaluate import check_heldout, evaluate, evaluate_checkpoint
-from opd.sampling import prompt_key
+from opd.rollouts.sampling import prompt_key
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import agent_record, model_override, not_a_checkpoint, run_entry
 
@@ -181,9 +181,9 @@ def test_models_must_share_one_tokenizer(heldout, tokenizer_path, tmp_path):
 
 def test_minimind_agent_rl_rows_roll_out_and_evaluate(tmp_path, tokenizer, tokenizer_path, tiny_checkpoints):
     """MiniMind-shaped agent_rl rows: observations from its tool world, its answer check, the evaluate entry."""
-    from opd.chat_format import ChatFormat
-    from opd.rollout import AgentRollout
-    from opd.scoring import score_episode
+    from opd.episodes.chat_format import ChatFormat
+    from opd.episodes.scoring import score_episode
+    from opd.rollouts.rollout import AgentRollout
     from standins.scripted_sampler import ScriptedSampler
     from tests.helpers.opd_support import MINIMIND_ROWS, call_text, encode, tiny_model
 

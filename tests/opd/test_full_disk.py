@@ -1,4 +1,4 @@
-"""A full disk under an opd run (``opd.out_dir.checked_run``): the run folder (``metrics.jsonl``, the run log) on a
+"""A full disk under an opd run (``opd.training.out_dir.checked_run``): the run folder (``metrics.jsonl``, the run log) on a
 small tmpfs fills while the SFT trains. The run ends with the two ``error:`` lines, no traceback and no "Logging
 error" report; ``metrics.jsonl`` keeps whole lines; once there is room, ``resume=`` continues from the last
 checkpoint. (A checkpoint that does not fit: tests/opd/test_checkpoints.py.)"""
@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from experiments.recipe.synthetic_task import write_task
-from opd.checkpoints import load_resume
+from opd.training.checkpoints import load_resume
 from tests.helpers.paths import REPO_ROOT, small_tmpfs
 
 HINT = ("error: make room on that disk; a training run continues from its last checkpoint with resume= (the "

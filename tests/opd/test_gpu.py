@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opd.episodes import pack_episodes
-from opd.loss import logits_at_targets
+from opd.episodes.episode import pack_episodes
+from opd.training.loss import logits_at_targets
 from tests.helpers.opd_support import TINY_STUDENT, agent_record, tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def test_loss_logits_are_fp32_under_bf16_autocast_on_cuda(tokenizer):
-    from opd.chat_format import ChatFormat
-    from opd.episodes import Episode, Turn
+    from opd.episodes.chat_format import ChatFormat
+    from opd.episodes.episode import Episode, Turn
 
     chat_format = ChatFormat(tokenizer)
     record = agent_record("g.jsonl:1", "What is 2+3?")

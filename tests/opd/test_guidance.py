@@ -1,4 +1,4 @@
-"""Guided rollouts (opd.guidance): neutral settings are plain OPD bit for bit, full teacher settings are the teacher's
+"""Guided rollouts (opd.rollouts.guidance): neutral settings are plain OPD bit for bit, full teacher settings are the teacher's
 own rollout, SKD stays inside the teacher's top-k, and provenance, coins and kept teacher logits are exact across
 turns and tool observations."""
 
@@ -9,12 +9,12 @@ import torch
 
 from common.config_schema import ConfigError
 from common.generation.sampler import TokenSampler
-from opd.chat_format import ChatFormat
 from opd.config import GuidanceConfig, RolloutConfig, SamplingConfig
-from opd.episodes import pack_episodes
-from opd.guidance import BehaviourPolicy, Guide, episode_seed, turn_share_at
-from opd.loss import logits_at_targets
-from opd.rollout import AgentRollout
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import pack_episodes
+from opd.rollouts.guidance import BehaviourPolicy, Guide, episode_seed, turn_share_at
+from opd.rollouts.rollout import AgentRollout
+from opd.training.loss import logits_at_targets
 from standins.scripted_sampler import ScriptedSampler
 from tests.helpers.opd_support import TINY_TEACHER, agent_record, call_text, encode, tiny_model
 

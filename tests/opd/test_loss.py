@@ -10,10 +10,11 @@ import torch
 
 from common.minimind.precision import resolve_precision
 from common.minimind.spec import MiniMindArch
-from opd.chat_format import ChatFormat
 from opd.config import LossConfig, RolloutConfig
-from opd.episodes import MIN_SHARED_PREFIX, pack_episodes, shared_prefix_length
-from opd.loss import (
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import MIN_SHARED_PREFIX, pack_episodes, shared_prefix_length
+from opd.rollouts.rollout import AgentRollout
+from opd.training.loss import (
     TargetLogits,
     distill_loss_step,
     logits_at_targets,
@@ -23,7 +24,6 @@ from opd.loss import (
     target_cross_entropy,
     token_divergence,
 )
-from opd.rollout import AgentRollout
 from standins.scripted_sampler import ScriptedSampler
 from tests.helpers.opd_support import TINY_TEACHER, agent_record, call_text, encode, tiny_model
 

@@ -1,4 +1,4 @@
-"""The entries' metric loggers (opd/metric_loggers.py, logger.backends) and run log: TensorBoard's event file read
+"""The entries' metric loggers (opd/training/metric_loggers.py, logger.backends) and run log: TensorBoard's event file read
 back equals metrics.jsonl step by step, W&B offline without network, a missing package or bad value is one error
 line, only the logging process writes, Hydra's run log holds the step lines, the training-curve PNG, the ETA."""
 
@@ -20,8 +20,9 @@ from common.config_schema import ConfigError
 from common.user_errors import Interrupted, UserError
 from experiments.recipe.synthetic_task import write_task
 from opd.config import LoggerConfig, WandbConfig
-from opd.metric_loggers import MetricLoggers
-from opd.reporting import TrainLog, write_training_curves
+from opd.reports.charts import write_training_curves
+from opd.training.metric_loggers import MetricLoggers
+from opd.training.train_log import TrainLog
 from tests.helpers.charts import drawn_axes
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import model_override, run_entry, write_agent_data
@@ -212,7 +213,7 @@ def test_without_matplotlib_the_curves_are_skipped_with_one_warning(tmp_path, mo
     def missing():
         raise ImportError("No module named 'matplotlib'")
 
-    monkeypatch.setattr("opd.reporting.pyplot", missing)
+    monkeypatch.setattr("opd.reports.charts.pyplot", missing)
     with caplog.at_level(logging.WARNING, logger="opd"):
         assert write_training_curves([{"step": 1, "loss": 1.0}], tmp_path / "curves.png") is None
     assert [record.getMessage() for record in caplog.records] == [

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from experiments.recipe.synthetic_task import write_task
-from opd.checkpoints import load_resume
-from opd.data_order import DataOrder, teacher_count
 from opd.train import train
+from opd.training.checkpoints import load_resume
+from opd.training.data_order import DataOrder, teacher_count
 from tests.helpers.configs import entry_config
 
 

@@ -9,7 +9,7 @@ import torch
 
 from common.minimind.precision import resolve_precision
 from opd.config import OptimConfig
-from opd.optimization import Optimization
+from opd.training.optimization import Optimization
 
 CPU = resolve_precision("cpu", "float32")
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from common.generation.sampler import TokenSampler
-from opd.chat_format import ChatFormat, PromptTooLongError
 from opd.config import RolloutConfig, SamplingConfig
-from opd.episodes import (
+from opd.episodes.chat_format import ChatFormat, PromptTooLongError
+from opd.episodes.episode import (
     ANSWER,
     MAX_GEN_LEN,
     MAX_TOTAL_LEN,
@@ -20,7 +20,7 @@ from opd.episodes import (
     pack_episodes,
     shared_prefix_length,
 )
-from opd.rollout import AgentRollout
+from opd.rollouts.rollout import AgentRollout
 from standins.scripted_sampler import ScriptedSampler
 from tests.helpers.opd_support import agent_record, call_text, encode, observation_text, tiny_model
 

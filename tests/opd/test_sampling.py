@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from opd.config import SamplingConfig
-from opd.episodes import Episode
-from opd.sampling import record_sampler
+from opd.episodes.episode import Episode
+from opd.rollouts.sampling import record_sampler
 from tests.helpers.opd_support import agent_record
 
 

@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 
 from common.chat_records import AgentRecord, RecordError, load_agent_records
-from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig
-from opd.rollout import AgentRollout
-from opd.scoring import EpisodeScore, aggregate, expected_outcomes, score_episode, score_from_row
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.scoring import EpisodeScore, aggregate, expected_outcomes, score_episode, score_from_row
+from opd.rollouts.rollout import AgentRollout
 from standins.scripted_sampler import ScriptedSampler
 from tests.helpers.opd_support import agent_record, call_text, encode, tiny_model
 

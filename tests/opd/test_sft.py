@@ -14,8 +14,8 @@ import torch
 from common.minimind.model import load_native
 from common.minimind.tiny import tiny_arch
 from experiments.recipe.synthetic_task import write_task
-from opd.checkpoints import load_resume
 from opd.sft import train
+from opd.training.checkpoints import load_resume
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import run_entry
 from tests.helpers.paths import REPO_ROOT

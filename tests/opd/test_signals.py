@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM on an opd run once it trains (``opd.stop_signals``): the step in progress is saved, the run
+"""Ctrl-C and SIGTERM on an opd run once it trains (``opd.training.stop_and_save``): the step in progress is saved, the run
 ends with the one line naming its resume file, and resuming from it ends where the run that was never stopped ends;
 a second Ctrl-C stops at once (while it starts: tests/common/test_start_up.py; under torchrun:
 tests/opd/test_distributed.py)."""
@@ -17,9 +17,9 @@ import pytest
 from common.minimind.tiny import tiny_arch
 from common.user_errors import Interrupted, exit_on_user_error
 from experiments.recipe.synthetic_task import write_task
-from opd.checkpoints import load_resume
-from opd.distributed import Ranks
-from opd.stop_signals import AGAIN, StepStop, stopping
+from opd.training.checkpoints import load_resume
+from opd.training.distributed import Ranks
+from opd.training.stop_and_save import AGAIN, StepStop, stopping
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.processes import communicate, loaded
 from tests.helpers.standin_vllm_cli import wait_until
@@ -114,7 +114,7 @@ def test_a_step_that_fails_while_a_signal_is_kept_raises_its_error_on_one_proces
 def test_under_torchrun_a_step_that_fails_while_a_signal_is_kept_ends_the_rank_by_that_signal():
     """torchrun stopped the ranks of a job whose other rank failed: the collective this rank waits in fails, and the
     rank ends as it would have without the handler (the failed rank's error is the job's: opd.torchrun)."""
-    child = ("import signal\nfrom opd.distributed import Ranks\nfrom opd.stop_signals import stopping\n"
+    child = ("import signal\nfrom opd.training.distributed import Ranks\nfrom opd.training.stop_and_save import stopping\n"
              "with stopping(Ranks(rank=1, world_size=2)) as stop:\n"
              "    stop._handle(signal.SIGTERM, None)\n"
              "    raise RuntimeError('Connection closed by peer')\n")

@@ -1,5 +1,5 @@
 """The fixed-data baseline (mode=offline in opd/train.py): its step accounting, exact resume, and the teacher-rollout
-cache (opd/teacher_rollouts.py)."""
+cache (opd/rollouts/teacher_rollouts.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import torch
 from common.chat_records import RecordError
 from common.resume_signature import ResumeRefusedError
 from experiments.recipe.synthetic_task import write_task
-from opd.chat_format import ChatFormat
-from opd.checkpoints import load_resume
-from opd.data_order import DataOrder
-from opd.demonstrations import demonstration_episode, load_demonstrations
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.demonstrations import demonstration_episode, load_demonstrations
 from opd.train import train
+from opd.training.checkpoints import load_resume
+from opd.training.data_order import DataOrder
 from tests.helpers.configs import entry_config
 
 

@@ -14,8 +14,8 @@ from common.minimind.model import load_native
 from common.minimind.tiny import tiny_arch, write_tiny_checkpoints
 from common.resume_signature import ResumeRefusedError
 from common.user_errors import UserError
-from opd.checkpoints import load_resume
 from opd.train import train
+from opd.training.checkpoints import load_resume
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import not_a_checkpoint, run_entry, write_agent_data
 from tests.helpers.paths import REPO_ROOT, small_tmpfs
@@ -185,11 +185,11 @@ def offline_steps(workspace, out: str, *overrides: str) -> list[dict]:
 
 def hand_kl(workspace, tokenizer, student_path, teacher_path) -> float:
     """Mean forward KL over every target token of the data file's demonstrations, from plain full forwards."""
-    from opd.chat_format import ChatFormat
     from opd.config import LossConfig
-    from opd.demonstrations import demonstration_episode, load_demonstrations
-    from opd.episodes import pack_episodes
-    from opd.loss import token_divergence
+    from opd.episodes.chat_format import ChatFormat
+    from opd.episodes.demonstrations import demonstration_episode, load_demonstrations
+    from opd.episodes.episode import pack_episodes
+    from opd.training.loss import token_divergence
 
     chat_format = ChatFormat(tokenizer)
     episodes = [demonstration_episode(d, chat_format) for d in load_demonstrations(workspace["data"])[0]]

@@ -15,13 +15,13 @@ import torch
 from common.minimind.model import load_native
 from common.minimind.tiny import tiny_arch
 from common.resume_signature import ResumeRefusedError
-from opd.chat_format import ChatFormat
-from opd.checkpoints import load_resume
 from opd.config import LossConfig
-from opd.demonstrations import demonstration_episode, load_demonstrations
-from opd.episodes import pack_episodes
-from opd.loss import token_divergence
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.demonstrations import demonstration_episode, load_demonstrations
+from opd.episodes.episode import pack_episodes
 from opd.train import train
+from opd.training.checkpoints import load_resume
+from opd.training.loss import token_divergence
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import entry_command, entry_env, run_entry, write_agent_data
 from tests.helpers.paths import REPO_ROOT

@@ -1,4 +1,4 @@
-"""opd/training_loop.py, the loop every recipe runs: accumulated micro-batches update as one batch of the whole window
+"""opd/training/loop.py, the loop every recipe runs: accumulated micro-batches update as one batch of the whole window
 (an empty share joining with a zero loss), the metrics line names the recipe's loss and figures, the resume signature
 holds the loop's settings and the recipe's, and a run is claimed before it is fitted."""
 
@@ -11,16 +11,16 @@ import torch
 
 from common.minimind.precision import resolve_precision
 from experiments.recipe.synthetic_task import write_task
-from opd.chat_format import ChatFormat
-from opd.checkpoints import load_resume
 from opd.config import OptimConfig
-from opd.data_order import Window
-from opd.demonstrations import demonstration_episode, load_demonstrations
-from opd.distributed import Ranks
-from opd.episodes import pack_episodes
-from opd.loss import TargetLogits, sft_loss_step
-from opd.optimization import Optimization
-from opd.training_loop import Learner, Recipe, TrainingRun
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.demonstrations import demonstration_episode, load_demonstrations
+from opd.episodes.episode import pack_episodes
+from opd.training.checkpoints import load_resume
+from opd.training.data_order import Window
+from opd.training.distributed import Ranks
+from opd.training.loop import Learner, Recipe, TrainingRun
+from opd.training.loss import TargetLogits, sft_loss_step
+from opd.training.optimization import Optimization
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import tiny_model
 

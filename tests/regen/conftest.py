@@ -38,13 +38,13 @@ def regen(tmp_path, tokenizer_path):
 
 @pytest.fixture
 def regen_failing(tmp_path, tokenizer_path):
-    """``regen`` for a run in which no conversation succeeds: it must raise ``NothingSucceeded``; returns
+    """``regen`` for a run in which no conversation succeeds: it must raise ``NothingSucceededError``; returns
     (the summary file, output rows, error rows)."""
-    from regen.job import NothingSucceeded, run
+    from regen.job import NothingSucceededError, run
 
     def go(urls, rows, *overrides):
         data = write_jsonl(tmp_path / "rows.jsonl", rows)
-        with pytest.raises(NothingSucceeded, match="no conversation succeeded"):
+        with pytest.raises(NothingSucceededError, match="no conversation succeeded"):
             run(regen_config(tmp_path, urls, data, tokenizer_path, *overrides))
         summary = json.loads((tmp_path / "out.summary.json").read_text())
         return summary, read_jsonl(tmp_path / "out.jsonl"), read_jsonl(tmp_path / "out.errors.jsonl")

@@ -15,7 +15,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from regen.endpoints.chat_client import OutOfFileDescriptors, RetryPolicy, parse_retry_after
+from regen.endpoints.chat_client import OutOfFileDescriptorsError, RetryPolicy, parse_retry_after
 from standins.vllm_server import Reply
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import EOS, Script, ok, write_jsonl
@@ -92,7 +92,7 @@ def test_permanent_failures_fail_at_once_with_an_error_row(serve, regen_failing,
     assert (meta["idx"], meta["generations_completed"], meta["endpoint"], meta["stage"]) == (0, 0, server.chat_url,
                                                                                              "generation")
     assert summary["conversations_failed"] == 2 and summary["errors_file_rows"] == 2
-    assert summary["status"].startswith("failed: NothingSucceeded: no conversation succeeded: 2 failed")
+    assert summary["status"].startswith("failed: NothingSucceededError: no conversation succeeded: 2 failed")
     assert summary["first_failure"].endswith(meta["error"])
 
 
@@ -129,7 +129,7 @@ def test_out_of_file_descriptors_is_a_client_error_with_a_hint(serve, tmp_path, 
     assert lines[0].startswith("error: this process ran out of file descriptors (ulimit -n is 48)")
     assert lines[1] == "error: raise the limit (e.g. ulimit -n 65536) or lower concurrency="
     summary = json.loads((tmp_path / "out.summary.json").read_text())
-    assert summary["status"].startswith("failed: OutOfFileDescriptors")
+    assert summary["status"].startswith("failed: OutOfFileDescriptorsError")
     assert summary["endpoints"][server.chat_url]["live"] is True  # the endpoint was never blamed
 
 
@@ -162,9 +162,9 @@ def test_no_file_descriptor_left_anywhere_in_a_run_is_the_same_error(serve, rege
 
     server = serve(lambda payload: ok("x", [1, 5], [6, EOS]))
     monkeypatch.setattr(SourceRows, "eligible", exhausted)
-    with pytest.raises(OutOfFileDescriptors, match="ran out of file descriptors .* while regenerating conversations"):
+    with pytest.raises(OutOfFileDescriptorsError, match="ran out of file descriptors .* while regenerating conversations"):
         regen([server.url], [{"id": "a", "prompt": "Hi"}])
-    assert json.loads((tmp_path / "out.summary.json").read_text())["status"].startswith("failed: OutOfFileDescriptors")
+    assert json.loads((tmp_path / "out.summary.json").read_text())["status"].startswith("failed: OutOfFileDescriptorsError")
     loop = asyncio.new_event_loop()
     try:
         unless_out_of_descriptors(loop, {"message": "Task exception was never retrieved",

@@ -9,8 +9,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from regen.conversations.detokenizer import (
     Detokenizer,
-    TokenizerMismatch,
-    TokenizerNotFound,
+    TokenizerMismatchError,
+    TokenizerNotFoundError,
     load_detokenizer,
 )
 
@@ -52,7 +52,7 @@ def test_byte_level_tokenizer_uses_the_table_and_others_fall_back(tmp_path):
         for sample in TEXTS:
             ids = library.encode(sample).ids + [library.token_to_id("<|end|>")]
             assert text.decode(ids) == library.decode(ids, skip_special_tokens=False)
-        with pytest.raises(TokenizerMismatch, match=f"token id {text.vocab_size + 5} is outside the vocabulary"):
+        with pytest.raises(TokenizerMismatchError, match=f"token id {text.vocab_size + 5} is outside the vocabulary"):
             text.decode([1, text.vocab_size + 5])
 
 
@@ -70,6 +70,6 @@ def test_tokenizer_is_found_by_folder_file_or_hub_id(tmp_path, tokenizer_path, m
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     assert load_detokenizer([str(tmp_path / "weights.pth"), "org/model"]).source == "org/model"
     assert downloads == [("org/model", "tokenizer.json")]
-    with pytest.raises(TokenizerNotFound, match=r"tried not a dir: FileNotFoundError: not a dir is neither") as refused:
+    with pytest.raises(TokenizerNotFoundError, match=r"tried not a dir: FileNotFoundError: not a dir is neither") as refused:
         load_detokenizer(["not a dir"])
     assert refused.value.hint == "set tokenizer= to the served model's tokenizer folder or hub id"

@@ -14,8 +14,8 @@ from collections import Counter
 import pytest
 
 import regen.endpoints.endpoint_pool as endpoint_pool
-from regen.endpoints.endpoint_pool import Affinity, EndpointPool, NoLiveEndpoint
-from regen.job import RunStopped, run
+from regen.endpoints.endpoint_pool import Affinity, EndpointPool, NoLiveEndpointError
+from regen.job import RunStoppedError, run
 from regen.settings import parse_endpoint
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl
@@ -61,7 +61,7 @@ def test_pool_spreads_sticks_and_moves_off_a_dead_endpoint():
     assert pool.counts()[B]["conversations"] == 4 and pool.counts()[A]["failures"] == 3
     pool.record_failure(pool.endpoints[1], "reset", unreachable=True)
     pool.record_failure(pool.endpoints[1], "reset", unreachable=True)
-    with pytest.raises(NoLiveEndpoint, match="no endpoint left"):
+    with pytest.raises(NoLiveEndpointError, match="no endpoint left"):
         pool.pick(Affinity())
     pool.put_back(a)
     assert pool.pick(Affinity()).url == A
@@ -144,7 +144,7 @@ def test_one_endpoint_killed_mid_run_every_conversation_ends_once(processes, tmp
 def test_all_endpoints_down_ends_in_the_error_file_and_stops(processes, tmp_path, tokenizer_path):
     first, second = processes("--die-after", "2"), processes("--die-after", "2")
     data = write_jsonl(tmp_path / "rows.jsonl", two_turn_rows(30))
-    with pytest.raises(RunStopped, match="every endpoint is down"):
+    with pytest.raises(RunStoppedError, match="every endpoint is down"):
         run(regen_config(tmp_path, [first.url, second.url], data, tokenizer_path, "concurrency=2",
                          "all_endpoints_down_wait_s=0.3"))
     out, errors = read_jsonl(tmp_path / "out.jsonl"), read_jsonl(tmp_path / "out.errors.jsonl")
@@ -154,7 +154,7 @@ def test_all_endpoints_down_ends_in_the_error_file_and_stops(processes, tmp_path
     assert all("no endpoint left" in e["metadata"]["error"] or "gave up" in e["metadata"]["error"] for e in errors)
     assert len(written) + len(failed) < 30  # unread rows are left for resume, not dumped into the error file
     summary = json.loads((tmp_path / "out.summary.json").read_text())
-    assert summary["status"].startswith("failed: RunStopped: regen stopped early: every endpoint is down")
+    assert summary["status"].startswith("failed: RunStoppedError: regen stopped early: every endpoint is down")
     assert summary["conversations_failed"] == len(failed)
 
 

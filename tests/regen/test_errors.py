@@ -283,7 +283,7 @@ def test_a_full_disk_is_one_error_and_the_output_stays_resumable(serve, tmp_path
 def test_running_out_of_file_descriptors_is_two_error_lines_and_nothing_from_asyncio(serve, tmp_path,
                                                                                       tokenizer_path):
     """``ulimit -n 64`` with 100 conversations wanted in flight: the run stops with the two lines of
-    OutOfFileDescriptors; no traceback, nothing asyncio reports about tasks or futures."""
+    OutOfFileDescriptorsError; no traceback, nothing asyncio reports about tasks or futures."""
     import resource
 
     held = Held()

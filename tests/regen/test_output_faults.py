@@ -9,7 +9,7 @@ import pytest
 
 from common.user_errors import UserError
 from regen.job import run
-from regen.outputs.output_files import OutputGone
+from regen.outputs.output_files import OutputGoneError
 from tests.helpers.regen_support import EOS, ok, read_jsonl, regen_config, write_jsonl
 
 ROWS = [{"id": f"c{i}", "prompt": f"q{i}"} for i in range(5)]
@@ -34,10 +34,10 @@ def test_an_output_deleted_mid_run_stops_it_as_failed_and_resume_regenerates_wha
     output = tmp_path / "out.jsonl"
     server = start(serve, lambda n: output.unlink() if n == 3 else None)
     data = write_jsonl(tmp_path / "rows.jsonl", ROWS)
-    with pytest.raises(OutputGone, match=f"{output} was deleted or replaced while regen wrote to it"):
+    with pytest.raises(OutputGoneError, match=f"{output} was deleted or replaced while regen wrote to it"):
         run(regen_config(tmp_path, [server.url], data, tokenizer_path, "concurrency=1"))
     summary = json.loads((tmp_path / "out.summary.json").read_text())
-    assert summary["status"].startswith("failed: OutputGone: ") and not output.exists()
+    assert summary["status"].startswith("failed: OutputGoneError: ") and not output.exists()
     again = run(regen_config(tmp_path, [server.url], data, tokenizer_path, "concurrency=1", "resume=true"))
     assert again["status"] == "completed" and sorted(row["id"] for row in read_jsonl(output)) == [
         f"c{i}_gen0" for i in range(5)]
@@ -52,7 +52,7 @@ def test_an_output_replaced_mid_run_is_caught_too(serve, tmp_path, tokenizer_pat
             output.write_text("")
 
     server = start(serve, replace)
-    with pytest.raises(OutputGone):
+    with pytest.raises(OutputGoneError):
         run(regen_config(tmp_path, [server.url], write_jsonl(tmp_path / "rows.jsonl", ROWS), tokenizer_path,
                          "concurrency=1"))
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from regen.outputs.output_files import (
-    DamagedOutput,
+    DamagedOutputError,
     IdIndex,
     LineAppender,
     OutputPaths,
@@ -75,10 +75,10 @@ def test_incomplete_last_block_is_cut_whole(tmp_path):
 def test_damage_before_the_tail_is_an_error_not_a_silent_cut(tmp_path):
     path = tmp_path / "out.jsonl"
     write(path, [rows("a", 1, 2), rows("b", 1, 1)])
-    with pytest.raises(DamagedOutput, match="conversation a has 1 of 2 rows"):
+    with pytest.raises(DamagedOutputError, match="conversation a has 1 of 2 rows"):
         repair_and_scan(path)
     path.write_text('{"id": "a_gen0", "primary_id": "a"}\nnot json\n')
-    with pytest.raises(DamagedOutput, match=r"out.jsonl:2: not a JSON row"):
+    with pytest.raises(DamagedOutputError, match=r"out.jsonl:2: not a JSON row"):
         repair_and_scan(path)
 
 

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from regen.conversations.detokenizer import TokenizerMismatch
+from regen.conversations.detokenizer import TokenizerMismatchError
 from tests.helpers.regen_support import EOS, Script, ok
 from tests.regen.test_row_sources import HOSTILE
 
@@ -101,7 +101,7 @@ def test_a_run_that_stops_on_an_error_leaves_asyncio_nothing_to_report(serve, re
     print '_GatheringFuture exception was never retrieved' with a traceback)."""
     server = serve(lambda payload: ok("x", [1, 5], [6, 10**6, EOS]))
     rows = [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(700)]  # more than the queue holds
-    with caplog.at_level(logging.DEBUG, logger="asyncio"), pytest.raises(TokenizerMismatch):
+    with caplog.at_level(logging.DEBUG, logger="asyncio"), pytest.raises(TokenizerMismatchError):
         regen([server.url], rows, "concurrency=2")
     gc.collect()
     assert [record.getMessage() for record in caplog.records if record.name == "asyncio"

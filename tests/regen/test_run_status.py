@@ -63,11 +63,11 @@ def test_a_run_where_every_request_fails_exits_1_with_its_own_status(serve, tmp_
                  f"tokenizer={tokenizer_path}", "concurrency=1")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "regen failed: 0 conversations done, 2 FAILED, 0 truncated; 0 rows" in result.stderr
-    first = f"{tmp_path / 'rows.jsonl'}:1: RequestFailed: HTTP 400 from {server.chat_url}: max_tokens=8192 cannot"
+    first = f"{tmp_path / 'rows.jsonl'}:1: RequestFailedError: HTTP 400 from {server.chat_url}: max_tokens=8192 cannot"
     assert f"first failure: {first}" in result.stderr
     assert "error: no conversation succeeded: 2 failed, 0 input errors; the first: " in result.stderr
     summary = summary_of(tmp_path)
-    assert summary["status"].startswith("failed: NothingSucceeded: no conversation succeeded: 2 failed")
+    assert summary["status"].startswith("failed: NothingSucceededError: no conversation succeeded: 2 failed")
     assert (summary["conversations_done"], summary["conversations_failed"]) == (0, 2)
     assert summary["first_failure"].startswith(first)
     assert len(read_jsonl(tmp_path / "out.errors.jsonl")) == 2
@@ -80,7 +80,7 @@ def test_some_failures_in_a_completed_run_are_in_its_first_line(serve, tmp_path,
                  f"tokenizer={tokenizer_path}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "regen completed: 1 conversations done, 1 FAILED, 0 truncated; 1 rows" in result.stderr
-    assert (f"first failure: {tmp_path / 'rows.jsonl'}:2: RequestFailed: HTTP 400 from {server.chat_url}: bad request"
+    assert (f"first failure: {tmp_path / 'rows.jsonl'}:2: RequestFailedError: HTTP 400 from {server.chat_url}: bad request"
             in result.stderr)
     assert summary_of(tmp_path)["status"] == "completed" and summary_of(tmp_path)["first_failure"].endswith(
         "HTTP 400 from " + server.chat_url + ": bad request")

@@ -115,7 +115,7 @@ def test_check_call_validates_without_executing():
 
 
 def test_outcome_rebuilds_from_name_status_detail():
-    # opd/teacher_rollouts.py stores [name, status, detail] and rebuilds the outcome from them
+    # opd/rollouts/teacher_rollouts.py stores [name, status, detail] and rebuilds the outcome from them
     outcome = execute_call(ToolCall("unit_converter", {"value": []}), ALL)
     rebuilt = CallOutcome(outcome.name, outcome.status, outcome.detail)
     assert (rebuilt.status, rebuilt.valid, rebuilt.observation) == (TOOL_ERROR, True, ERROR_OBSERVATION)

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from common.config_schema import ConfigError
 from launch.server_process import log_tail, stop_process_group
-from regen.endpoints.served_models import EndpointsUnusable
+from regen.endpoints.served_models import EndpointsUnusableError
 from regen.job import run
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl
@@ -235,7 +235,7 @@ def test_concurrency_auto_steers_by_the_servers_metrics(server, live_regen):
 
 def test_without_the_api_key_regen_says_the_server_wants_one(server, tmp_path):
     data = write_jsonl(tmp_path / "rows.jsonl", [{"id": "k", "prompt": "Hi"}])
-    with pytest.raises(EndpointsUnusable, match="HTTP 401 \\(the server wants an API key: set api_key_env=\\)"):
+    with pytest.raises(EndpointsUnusableError, match="HTTP 401 \\(the server wants an API key: set api_key_env=\\)"):
         run(regen_config(tmp_path, [server], data, tokenizer_dir()))
 
 

@@ -12,9 +12,9 @@ from transformers.cache_utils import DynamicLayer
 import common.generation.decode_batch
 from common.generation.kv_cache import MIN_CAPACITY, GrowingKVLayer, decode_cache
 from common.generation.sampler import TokenSampler
-from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig, SamplingConfig
-from opd.rollout import AgentRollout
+from opd.episodes.chat_format import ChatFormat
+from opd.rollouts.rollout import AgentRollout
 from tests.helpers.opd_support import agent_record, tiny_model
 
 

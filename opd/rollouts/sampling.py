@@ -16,7 +16,7 @@ import torch
 
 from common.chat_records import AgentRecord
 from common.generation.sampler import SamplingSettings, TokenSampler
-from opd.episodes import Episode
+from opd.episodes.episode import Episode
 
 
 def derived_seed(*parts) -> int:

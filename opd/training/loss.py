@@ -28,8 +28,8 @@ import torch
 from common.minimind.model import cache_keyword, prefill_shared_prefix
 from common.minimind.precision import Precision
 from opd.config import LossConfig
-from opd.distributed import unwrap
-from opd.episodes import Episode, PackedBatch, shared_prefix_length
+from opd.episodes.episode import Episode, PackedBatch, shared_prefix_length
+from opd.training.distributed import unwrap
 
 
 def logits_at_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 0, *, router_logits: bool = False):

@@ -9,9 +9,9 @@ joins the episode; limits end episodes; finished rows leave the batch.
 A row whose tools ran waits (feeding nothing) while others decode; waiting observations are prefilled
 together once no row is decoding or at least half of the live rows wait. A prompt prefix every row shares (system
 prompt, tool list) is prefilled once. Logits are fp32 even when the model body runs under bf16/fp16 autocast (the
-log-probabilities kept are those of the loss: ``opd.loss.logits_at_targets``).
+log-probabilities kept are those of the loss: ``opd.training.loss.logits_at_targets``).
 
-A guided rollout (``run(records, policy)``, ``opd.guidance``) runs the frozen teacher in the same batch: every forward
+A guided rollout (``run(records, policy)``, ``opd.rollouts.guidance``) runs the frozen teacher in the same batch: every forward
 feeds the teacher the same block on a KV cache of its own (shared prefix, observation prefills and finished rows
 leaving included), the policy picks each token from both models' logits, the episode records which model wrote each
 token, and the teacher's fp32 logits at every generated position are kept (``Episode.teacher_logits``) so that the
@@ -28,10 +28,18 @@ import torch
 
 from common.chat_records import AgentRecord
 from common.generation.decode_batch import DecodeBatch
-from opd.chat_format import ChatFormat
 from opd.config import RolloutConfig
-from opd.episodes import ANSWER, MAX_GEN_LEN, MAX_TOTAL_LEN, MAX_TURNS, Episode, Turn, shared_prefix_length
-from opd.guidance import BehaviourPolicy
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import (
+    ANSWER,
+    MAX_GEN_LEN,
+    MAX_TOTAL_LEN,
+    MAX_TURNS,
+    Episode,
+    Turn,
+    shared_prefix_length,
+)
+from opd.rollouts.guidance import BehaviourPolicy
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import check_call, execute_call
 
@@ -68,7 +76,7 @@ class AgentRollout:
         self.teacher_model = teacher_model
 
     def run(self, records: list[AgentRecord], policy: BehaviourPolicy | None = None) -> list[Episode]:
-        """Roll out every record (guided by ``policy`` when given: ``opd.guidance``); raises ``PromptTooLongError``
+        """Roll out every record (guided by ``policy`` when given: ``opd.rollouts.guidance``); raises ``PromptTooLongError``
         (naming the record) before any compute."""
         prompts = [self.chat_format.prompt_ids(record, self.limits.max_total_len) for record in records]
         rows = [_Row(Episode(record, len(ids), list(ids), turns=[Turn(len(ids), len(ids))]), index,

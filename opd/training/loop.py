@@ -5,17 +5,17 @@ A recipe (``Recipe``) says which episodes each micro-batch of a window trains on
 rollouts, fixed episodes, demonstrations) and the loss of one packed micro-batch (``loss``: summed over its targets,
 plus a MoE model's router loss). ``TrainingRun`` does the rest, the same for every recipe, in this order:
 
-1. ``TrainingRun(cfg)``: joins the torchrun process group if there is one (``opd.distributed``) and picks this
+1. ``TrainingRun(cfg)``: joins the torchrun process group if there is one (``opd.training.distributed``) and picks this
    process's device; the recipe then loads its data and models and builds its resume signature.
 2. ``claim``: refuses another run's checkpoints in ``out_dir``, then marks the run's checks passed (from here on a
    failure keeps the run's folders).
 3. ``fit``: the model on its device, ``DistributedDataParallel`` under torchrun, AdamW and its schedule
-   (``opd.optimization``), the resume file restored (``opd.checkpoints``); then one optimizer step per window of
-   ``opd.data_order``: ``collect``; per micro-batch the loss averaged over every target of the global window (the
+   (``opd.training.optimization``), the resume file restored (``opd.training.checkpoints``); then one optimizer step per window of
+   ``opd.training.data_order``: ``collect``; per micro-batch the loss averaged over every target of the global window (the
    ranks' gradients summed on the last micro-batch only, a rank with nothing to train joining with a zero loss);
    one clipped step; the step's metrics, summed over the ranks, to the loggers and the run log
-   (``opd.reporting.TrainLog``); a checkpoint every ``save_interval`` steps and at the end; then the run summary.
-   Only rank 0 logs and writes files. Ctrl-C or SIGTERM (``opd.stop_signals``): the step in progress finishes and is
+   (``opd.training.train_log.TrainLog``); a checkpoint every ``save_interval`` steps and at the end; then the run summary.
+   Only rank 0 logs and writes files. Ctrl-C or SIGTERM (``opd.training.stop_and_save``): the step in progress finishes and is
    saved, then the run stops with the resume file's name.
 """
 
@@ -31,11 +31,19 @@ import torch
 
 from common.minimind.model import enable_activation_checkpointing
 from common.run_folders import checks_passed
-from opd.chat_format import ChatFormat
-from opd.checkpoints import check_out_dir, checkpoint_stem, restore, rng_state, run_signature, save_checkpoint
 from opd.config import TrainingRunConfig
-from opd.data_order import DataCursor, DataOrder, Window
-from opd.distributed import (
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import Episode, PackedBatch, pack_episodes
+from opd.training.checkpoints import (
+    check_out_dir,
+    checkpoint_stem,
+    restore,
+    rng_state,
+    run_signature,
+    save_checkpoint,
+)
+from opd.training.data_order import DataCursor, DataOrder, Window
+from opd.training.distributed import (
     Ranks,
     check_batch_divides,
     data_parallel,
@@ -45,11 +53,10 @@ from opd.distributed import (
     stop,
     unwrap,
 )
-from opd.episodes import Episode, PackedBatch, pack_episodes
-from opd.loss import TargetLogits
-from opd.optimization import Optimization
-from opd.reporting import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
-from opd.stop_signals import stopping
+from opd.training.loss import TargetLogits
+from opd.training.optimization import Optimization
+from opd.training.stop_and_save import stopping
+from opd.training.train_log import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
 
 LossStep = Callable[[torch.nn.Module, list[Episode], PackedBatch], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -153,7 +160,7 @@ class TrainingRun:
         return self.cfg.optim.lr_schedule_steps or order.total_steps
 
     def signature(self, order: DataOrder, settings: dict, *, models: dict, fingerprints: dict) -> dict:
-        """What a resumed run must share with the one it continues (``opd.checkpoints.run_signature``): the loop's
+        """What a resumed run must share with the one it continues (``opd.training.checkpoints.run_signature``): the loop's
         settings (seed, batch, accumulation, the number of processes, dtype, optimizer, the schedule's span compared
         resolved) and the recipe's ``settings``, ``models`` and ``fingerprints``. The rest (e.g. ``max_steps``, ``epochs``,
         ``save_interval``, ``out_dir``, ``device``, ``gradient_checkpointing``, ``logger``) may change."""

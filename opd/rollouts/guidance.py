@@ -1,6 +1,6 @@
 """The behaviour policy of a guided rollout: which model writes each token of an on-policy episode.
 
-Plain on-policy distillation samples every token from the student. A guided rollout (``opd.rollout.AgentRollout``
+Plain on-policy distillation samples every token from the student. A guided rollout (``opd.rollouts.rollout.AgentRollout``
 given a ``BehaviourPolicy``) runs the frozen teacher in the same batched decode loop, on its own KV cache and fed
 exactly the ids the student is fed, and lets it steer by one of three rules (``configs/opd.yaml`` ``guidance``):
 
@@ -31,7 +31,7 @@ import torch
 
 from common.generation.sampler import TokenSampler, draw
 from opd.config import GuidanceConfig
-from opd.sampling import derived_seed
+from opd.rollouts.sampling import derived_seed
 
 
 def episode_seed(seed: int, step: int, micro_batch: int, position: int) -> int:

@@ -35,11 +35,11 @@ from common.chat_records import (
     parse_record,
     read_rows,
 )
+from common.run_log import progress_bar, show
 from common.stop_signals import held
 from common.user_errors import UserError
-from opd.chat_format import ChatFormat, PromptTooLongError
-from opd.episodes import ANSWER, MAX_TURNS, Episode, Turn
-from opd.reporting import progress_bar, show
+from opd.episodes.chat_format import ChatFormat, PromptTooLongError
+from opd.episodes.episode import ANSWER, MAX_TURNS, Episode, Turn
 from tools.tool_calls import split_tool_calls
 from tools.tool_environment import check_call
 
@@ -96,12 +96,12 @@ def _continuation(before: str, after: str, source: str, where: str) -> str:
     return after[len(before):]
 
 
-class DemonstrationTooLong(RecordError):
+class DemonstrationTooLongError(RecordError):
     """A demonstration longer than ``max_total_len``: fixed sequences are never truncated."""
 
 
-def _too_long(record: AgentRecord, tokens, max_total_len: int) -> DemonstrationTooLong:
-    return DemonstrationTooLong(f"{record.source}: the demonstration is {tokens} tokens, over "
+def _too_long(record: AgentRecord, tokens, max_total_len: int) -> DemonstrationTooLongError:
+    return DemonstrationTooLongError(f"{record.source}: the demonstration is {tokens} tokens, over "
                                 f"max_total_len={max_total_len} (fixed sequences are never truncated)")
 
 
@@ -141,7 +141,7 @@ def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatForma
             try:  # one a worker could not build is built here, to raise or be left out exactly as without workers
                 if episode is None:
                     episode = demonstration_episode(demonstration, chat_format, max_total_len)
-            except (DemonstrationTooLong, PromptTooLongError):
+            except (DemonstrationTooLongError, PromptTooLongError):
                 if not drop_too_long:
                     raise
                 dropped.append(demonstration.record.source)

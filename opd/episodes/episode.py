@@ -1,7 +1,7 @@
 """Finished agent episodes (token ids, which tokens are distillation targets, what each turn did) and batch packing.
 
 Targets are exactly the generated tokens: every token of every assistant turn, each turn's EOS included, whichever
-model wrote it (a guided rollout lets the teacher write some: ``opd.guidance``). The prompt, the template's role
+model wrote it (a guided rollout lets the teacher write some: ``opd.rollouts.guidance``). The prompt, the template's role
 markers and the tool observations between turns are context.
 """
 

@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 
 from common.chat_records import AgentRecord
-from opd.chat_format import ChatFormat
+from common.run_log import progress_bar
 from opd.config import OPDConfig, RolloutConfig, SamplingConfig
-from opd.distributed import Ranks
-from opd.episodes import STOP_REASONS, Episode, Turn
-from opd.reporting import progress_bar
-from opd.rollout import AgentRollout
-from opd.sampling import derived_seed, record_sampler
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import STOP_REASONS, Episode, Turn
+from opd.rollouts.rollout import AgentRollout
+from opd.rollouts.sampling import derived_seed, record_sampler
+from opd.training.distributed import Ranks
 from tools.tool_environment import CallOutcome
 
 CACHE_FORMAT = "opd-teacher-rollouts/1"

@@ -37,7 +37,7 @@ from common.atomic_write import commit, stage
 from common.minimind.model import load_failure, native_state_dict
 from common.resume_signature import ResumeRefusedError, described, differences, flat_settings
 from common.user_errors import UserError
-from opd.data_order import DataCursor
+from opd.training.data_order import DataCursor
 
 LOG = logging.getLogger(__name__)  # a child of the entries' run log ("opd")
 RESUME_FORMAT = "opd-resume/4"

@@ -1,35 +1,22 @@
-"""What the entries show and write: per-step training logs and run summaries, the training curves, the evaluation's
-comparison table and its PNG chart (charts need matplotlib, an optional extra). Lines and tables go through
-``logging`` (``show``): to the console and to Hydra's run log, ``<hydra.run.dir>/<entry>.log``."""
+"""What a training run logs and reports: each step's figures from its episodes (``episode_counts``,
+``episode_figures``), the step lines, loggers and progress bar (``TrainLog``), the warning that on-policy forward KL
+trains on broken turns (``BrokenTurnWatch``), and the run summary."""
 
 from __future__ import annotations
 
-import io
-import logging
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
-from common.atomic_write import atomic_write, atomic_write_json
-from common.package_files import extras_install
-from common.user_errors import UserError
-from opd.chat_format import ChatFormat
+from common.atomic_write import atomic_write_json
+from common.run_log import RUN_LOG, progress_bar, show
 from opd.config import LoggerConfig
-from opd.episodes import Episode
-from opd.metric_loggers import MetricLoggers
-from opd.scoring import score_episode
-
-RUN_LOG = logging.getLogger("opd")  # the entries' progress and summary lines (show)
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import Episode
+from opd.episodes.scoring import score_episode
+from opd.reports.charts import write_training_curves
+from opd.training.metric_loggers import MetricLoggers
 
 
 def run_dir_of(out_dir: str) -> Path:
@@ -40,7 +27,7 @@ def run_dir_of(out_dir: str) -> Path:
 def episode_counts(episodes: list[Episode], chat_format: ChatFormat) -> dict[str, int]:
     """Sums over a step's episodes (on one rank): episodes, turns, tool calls and errors, generated tokens (and how
     many the teacher wrote), truncated episodes, those with ``gt`` graded by MiniMind's answer check
-    (``opd.scoring``), and the targets of trained turns, of broken turns (``Episode.broken``) and left out as
+    (``opd.episodes.scoring``), and the targets of trained turns, of broken turns (``Episode.broken``) and left out as
     broken (``loss.mask_broken_turns``)."""
     graded = [score_episode(e, chat_format).correct for e in episodes if e.record.gt]
     targets = [e.target_counts() for e in episodes]  # (of trained turns, broken, left out) per episode
@@ -74,25 +61,8 @@ def run_summary(*, step: int, start_step: int, losses: list[float], tokens: int,
             "resume_file": str(paths[1]) if paths[1] else None, "metrics": str(run_dir / "metrics.jsonl")}
 
 
-def show(renderable) -> None:
-    """A line or a rich renderable (a table) as plain text to the run log: the console and, under Hydra,
-    ``<hydra.run.dir>/<entry>.log`` (``configs/hydra/job_logging/run_log.yaml``)."""
-    if not isinstance(renderable, str):
-        console = Console(file=io.StringIO(), width=190, color_system=None)  # every column unabridged
-        console.print(renderable)
-        renderable = console.file.getvalue().rstrip("\n")
-    RUN_LOG.info(renderable)
-
-
-def progress_bar(label: str, fields: str, console: Console | None = None) -> Progress:
-    """A progress display of ``label``'s task: a bar, done of total, ``fields`` (a ``TextColumn`` template), the
-    time elapsed and the estimated time remaining."""
-    return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console)
-
-
 class TrainLog:
-    """Context manager around the step loop: each step's metrics to the loggers (``opd.metric_loggers``:
+    """Context manager around the step loop: each step's metrics to the loggers (``opd.training.metric_loggers``:
     ``metrics.jsonl`` in ``run_dir`` and the ``logger`` backends) and its line to the run log, under a progress bar;
     ``summary`` then adds the training-curve PNG."""
 
@@ -189,123 +159,3 @@ class BrokenTurnWatch:
                 f"(unreadable tool calls, or cut at rollout.max_gen_len; {baseline:.0%} in the first steps): on-policy "
                 "forward KL pushes hardest there and broke students in the study; try loss.kl_direction=reverse_kl or "
                 "loss.mask_broken_turns=true")
-
-
-# (report key, column title, format)
-COLUMNS = (
-    ("accuracy", "accuracy", "{:.3f}"), ("accuracy_se", "± SE", "{:.3f}"), ("tool_success_rate", "tool ok", "{:.3f}"),
-    ("tool_error_rate", "tool err", "{:.3f}"), ("wrong_value_rate", "wrong val", "{:.3f}"),
-    ("wrong_operation_rate", "wrong op", "{:.3f}"), ("failed_call_rate", "failed", "{:.3f}"),
-    ("broken_json_rate", "broken", "{:.3f}"), ("recovery_rate", "recovery", "{:.3f}"), ("truncation_rate", "truncated", "{:.3f}"),
-    ("mean_turns", "turns", "{:.2f}"), ("mean_assistant_tokens", "asst tok", "{:.1f}"),
-    ("tool_calls", "calls", "{}"), ("wall_s", "wall s", "{:.1f}"), ("peak_memory_mb", "peak MiB", "{:.0f}"),
-)
-RATES = (("accuracy", "accuracy"), ("tool_success_rate", "tool success"), ("tool_error_rate", "tool error"),
-         ("truncation_rate", "truncation"))
-
-
-def _cell(value, fmt: str) -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def print_table(results: list[dict], title: str = "evaluation") -> None:
-    """One row per checkpoint, one column per metric, to the run log (``show``)."""
-    table = Table(title=title)
-    table.add_column("checkpoint")
-    for _, header, _ in COLUMNS:
-        table.add_column(header, justify="right")
-    for result in results:
-        table.add_row(result["name"], *(_cell(result[key], fmt) for key, _, fmt in COLUMNS))
-    show(table)
-
-
-def require_matplotlib() -> None:
-    """Fail early, with the install command, when the chart is asked for but matplotlib is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UserError(f"the chart needs matplotlib: {extras_install('chart')}", "or set chart=false") from None
-
-
-def pyplot():
-    """matplotlib's pyplot on the file-only Agg backend, its font cache built without a word (the first run)."""
-    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_png(figure, path: str | Path) -> Path:
-    """Lay out, write atomically as PNG and close ``figure``."""
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda stream: figure.savefig(stream, format="png", dpi=120, bbox_inches="tight"))
-    pyplot().close(figure)
-    return path
-
-
-def chart_pyplot(png: str, turn_off: str = ""):
-    """``pyplot()``, or None with one warning line that ``png`` is not drawn when matplotlib is missing (``turn_off``:
-    the setting that stops asking for it)."""
-    try:
-        return pyplot()
-    except ImportError:
-        RUN_LOG.warning(f"warning: no {png}: it needs matplotlib ({extras_install('chart')}{turn_off})")
-        return None
-
-
-def write_chart(results: list[dict], path: str | Path, title: str = "held-out evaluation") -> Path:
-    """A PNG with the rates (accuracy with its SE as an error bar), mean assistant tokens and mean turns of each
-    checkpoint side by side."""
-    plt = pyplot()
-    names = [result["name"] for result in results]
-    figure, (rates, tokens, turns) = plt.subplots(1, 3, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3, 1.2, 1.2]})
-    width = 0.8 / len(RATES)
-    for offset, (key, label) in enumerate(RATES):
-        values = [result[key] or 0.0 for result in results]
-        errors = [result["accuracy_se"] or 0.0 for result in results] if key == "accuracy" else None
-        bars = rates.bar([i + (offset - (len(RATES) - 1) / 2) * width for i in range(len(names))], values, width,
-                         yerr=errors, capsize=3 if errors else 0, label=label)
-        rates.bar_label(bars, labels=[_cell(result[key], "{:.2f}") for result in results], fontsize=7, padding=1)
-    rates.set_xticks(range(len(names)), names)
-    rates.set_ylim(0, 1.3)  # headroom: the legend sits above the 1.0 bars
-    rates.set_ylabel("share")
-    rates.legend(fontsize=8, ncols=len(RATES), loc="upper center")
-    for axis, key, label in ((tokens, "mean_assistant_tokens", "mean assistant tokens"), (turns, "mean_turns", "mean turns")):
-        bars = axis.bar(names, [result[key] for result in results], color="tab:gray")
-        axis.bar_label(bars, fmt="%.1f", fontsize=7)
-        axis.set_title(label, fontsize=10)
-        axis.tick_params(axis="x", labelrotation=30)
-    figure.suptitle(title)
-    return save_png(figure, path)
-
-
-# (metrics.jsonl key, panel title) of the training curves
-CURVES = (("loss", "loss"), ("lr", "learning rate"), ("answer_accuracy", "answer accuracy (graded episodes)"),
-          ("broken_target_share", "targets in broken turns"), ("tokens_per_s", "assistant tokens / s"))
-
-
-def write_training_curves(rows: list[dict], path: str | Path, title: str = "training") -> Path | None:
-    """A PNG of a run's steps (``metrics.jsonl`` rows): one panel per curve of ``CURVES`` against the step, accuracy
-    only where steps measured it. None, with one warning line, when matplotlib is missing or there are no steps."""
-    plt = chart_pyplot("training_curves.png")
-    if plt is None or not rows:
-        return None
-    from matplotlib.ticker import MaxNLocator
-
-    panels = [(key, label) for key, label in CURVES if any(row.get(key) is not None for row in rows)]
-    figure, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2), squeeze=False)
-    for axis, (key, label) in zip(axes[0], panels, strict=True):
-        measured = [(row["step"], row[key]) for row in rows if row.get(key) is not None]
-        axis.plot(*zip(*measured, strict=True), marker="o" if len(measured) < 30 else None, markersize=3)
-        axis.set_title(label, fontsize=10)
-        axis.set_xlabel("step")
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if key == "answer_accuracy":
-            axis.set_ylim(-0.03, 1.03)
-    figure.suptitle(title)
-    return save_png(figure, path)

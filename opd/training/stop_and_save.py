@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM while a run trains (the step loop of ``opd.training_loop``): the step in progress finishes, the
+"""Ctrl-C and SIGTERM while a run trains (the step loop of ``opd.training.loop``): the step in progress finishes, the
 run saves it as it saves every ``save_interval`` steps, and ends with one line naming the file to resume from.
 
 ``stopping(ranks)`` holds the handler over the step loop (``common.stop_signals.handling``). The first signal is
@@ -6,7 +6,7 @@ kept and said once in the run log. After every step the ranks agree on it (``Ste
 any rank kept, one all-reduce under torchrun, so every rank stops after the same step); unless that step was the
 last, the loop saves it and raises ``StepStop.interrupted``: ``error: interrupted (SIGTERM) after step 37 of 500;
 continue with resume=<its resume file>``, exit status 128 + the signal number (130, 143). The resumed run is the
-run that was never stopped, as from any resume file (``opd.checkpoints``).
+run that was never stopped, as from any resume file (``opd.training.checkpoints``).
 
 A second Ctrl-C stops at once: ``error: interrupted again; the steps since the last checkpoint are lost``. A second
 SIGTERM changes nothing: whoever sent the first follows it with SIGKILL after a grace period (a scheduler's, or
@@ -28,11 +28,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from common.run_log import show
 from common.start_up import quiet_finalizers
 from common.stop_signals import handling
 from common.user_errors import Interrupted, under_torchrun
-from opd.distributed import Ranks
-from opd.reporting import show
+from opd.training.distributed import Ranks
 
 AGAIN = "error: interrupted again; the steps since the last checkpoint are lost"
 

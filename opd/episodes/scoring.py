@@ -72,8 +72,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
 
 from common.chat_records import AgentRecord, RecordError
-from opd.chat_format import ChatFormat
-from opd.episodes import ANSWER, STOP_REASONS, Episode
+from opd.episodes.chat_format import ChatFormat
+from opd.episodes.episode import ANSWER, STOP_REASONS, Episode
 from tools.answer_check import answer_is_correct, final_answer
 from tools.mock_tools import math_expression
 from tools.safe_math import parse_expression
