@@ -5,7 +5,8 @@ It speaks the parts of vLLM's dialect regen depends on: ``GET /health``, ``GET /
 ``usage``; with a ``metrics`` callable also ``GET /metrics`` (Prometheus text); ``models`` replaces its
 ``/v1/models`` listing (one recorded from vLLM, say). What each request gets is
 decided by a *responder* (payload -> :class:`Reply`); the default one answers every request after a fixed
-latency with a deterministic text, tokenized with a real ``tokenizer.json`` when given one.
+latency with a deterministic text, tokenized with a real ``tokenizer.json`` when given one, cut at the request's
+``max_tokens`` with ``finish_reason`` "length" as vLLM cuts it.
 ``standins.capacity_server`` builds the capacity-model server on it.
 
     python -m standins.vllm_server --port 0 --latency-ms 20 --tokenizer PATH   # prints "READY http://..."
@@ -103,9 +104,15 @@ class SyntheticResponder:
         content = f"Answer {turn}: " + " ".join(words)
         prompt_ids = self._ids(prompt + "<|im_start|>assistant\n")
         token_ids = self._ids(content + "<|im_end|>")
+        finish_reason = "stop"
+        limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        if isinstance(limit, int) and 0 < limit < len(token_ids):  # as vLLM: cut at max_tokens, finish "length"
+            token_ids, finish_reason = token_ids[:limit], "length"
+            content = (self.tokenizer.decode(token_ids) if self.tokenizer is not None
+                       else content.encode("utf-8")[:4 * limit].decode("utf-8", "ignore"))
         if self.content_bytes:
             content = content.ljust(self.content_bytes, "x")
-        return Reply(vllm_body(content, prompt_ids, token_ids, model=self.model))
+        return Reply(vllm_body(content, prompt_ids, token_ids, finish_reason=finish_reason, model=self.model))
 
 
 class StandinServer:
