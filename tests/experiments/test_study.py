@@ -42,7 +42,7 @@ def argument(command: list[str], key: str) -> str | None:
 
 
 def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own_teacher(tmp_path):
-    cfg = study_config(tmp_path, "seeds=[0,1]", "distill.steps=100", "distill.eval_every=40")
+    cfg = study_config(tmp_path, "seeds=[0,1]", "distill.steps=100", "distill.eval_every=40", "data.match_noise=true")
     stages = {stage.name: stage for stage in study_stages(cfg)}
     paths = StudyPaths(cfg)
     assert curve_steps(cfg) == [40, 80, 100]
@@ -764,7 +764,7 @@ def test_matched_noise_is_measured_on_every_seeds_warm_student_before_the_noisy_
     """data.match_noise: a noise-match stage reads every seed's T=1 student episodes, the noisy files take its rates,
     and the gold data's stage keeps its command (so the teachers and students of a run without it are reused)."""
     plain = {stage.name: stage for stage in study_stages(study_config(tmp_path, "seeds=[0,1]", "data.match_noise=false"))}
-    cfg = study_config(tmp_path, "seeds=[0,1]")  # the default
+    cfg = study_config(tmp_path, "seeds=[0,1]", "data.match_noise=true")
     paths, stages = StudyPaths(cfg), {stage.name: stage for stage in study_stages(cfg)}
     match, noisy = stages["noise-match"], stages["noisy-data"]
     assert match.needs == ("seed0-student-eval-t1", "seed1-student-eval-t1") and match.outputs == [paths.noise_rates()]
@@ -781,7 +781,7 @@ def test_matched_noise_is_measured_on_every_seeds_warm_student_before_the_noisy_
 def _guard_failures(tmp_path, *overrides) -> tuple[StudyConfig, StudyPaths]:
     """An operand-checked study whose seed-0 student made 12 calls at risk: 6 single correct calls, then 6 first
     calls whose guard failed: c misread twice, m once, b once, c and m together once, the input once."""
-    cfg = study_config(tmp_path, "seeds=[0]", *overrides)  # operand-checked, noise matched: the defaults
+    cfg = study_config(tmp_path, "seeds=[0]", "data.match_noise=true", *overrides)  # operand-checked, noise matched
     paths = StudyPaths(cfg)
     episodes = paths.evaluation(0, "student", "t1")
     episodes.mkdir(parents=True)
