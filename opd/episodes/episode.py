@@ -1,12 +1,12 @@
 """Finished agent episodes (token ids, which tokens are distillation targets, what each turn did) and batch packing.
 
-Targets are exactly the generated tokens: every token of every assistant turn, each turn's EOS included, whichever
-model wrote it (a guided rollout lets the teacher write some: ``opd.rollouts.guidance``). The prompt, the template's role
-markers and the tool observations between turns are context.
+Targets are exactly the generated tokens (every assistant turn's, each EOS included, whichever model wrote them);
+the prompt, role markers and tool observations are context.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -35,6 +35,39 @@ class Turn:
     left_out: bool = False  # a broken turn that ``loss.mask_broken_turns`` keeps as context only
 
 
+@dataclass(frozen=True)
+class TopLogprobs:
+    """A served teacher's log-probabilities at an episode's targets, one row per target in order: its top-k ids and
+    log-probabilities (``[targets, width]``; unused slots have id -1) and that of the id that follows (``[targets]``)."""
+
+    ids: torch.Tensor
+    logprobs: torch.Tensor
+    next_token: torch.Tensor
+
+    @staticmethod
+    def of_logits(logits: torch.Tensor, next_ids: torch.Tensor, k: int) -> TopLogprobs:
+        """What vLLM's ``prompt_logprobs=k`` returns for these ``[targets, vocab]`` logits, the next id included in
+        the row as the server adds it (``k`` of the vocabulary size or more: every id)."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        top, ids = torch.topk(logprobs, min(k, logprobs.shape[-1]), dim=-1)
+        extra = (ids != next_ids[:, None]).all(-1)  # the next id when outside the top-k, else -1
+        ids = torch.cat([ids, torch.where(extra, next_ids, -1)[:, None]], dim=-1)
+        top = torch.cat([top, torch.where(extra, logprobs.gather(-1, next_ids[:, None])[:, 0], -math.inf)[:, None]], -1)
+        return TopLogprobs(ids, top, logprobs.gather(-1, next_ids[:, None])[:, 0])
+
+    def rows(self, keep: torch.Tensor) -> TopLogprobs:
+        return TopLogprobs(self.ids[keep], self.logprobs[keep], self.next_token[keep])
+
+    @staticmethod
+    def cat(parts: list[TopLogprobs]) -> TopLogprobs:
+        """One block of ``parts``' rows in order, the narrower ones padded (id -1)."""
+        width = max(part.ids.shape[1] for part in parts)
+        ids = [torch.nn.functional.pad(part.ids, (0, width - part.ids.shape[1]), value=-1) for part in parts]
+        logprobs = [torch.nn.functional.pad(part.logprobs, (0, width - part.ids.shape[1]), value=-float("inf"))
+                    for part in parts]
+        return TopLogprobs(torch.cat(ids), torch.cat(logprobs), torch.cat([part.next_token for part in parts]))
+
+
 @dataclass
 class Episode:
     """A multi-turn rollout of one record: prompt ids, then generated turns and observations, in order."""
@@ -47,6 +80,7 @@ class Episode:
     stop_reason: str | None = None
     teacher_written: list[bool] = field(default_factory=list)  # per generated id: the teacher wrote it
     teacher_logits: torch.Tensor | None = None  # a guided rollout's fp32 teacher logits at the targets [targets, vocab]
+    teacher_top: TopLogprobs | None = None  # a served teacher's scores of the targets
 
     @property
     def truncated(self) -> bool:
@@ -87,18 +121,18 @@ class Episode:
         return targets, broken, left_out
 
     def without_broken_turns(self) -> Episode:
-        """This episode with its broken turns kept as context but left out of the loss (``loss.mask_broken_turns``);
-        the episode itself when none is broken. A guided rollout's kept teacher logits lose those turns' rows."""
+        """This episode with its broken turns kept as context but left out of the loss (``loss.mask_broken_turns``),
+        the kept teacher scores trimmed to match; itself when none is broken."""
         broken = [index for index, turn in enumerate(self.turns) if turn.trained and self.broken(index)]
         if not broken:
             return self
         turns = [replace(turn, left_out=True) if index in broken else turn for index, turn in enumerate(self.turns)]
-        teacher_logits = self.teacher_logits
-        if teacher_logits is not None:  # one row per target, in order: drop the rows of the turns now left out
-            keep = [not new.left_out for turn, new in zip(self.turns, turns, strict=True)
-                    if turn.trained and not turn.left_out for _ in range(turn.end - turn.start)]
-            teacher_logits = teacher_logits[torch.tensor(keep, dtype=torch.bool)]
-        return replace(self, turns=turns, teacher_logits=teacher_logits)
+        # teacher scores hold one row per target, in order: drop the rows of the turns now left out
+        keep = torch.tensor([not new.left_out for turn, new in zip(self.turns, turns, strict=True)
+                             if turn.trained and not turn.left_out for _ in range(turn.end - turn.start)], dtype=torch.bool)
+        return replace(self, turns=turns,
+                       teacher_logits=None if self.teacher_logits is None else self.teacher_logits[keep],
+                       teacher_top=None if self.teacher_top is None else self.teacher_top.rows(keep))
 
     def target_mask(self) -> list[bool]:
         """One flag per id: True for generated (distillation target) tokens of trained turns not left out."""
@@ -115,11 +149,8 @@ class Episode:
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """Right-padded ``[batch, length]`` ids and attention mask, and the target mask aligned with next-token logits.
-
-    ``target_mask[b, t]`` says whether ``input_ids[b, t + 1]`` is a target, i.e. whether the logits at
-    position ``t`` are trained (shape ``[batch, length - 1]``).
-    """
+    """Right-padded ``[batch, length]`` ids and attention mask; ``target_mask[b, t]`` (``[batch, length - 1]``) says
+    whether ``input_ids[b, t + 1]`` is a target, i.e. whether the logits at position ``t`` are trained."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -153,11 +184,8 @@ MIN_SHARED_PREFIX = 32  # shorter shared prefixes are not worth a second forward
 
 
 def shared_prefix_length(episodes: list[Episode]) -> int:
-    """Leading ids every episode shares (system prompt, tool list), capped one short of the shortest prompt so
-    the prefix never reaches a target; 0 when there is one episode or the prefix is not worth sharing.
-
-    Rollout and loss forwards compute such a prefix once (``common.minimind.model.prefill_shared_prefix``).
-    """
+    """Leading ids every episode shares, capped one short of the shortest prompt so the prefix never reaches a
+    target; 0 for one episode or a prefix not worth sharing (forwards compute it once)."""
     if len(episodes) < 2:
         return 0
     first = episodes[0].ids

@@ -28,7 +28,7 @@ import torch
 from common.minimind.model import cache_keyword, prefill_shared_prefix
 from common.minimind.precision import Precision
 from opd.config import LossConfig
-from opd.episodes.episode import Episode, PackedBatch, shared_prefix_length
+from opd.episodes.episode import Episode, PackedBatch, TopLogprobs, shared_prefix_length
 from opd.training.distributed import unwrap
 
 
@@ -94,6 +94,37 @@ def token_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     return divergence * temperature**2
 
 
+def topk_forward_kl(student_logits: torch.Tensor, top: TopLogprobs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-target KL(teacher ‖ student) on the teacher's top-k ids plus one tail bucket holding the rest of each
+    side's mass (verl's truncated forward KL made a true KL), at temperature 1; and the teacher's mass in its top-k.
+    With every id in the top-k it is ``token_divergence``'s forward KL."""
+    student = torch.log_softmax(student_logits.float(), dim=-1)
+    valid = top.ids >= 0
+    ids = top.ids.clamp(min=0).to(student.device)
+    valid = valid.to(student.device)
+    teacher = top.logprobs.to(student.device, torch.float32).masked_fill(~valid, -math.inf)
+    teacher_p = teacher.exp()
+    head = torch.where(valid, teacher_p * (teacher - student.gather(-1, ids)), 0.0).sum(-1)
+    mass = teacher_p.sum(-1)
+    outside = torch.ones_like(student, dtype=torch.bool).scatter(-1, ids, ~valid)
+    has_tail = outside.any(-1, keepdim=True)  # no tail when the top-k holds the whole vocabulary
+    student_tail = torch.where(has_tail & outside, student, -math.inf).masked_fill(~has_tail, 0.0).logsumexp(-1)
+    teacher_tail = (1 - mass).clamp(min=0)
+    tail = torch.where(has_tail[:, 0] & (teacher_tail > 0),
+                       teacher_tail * (teacher_tail.clamp(min=1e-30).log() - student_tail), 0.0)
+    return head + tail, mass
+
+
+def sampled_token_reverse_kl(student_logits: torch.Tensor, labels: torch.Tensor,
+                             teacher_next: torch.Tensor) -> torch.Tensor:
+    """Per-target estimate of KL(student ‖ teacher) from the sampled token alone (tinker's estimator): its value is
+    log p_student(y) - log p_teacher(y), its gradient that difference times ∇ log p_student(y), whose expectation
+    over y ~ p_student is the full reverse KL's gradient. Only the student's own samples at temperature 1 make it so."""
+    student = torch.log_softmax(student_logits.float(), dim=-1).gather(-1, labels[:, None])[:, 0]
+    estimate = (student - teacher_next.to(student.device, torch.float32)).detach()
+    return estimate + estimate * (student - student.detach())
+
+
 def target_cross_entropy(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     """Summed cross-entropy of the logits at the targets against the ids that follow them."""
     labels = batch.input_ids[:, 1:][batch.target_mask]
@@ -141,15 +172,22 @@ def trained_logits(forward: torch.nn.Module, episodes: list[Episode], batch: Pac
     return logits, router_loss(model, output, batch.attention_mask) if moe else None
 
 
-def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module, episodes: list[Episode],
+def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module | None, episodes: list[Episode],
                       batch: PackedBatch, settings: LossConfig, precision: Precision, *, share_prefix: bool = True):
     """One micro-batch of distillation: returns (the T²-scaled divergence of the student (``trained_logits``) from the
     frozen teacher summed over the episodes' targets, the student's weighted router loss or None).
 
-    The teacher's logits are the ones its guided rollouts kept (``Episode.teacher_logits``, in the packed target
-    order: row by row, position by position) when every episode has them; otherwise the teacher runs on the batch,
-    a prompt prefix every episode shares once.
+    The teacher's scores, in the packed target order (row by row, position by position), are a served teacher's
+    top-k (``Episode.teacher_top``: ``topk_forward_kl``, or ``sampled_token_reverse_kl``), the logits its guided
+    rollouts kept (``Episode.teacher_logits``), or else its logits on the batch, a shared prompt prefix run once.
     """
+    if all(episode.teacher_top is not None for episode in episodes):
+        student_logits, router = trained_logits(student_forward, episodes, batch, precision, share_prefix=share_prefix)
+        top = TopLogprobs.cat([episode.teacher_top for episode in episodes])
+        if settings.kl_direction == "forward_kl":
+            return topk_forward_kl(student_logits, top)[0].sum(), router
+        labels = batch.input_ids[:, 1:][batch.target_mask]
+        return sampled_token_reverse_kl(student_logits, labels, top.next_token).sum(), router
     if all(episode.teacher_logits is not None for episode in episodes):
         teacher_logits = torch.cat([episode.teacher_logits for episode in episodes]).to(batch.input_ids.device)
     else:
