@@ -1,12 +1,7 @@
 """``run(cfg)``: one regen job, from a composed config to the output, error, summary and manifest files.
 
-Everything a person can get wrong is checked before any server starts (settings, the dataset file, the output:
-writable, not taken by another run, not an earlier run's without ``resume=true``, a resume with the same
-settings); when the served model decides the output's name (``server=external`` without ``server.model``) the
-endpoints are asked first, still before any request. Ctrl-C and SIGTERM stop the run between requests: finished
-conversations stay, the summary says ``interrupted`` (``regen.cancel_on_signal``). A full disk ends the run with one
-``error:`` line naming the file and the space its write needed (``common.user_errors.DiskFullError``); the output keeps
-whole blocks only, and the summary is written when there is room for it.
+Settings, dataset and output are checked before any server starts. Ctrl-C/SIGTERM stop the run between requests
+(finished conversations stay; the summary says ``interrupted``); a full disk ends it with one ``error:`` line.
 """
 
 from __future__ import annotations
@@ -20,17 +15,17 @@ from rich.console import Console
 from rich.markup import escape
 
 from common.atomic_write import atomic_write_json
+from common.endpoints.api_client import ApiClient, RetryPolicy, client_session, out_of_descriptors
+from common.endpoints.endpoint_pool import EndpointPool
+from common.endpoints.secrets import Secrets
+from common.endpoints.served_models import pick_model, served_models
 from common.run_folders import checks_passed
 from common.user_errors import UserError, full_disk_is_one_error
 from regen.cancel_on_signal import StopSignals, stop_signals
 from regen.conversations.detokenizer import Detokenizer, load_detokenizer
 from regen.conversations.regenerate import Regeneration, RequestShape
 from regen.conversations.request_params import RequestParams
-from regen.endpoints.chat_client import ChatClient, RetryPolicy, client_session, out_of_descriptors
-from regen.endpoints.endpoint_pool import EndpointPool
 from regen.endpoints.inflight_control import steer
-from regen.endpoints.secrets import Secrets
-from regen.endpoints.served_models import pick_model, served_models
 from regen.outputs.hydra_runtime import multirun_overrides, scrub_credentials
 from regen.outputs.output_files import compact_errors
 from regen.outputs.progress_view import ProgressView, to_do
@@ -101,14 +96,12 @@ def _run(cfg) -> dict[str, Any]:
 
 async def regenerate_dataset(state: RunState, pool: EndpointPool, source: Source, detokenizer: Detokenizer,
                              signals: StopSignals, console: Console) -> None:
-    """Every conversation of ``source`` through the endpoints of ``pool`` into the output (each row's text written
-    by ``detokenizer``), while the progress bar, the probe of taken-out endpoints and (``concurrency=auto``) each
-    endpoint's in-flight steering run beside it; returns at the end of the source, or when a signal stopped it
-    (``signals.caught``)."""
+    """Every conversation of ``source`` through ``pool`` into the output, with the progress bar, the dead-endpoint
+    probe and (``concurrency=auto``) in-flight steering beside it; returns at the end of the source or on a signal."""
     settings = state.settings
     asyncio.get_running_loop().set_exception_handler(unless_out_of_descriptors)
     async with client_session(settings.api_key_env) as session:
-        client = ChatClient(session, pool, RetryPolicy(settings.max_retries, settings.retry_backoff_s,
+        client = ApiClient(session, pool, RetryPolicy(settings.max_retries, settings.retry_backoff_s,
                                                        settings.max_backoff_s),
                             settings.request_timeout_s, settings.all_endpoints_down_wait_s,
                             max_reply_bytes=settings.max_reply_bytes, secrets=run_secrets(settings))
@@ -133,8 +126,8 @@ async def regenerate_dataset(state: RunState, pool: EndpointPool, source: Source
 
 
 def unless_out_of_descriptors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """asyncio's report of an error no one awaited, except one from running out of file descriptors: that is the
-    run's own error already (``OutOfFileDescriptorsError``: two lines), so it prints no traceback of its own."""
+    """asyncio's default report of an unawaited error, except running out of file descriptors (already the run's
+    own error)."""
     if not out_of_descriptors(context.get("exception")):
         loop.default_exception_handler(context)
 
@@ -160,10 +153,9 @@ NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a folder (or disk) tu
 
 def write_summary(state: RunState, endpoints: dict[str, dict[str, Any]], console: Console,
                   ending: BaseException | None = None) -> dict[str, Any]:
-    """Close the output, compact the error file, write ``<stem>.summary.json`` (with the endpoints' counts,
-    ``EndpointPool.counts()``) and print the end-of-run lines. When the run is already ending on an error
-    (``ending``), a full disk or a folder that turned read-only only costs the summary file (a warning): the run's
-    own error stays the one reported; otherwise a read-only folder is one error (the rows written are intact)."""
+    """Close the output, compact the error file, write ``<stem>.summary.json`` and print the end-of-run lines. When
+    already ending on an error (``ending``), a full disk or read-only folder only costs the summary (a warning), so
+    the run's own error stays the one reported."""
     state.output.close()
     paths = state.output.paths
     try:
@@ -196,13 +188,12 @@ def announce(state: RunState, pool: EndpointPool, console: Console) -> None:
 
 
 def run_secrets(settings: RegenSettings) -> Secrets:
-    """The run's credentials (``regen.endpoints.secrets``): the API key and the endpoint URLs' passwords."""
+    """The run's credentials (``common.endpoints.secrets``): the API key and the endpoint URLs' passwords."""
     return Secrets(os.environ.get(settings.api_key_env) if settings.api_key_env else None, settings.server.endpoints)
 
 
 def run_console(file=None) -> Console:
-    """The run's console, on stderr (or ``file``): off a terminal (a log file, a pipe) a line stays one line instead of
-    being cut at rich's 80 columns."""
+    """The run's console on stderr (or ``file``); ``soft_wrap`` keeps a line one line off a terminal."""
     return Console(stderr=True, file=file, soft_wrap=True)
 
 
@@ -212,9 +203,8 @@ def warner(console: Console):
 
 
 def served_model(settings: RegenSettings, pool: EndpointPool, signals: StopSignals) -> str:
-    """The model the requests name, from the endpoints' ``/v1/models`` (``regen.endpoints.served_models``): endpoints
-    that do not answer are taken out; a ``max_tokens`` above the model's ``max_model_len`` is refused. A signal
-    cancels the requests at an ``await`` and ends the run."""
+    """The model the requests name, from the endpoints' ``/v1/models`` (silent endpoints are taken out); a
+    ``max_tokens`` above its ``max_model_len`` is refused."""
     served = asyncio.run(signals.until_signal(served_models(settings.api_key_env, pool, run_secrets(settings))))
     signals.raise_if_caught()
     model = pick_model(served, settings.served_model, isinstance(settings.server, ExternalServer))

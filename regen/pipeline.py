@@ -1,17 +1,9 @@
-"""The streaming pipeline: source records -> conversations -> bounded workers -> output/error lines.
+"""regen's main loop: source records -> conversations -> one task each, as the endpoint pool has room -> output.
 
-``Pipeline(rows, regeneration, output, stats, warn).run()`` is regen's main loop. A producer reads the source
-(:class:`SourceRows`: the rows past the language filter, up to the limit) in small chunks (in a thread, so a slow
-hub stream never stalls requests) into a queue of at most ``CHUNK`` conversations; a dispatcher takes them in
-order, waits until the endpoint pool has room for one more (``EndpointPool.claim``: a fixed ``concurrency`` over
-all endpoints, or each endpoint's own limit with ``concurrency=auto``) and starts it as a task of its own, which
-regenerates it (``Regeneration.conversation``) and writes its rows to the output in one write. A conversation
-that fails ends in the error file; any other error in one (a wrong tokenizer, no file descriptors left) stops the
-run. Nothing grows with the dataset except the index of ids already seen (a 64-bit digest and the row's position
-each). The first row with an id claims it: a later row with the same id, good or bad, becomes an error-file row
-naming both rows, so no conversation is ever in both files. When the client has given up on every endpoint,
-reading stops: conversations in flight end in the error file, the rest are not started and stay for a resumed
-run. Everything the run counts goes into ``stats`` (``RunStats``).
+A producer reads the source in chunks (in a thread) into a bounded queue; a dispatcher starts each conversation
+once ``EndpointPool.claim`` gives room. A failed conversation goes to the error file; any other error stops the run.
+The first row with an id claims it: a later duplicate becomes an error row, so no id is in both files. Once every
+endpoint is given up on, no more conversations start (they are left for resume).
 """
 
 from __future__ import annotations
@@ -21,9 +13,9 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from common.endpoints.api_client import OutOfFileDescriptorsError, Retries, out_of_descriptors
+from common.endpoints.endpoint_pool import Affinity
 from regen.conversations.regenerate import ConversationFailed, Regeneration
-from regen.endpoints.chat_client import OutOfFileDescriptorsError, Retries, out_of_descriptors
-from regen.endpoints.endpoint_pool import Affinity
 from regen.outputs.output_files import IdIndex
 from regen.outputs.run_output import RunOutput
 from regen.outputs.run_stats import RunStats
@@ -50,9 +42,8 @@ class SourceRows:
         return itertools.islice(passed, self.limit)
 
     def count(self) -> int | None:
-        """How many records :meth:`eligible` yields, as far as is known before reading them: the source's ``size()``
-        up to the limit; with a language filter, only the limit (an upper bound: which rows pass shows as they are
-        read); ``None`` when neither is known."""
+        """How many records :meth:`eligible` yields as far as known beforehand (with a language filter only the
+        limit, an upper bound); ``None`` when unknown."""
         size = None if self.language_filter is not None else self.source.size()
         return min((count for count in (size, self.limit) if count is not None), default=None)
 
@@ -195,9 +186,8 @@ class Pipeline:
             await asyncio.wait(self._conversations)
 
     async def run(self) -> None:
-        """Regenerate every admitted conversation; a fatal error cancels the rest and propagates. However it ends
-        (the source's end, an error, a cancel from a signal), every task it started is cancelled and awaited
-        before it returns, and every error is retrieved: asyncio has nothing left to report."""
+        """Regenerate every admitted conversation; a fatal error cancels the rest and propagates. However it ends,
+        every task it started is cancelled, awaited and its error retrieved before it returns."""
         fatal = self._fatal = asyncio.get_running_loop().create_future()
         queue: asyncio.Queue = asyncio.Queue(maxsize=CHUNK)
         produce = asyncio.create_task(self._produce(queue))

@@ -1,16 +1,8 @@
-"""Who provides the chat endpoint(s) for a regen job: the ``server`` settings (``regen.settings``).
+"""Who provides the chat endpoint(s) for a regen job: ``provide_endpoints(server)`` yields ready addresses.
 
-``provide_endpoints(server)`` is a context manager yielding the endpoint addresses that are ready to
-serve; it owns the whole lifecycle for ``vllm`` and ``local`` and none for ``external``:
-
-- ``vllm``: runs ``launch/vllm.sh`` with the settings (it starts ``vllm serve`` in its own process group
-  and returns once ``/health`` and ``/v1/models`` answer), then stops that group (SIGTERM, SIGKILL after
-  ``stop_grace_s``) when the block ends -- on success, on an error, on Ctrl-C or SIGTERM -- unless
-  ``keep_server``. With ``dp_local`` < ``dp`` it is the head of a multi-node data-parallel deployment,
-  whose other nodes run ``launch/vllm.sh --headless`` themselves.
-- ``local``: the same for the embedded CPU server (``python -m launch.chat_server``).
-- A healthy server already answering on the port with the asked model is reused and left running; one
-  serving another model is an error. Hydra multiruns share one server through ``SharedServerCallback``.
+``vllm`` (``launch/vllm.sh``) and ``local`` (``launch.chat_server``) servers are started and their process group
+stopped when the block ends, however it ends, unless ``keep_server``; ``external`` is left alone. A server already
+answering on the port with the asked model is reused and left running. Multiruns share one (``SharedServerCallback``).
 """
 
 from __future__ import annotations
@@ -25,6 +17,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from common.endpoints.address import EndpointAddress
 from common.user_errors import exit_on_user_error
 from launch.server_process import (
     ServerStartError,
@@ -38,7 +31,6 @@ from regen.cancel_on_signal import stop_signals
 from regen.outputs.hydra_runtime import run_folder
 from regen.settings import (
     LOCAL_ARCH_KEYS,
-    EndpointAddress,
     ExternalServer,
     LocalServer,
     RegenSettings,
@@ -51,8 +43,7 @@ VLLM_SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "vllm.sh"
 
 @contextmanager
 def provide_endpoints(server: ServerSettings) -> Iterator[tuple[EndpointAddress, ...]]:
-    """Yield ready endpoints for ``server`` and release what was started when the block exits, Ctrl-C and SIGTERM
-    included (they raise ``Interrupted`` here: ``regen.cancel_on_signal``, the run's own handler when it has one)."""
+    """Yield ready endpoints for ``server``; what was started is stopped when the block exits, on a signal too."""
     if isinstance(server, ExternalServer):
         yield server.endpoints
         return
@@ -88,8 +79,7 @@ def _managed_server(server: VllmServer | LocalServer) -> Iterator[None]:
 
 
 def log_path(server: VllmServer | LocalServer) -> Path:
-    """``server.log_file``, else ``server-<kind>-<port>.log`` in the run's Hydra folder (``out/servers/`` outside a
-    Hydra app): a run writes nothing outside its outputs and that folder."""
+    """``server.log_file``, else ``server-<kind>-<port>.log`` in the run's Hydra folder (``out/servers/`` outside one)."""
     if server.log_file:
         return Path(server.log_file)
     return (run_folder() or Path("out/servers")) / f"server-{server.kind}-{server.port}.log"
@@ -172,8 +162,7 @@ def _start_local(server: LocalServer) -> tuple[int, subprocess.Popen]:
 
 
 class SharedServerCallback(Callback):
-    """Hydra callback: a multirun brings its ``vllm``/``local`` server up once, before the first job, and
-    down after the last; every job finds it healthy on the port and reuses it."""
+    """Hydra callback: a multirun's ``vllm``/``local`` server comes up before the first job and down after the last."""
 
     def __init__(self) -> None:
         self._stack: ExitStack | None = None

@@ -1,37 +1,21 @@
-"""Every regen setting, checked once at start: typed dataclasses filled from the config, as every entry's are.
+"""Every regen setting as typed dataclasses, checked once at start (``RegenSettings.from_config(cfg)``).
 
-``RegenSettings.from_config(cfg)`` fills the schema with ``common.config_schema.parse_config``: OmegaConf refuses an
-unknown key, a missing (``???``) value or one of the wrong type, and the dataclasses' ``__post_init__`` check ranges
-and choices; every refusal is a ``ConfigError`` naming the key, before any server starts or any file is touched,
-and the rest of regen takes these values as given. Blocks: :class:`DatasetSettings`, the ``server`` block as its
-kind's dataclass (:class:`ExternalServer` / :class:`VllmServer` / :class:`LocalServer`, picked by its ``kind`` key;
-the local server holds the model preset as a ``ModelSpec``, whose keys sit in the ``server`` block), and
-:class:`RegenSettings`.
-
-Values that take several shapes are parsed once, into their type, by the field's parser: ``concurrency`` (``auto``
-or a number), ``server.endpoints`` (a list of URLs, or one: :class:`EndpointAddress`), ``server.gpus`` (a list,
-one index, or "0,1,2"), ``language_filter`` (a string: OmegaConf would turn ``1`` into ``"1"``),
-``extra_request_params`` and the weighted draws. The endpoint address and the dataset formats' names live here,
-and the runtime (``endpoints.endpoint_pool``, ``rows.formats``) imports them: the schema imports no runtime module.
-
-Every default lives once, in the YAML under ``configs/`` (``regen.yaml`` and the groups), with the key's meaning
-in its comment; the dataclasses hold none, except :class:`DatasetSettings`' optional ``name``/``subset``/``split``
-(null = not set, so code can describe a local file by its path alone).
+Any bad key or value is a ``ConfigError`` naming the key, raised before a server starts or a file is touched; the
+rest of regen takes the values as given. Defaults live only in the YAML under ``configs/``. The schema imports no
+regen runtime module (``rows.formats`` imports the format names from here).
 """
 
 from __future__ import annotations
 
-import base64
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import orjson
 from omegaconf import DictConfig
-from yarl import URL
 
 from common.config_schema import (
     ConfigError,
@@ -46,6 +30,7 @@ from common.config_schema import (
     parsed_by,
     refuse,
 )
+from common.endpoints.address import EndpointAddress, parse_endpoint
 from common.minimind.spec import ModelSpec
 from common.minimind.tokenizer import looks_like_local_path
 
@@ -59,7 +44,6 @@ REFUSED_FORMATS = {
         "and prepare that output off-policy (speculators prepare-data), or pick a text dataset preset."
     ),
 }
-CHAT_PATH = "/v1/chat/completions"
 
 # Request keys regen sets itself; extra_request_params may not touch them.
 OWN_REQUEST_KEYS = frozenset({"model", "messages", "max_tokens", "return_token_ids", "tools", "tool_choice"})
@@ -81,47 +65,6 @@ SAMPLING_RANGES = {
     "presence_penalty": (False, -2.0, False, 2.0), "frequency_penalty": (False, -2.0, False, 2.0),
     "seed": (True, None, False, None),
 }
-
-
-@dataclass(frozen=True)
-class EndpointAddress:
-    """Where a server answers: ``base`` (``scheme://host:port[/prefix]``, no credentials) and its credentials."""
-
-    base: str
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-
-    @property
-    def chat_url(self) -> str:
-        return self.base + CHAT_PATH
-
-    def auth_headers(self) -> dict[str, str]:
-        """The basic-auth header for the URL's credentials ({} without)."""
-        if self.user is None:
-            return {}
-        token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
-        return {"Authorization": f"Basic {token}"}
-
-
-def parse_endpoint(text: str) -> EndpointAddress:
-    """``http://host:port``, ``.../v1`` or ``.../v1/chat/completions`` as one :class:`EndpointAddress`."""
-    try:
-        url = URL(str(text).strip())
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"not a URL ({error})") from None
-    if not url.absolute or url.scheme not in ("http", "https") or not url.host:
-        shown = url.with_user(None) if url.absolute else url
-        raise ValueError(f"{str(shown)!r} is not an http(s)://host:port URL")
-    if url.query_string or url.fragment:
-        raise ValueError(f"{url.with_user(None).with_query(None).with_fragment(None)!s} must not carry "
-                         "a query or fragment")
-    path = url.path.rstrip("/")
-    for suffix in (CHAT_PATH, "/v1"):
-        if path.endswith(suffix):
-            path = path[: -len(suffix)]
-            break
-    base = url.with_user(None).with_password(None).with_path(path or "/")
-    return EndpointAddress(str(base).rstrip("/"), url.user, url.password)
 
 
 def check_max_tokens_fit(max_tokens: int, max_model_len: int, source: str) -> None:
@@ -148,9 +91,8 @@ def check_finite_values(key: str, value: Any) -> None:
 
 
 def string_keys(key: str, value: Any) -> Any:
-    """``value`` with every mapping's integer keys as strings, as JSON (and OpenAI's API: ``logit_bias: {"21":
-    100}``) has them; ``{21: 100}`` from the command line or YAML is that. Other non-string keys, and two keys
-    that become one, are refused naming where."""
+    """``value`` with every mapping's integer keys as strings (``logit_bias: {21: 100}`` from YAML); other
+    non-string keys, and two keys that become one, are refused."""
     if isinstance(value, Mapping):
         converted: dict[str, Any] = {}
         for name, item in value.items():
@@ -253,8 +195,8 @@ def _concurrency(key: str, value: Any) -> int | str:
 
 
 def _request_params(key: str, value: Any) -> dict[str, Any]:
-    """``extra_request_params``: a mapping merged into every request (null: none), its keys strings, refused where it
-    would set what regen owns or break one row per generation."""
+    """``extra_request_params``: a mapping merged into every request (null: none), refused where it would set what
+    regen owns or break one row per generation."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -418,9 +360,8 @@ LOCAL_ARCH_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "n
 
 @dataclass
 class LocalServer(_ManagedServer):
-    """``server=local``: the embedded CPU server (``launch/chat_server.py``) on a model preset or HF model. The
-    preset (``configs/model/``, the keys opd's ``teacher`` takes) is its ``model_spec``, whose keys sit in the
-    ``server`` block: ``server.checkpoint``, ``server.hidden_size`` ..."""
+    """``server=local``: the embedded CPU server (``launch/chat_server.py``); the model preset's keys sit flat in the
+    ``server`` block (``server.checkpoint``, ``server.hidden_size`` ...)."""
 
     kind: ClassVar[str] = "local"
     model_spec: ModelSpec = flattened()
@@ -443,8 +384,7 @@ class LocalServer(_ManagedServer):
             check_integer(f"server.{key}", getattr(spec, key), 1, optional=True)
 
     def _check_checkpoint(self) -> None:
-        """A native ``.pth`` (``.pt``) must be a file, a local HF model folder a folder; a hub id is downloaded by
-        the server. Checked here, before any file is opened or the server started (which would die on it)."""
+        """A ``.pth``/``.pt`` must be a readable file, a local HF model a folder; a hub id is left to the server."""
         checkpoint = self.model_spec.checkpoint
         path, key = Path(checkpoint).expanduser(), f"server.checkpoint={checkpoint}"
         hint = ("point server.checkpoint at a MiniMind .pth file, an HF model folder or a hub id "
@@ -466,8 +406,7 @@ class LocalServer(_ManagedServer):
 
     @property
     def tokenizer(self) -> str | None:
-        """The preset's tokenizer (the tiny presets': the stand-in beside their checkpoints), the row text's unless
-        ``tokenizer=`` names one."""
+        """The preset's tokenizer, used for the row text unless ``tokenizer=`` names one."""
         return self.model_spec.tokenizer
 
 
@@ -559,8 +498,7 @@ class RegenSettings:
 
     @property
     def max_reply_bytes(self) -> int:
-        """The largest reply body a request may get: ``max_reply_mib``, else 8 MiB (the prompt's ids, the JSON
-        around them) + 512 bytes per ``max_tokens`` (a generated token's id, text, reasoning and tool-call share)."""
+        """The largest reply body a request may get: ``max_reply_mib``, else 8 MiB + 512 bytes per ``max_tokens``."""
         if self.max_reply_mib is not None:
             return int(self.max_reply_mib * (1 << 20))
         return (8 << 20) + 512 * self.max_tokens

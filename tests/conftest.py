@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import FORCE_STANDIN, real_tokenizer_path
+from tests.helpers.regen_support import ServerThread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -65,3 +66,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if TOKENIZER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.uses_tokenizer)
+
+
+@pytest.fixture
+def serve():
+    """Start scripted vLLM-shaped servers (``serve(responder, **StandinServer kwargs)``); all are closed afterwards."""
+    servers = []
+
+    def start(responder=None, **kwargs) -> ServerThread:
+        servers.append(ServerThread(responder, **kwargs))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()

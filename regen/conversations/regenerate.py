@@ -2,11 +2,9 @@
 
 Each generation (a final answer or a tool call) becomes one training row: ``input_ids`` = the reply's
 ``prompt_token_ids`` + its generated ``token_ids``, ``loss_mask`` 0 over the prompt and 1 over the
-generation. Each generation is appended to the history as the assistant turn the chat template renders
-(``regen.conversations.history_turns``: its answer, and its reasoning only when carried). The k-th regenerated
-tool call is answered with the k-th cached result; the conversation stops early, keeping its rows, when a call
-cannot be paired 1:1 or a generation hits ``max_tokens``. :class:`Regeneration` holds what every conversation of a run
-shares (the client, the request shape and parameters, the row-text tokenizer).
+generation; it joins the history as ``history_turns`` renders it. The k-th regenerated tool call is answered
+with the k-th cached result; the conversation stops early, keeping its rows, when a call cannot be paired 1:1 or a
+generation hits ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -16,12 +14,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.endpoints.api_client import ApiClient, Reply, RequestFailedError, Retries
+from common.endpoints.endpoint_pool import Affinity
 from regen.conversations.detokenizer import Detokenizer
 from regen.conversations.history_turns import assistant_turn, history_message
 from regen.conversations.replies import CheckedReply, ReplyError, parse_reply
 from regen.conversations.request_params import RequestParams
-from regen.endpoints.chat_client import ChatClient, Reply, RequestFailedError, Retries
-from regen.endpoints.endpoint_pool import Affinity
 from regen.rows.conversation import Conversation
 
 # send(payload) -> the reply (its JSON, the endpoint URL that answered, its retries)
@@ -152,10 +150,9 @@ async def regenerate(conversation: Conversation, send: Send, shape: RequestShape
 
 @dataclass(frozen=True)
 class Regeneration:
-    """What regenerating any conversation of a run takes: the client (and its endpoints), what every request
-    carries, the per-conversation parameters and the tokenizer that writes each row's ``text``."""
+    """What every conversation of a run shares: client, request shape, parameters and the row-text tokenizer."""
 
-    client: ChatClient
+    client: ApiClient
     shape: RequestShape
     params: RequestParams
     detokenizer: Detokenizer

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from regen.endpoints.endpoint_pool import Endpoint, EndpointPool
+from common.endpoints.endpoint_pool import Endpoint, EndpointPool
 from regen.endpoints.vllm_metrics import MetricsMissing, MetricsNotYet, ServerLoad, read_load
 
 KV_TARGET = 0.80

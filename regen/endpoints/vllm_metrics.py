@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from regen.endpoints.reply_bodies import BodyTooLarge, read_body
+from common.endpoints.reply_bodies import BodyTooLarge, read_body
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"

@@ -17,7 +17,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from regen.endpoints.endpoint_pool import Endpoint
+from common.endpoints.endpoint_pool import Endpoint
 from regen.outputs.run_stats import RunStats
 
 
@@ -29,8 +29,7 @@ def endpoint_load(endpoint: Endpoint) -> str:
 
 
 def status_line(stats: RunStats, endpoints: list[Endpoint]) -> str:
-    """done / failed / truncated / rows / requests per s / tokens per s, then each endpoint's in-flight
-    count (now/mean, and its limit with concurrency=auto) and generation rate, as one line."""
+    """One line: done / failed / truncated / rows / requests per s / tokens per s, then each endpoint's load."""
     requests = sum(endpoint.requests for endpoint in endpoints)
     return (
         f"done {stats.done} failed {stats.failed} trunc {sum(stats.truncated.values())} "
@@ -41,8 +40,7 @@ def status_line(stats: RunStats, endpoints: list[Endpoint]) -> str:
 
 
 def to_do(total: int | None, already_done: int) -> int | None:
-    """The conversations this run has left to deal with: ``total`` records (``SourceRows.count``) less the ones
-    an earlier run finished (resume skips them at once, so they are not work of this run)."""
+    """The conversations this run has left: ``total`` records less those an earlier run finished."""
     return None if total is None else max(total - already_done, 0)
 
 
@@ -61,16 +59,14 @@ def dealt_with(stats: RunStats) -> int:
 
 
 def counted(stats: RunStats, task: Task) -> str:
-    """``dealt with/total`` (``dealt with`` when the total is unknown), read from the live counters as the status
-    line beside it is, so the two never disagree between the bar's updates."""
+    """``dealt with/total`` (without ``/total`` when unknown), from the live counters, as the status line is."""
     completed = dealt_with(stats)
     return f"{completed}" + (f"/{max(task.total, completed):.0f}" if task.total is not None else "")
 
 
 class ProgressView:
-    """A bar over the conversations this run deals with (done, failed or refused; ``total``: those it has to, when
-    known, see :func:`to_do`), with the time remaining at the rate of the last 30 s, plus the live counters.
-    Records a resumed run skips as done are not counted."""
+    """A bar over the conversations this run deals with (resume's skipped ones not counted), with the time remaining
+    at the last 30 s's rate and the live counters."""
 
     def __init__(self, stats: RunStats, endpoints: list[Endpoint], total: int | None,
                  console: Console | None = None, log_every_s: float = 60.0):
@@ -92,8 +88,7 @@ class ProgressView:
         self.progress.stop()
 
     def update(self) -> None:
-        """Move the bar to the conversations dealt with so far; a dataset that grew while the run read it (more
-        dealt with than counted at the start) raises the total with them, so the count never passes it."""
+        """Move the bar to the conversations dealt with so far, raising the total if the count passes it."""
         completed = dealt_with(self.stats)
         total = self.progress.tasks[self.task].total
         self.progress.update(self.task, completed=completed,
@@ -107,8 +102,7 @@ class ProgressView:
         return f"[regen] {counted(self.stats, task)}{eta} | {status_line(self.stats, self.endpoints)}"
 
     async def follow(self, period_s: float = 0.5) -> None:
-        """Forever: move the bar; off a terminal, also print :meth:`log_line` every ``log_every_s`` (nothing is done
-        per conversation, so the bar costs no client CPU)."""
+        """Forever: move the bar; off a terminal, also print :meth:`log_line` every ``log_every_s``."""
         since_log = 0.0
         while True:
             await asyncio.sleep(period_s)

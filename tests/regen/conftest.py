@@ -1,4 +1,4 @@
-"""Fixtures of the regen tests: scripted vLLM-shaped servers and a regen run on rows written for the test."""
+"""Fixtures of the regen tests: a regen run on rows written for the test (scripted servers: ``serve``, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers.regen_support import ServerThread, read_jsonl, regen_config, write_jsonl
-
-
-@pytest.fixture
-def serve():
-    """Start scripted servers (``serve(responder, **StandinServer kwargs)``); all are closed afterwards."""
-    servers = []
-
-    def start(responder=None, **kwargs) -> ServerThread:
-        servers.append(ServerThread(responder, **kwargs))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
+from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl
 
 
 @pytest.fixture

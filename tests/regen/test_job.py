@@ -9,9 +9,9 @@ import os
 import pytest
 
 from common.config_schema import ConfigError
+from common.endpoints.served_models import EndpointsUnusableError
 from common.user_errors import UserError
 from regen.conversations.detokenizer import TokenizerMismatchError
-from regen.endpoints.served_models import EndpointsUnusableError
 from regen.job import run
 from standins.vllm_server import Reply
 from tests.helpers.regen_support import EOS, Script, ok, read_jsonl, regen_config, write_jsonl

@@ -11,10 +11,10 @@ import asyncio
 import aiohttp
 import pytest
 
-from regen.endpoints.endpoint_pool import EndpointPool
+from common.endpoints.address import parse_endpoint
+from common.endpoints.endpoint_pool import EndpointPool
 from regen.endpoints.inflight_control import EMPTY_READINGS_ALLOWED, steer
 from regen.endpoints.vllm_metrics import MetricsNotYet, ServerLoad, parse_load
-from regen.settings import parse_endpoint
 from standins.vllm_server import Reply, StandinServer
 from tests.helpers.regen_support import EOS, ok
 from tests.vllm_live.support import FIXTURES

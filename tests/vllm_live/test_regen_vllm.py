@@ -19,8 +19,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from common.config_schema import ConfigError
+from common.endpoints.served_models import EndpointsUnusableError
 from launch.server_process import log_tail, stop_process_group
-from regen.endpoints.served_models import EndpointsUnusableError
 from regen.job import run
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl

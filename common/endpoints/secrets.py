@@ -7,7 +7,7 @@ import base64
 from collections.abc import Iterable
 from urllib.parse import quote
 
-from regen.settings import EndpointAddress
+from common.endpoints.address import EndpointAddress
 
 REDACTED = "[redacted]"
 

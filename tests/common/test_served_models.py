@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from regen.endpoints.served_models import EndpointsUnusableError, pick_model
+from common.endpoints.served_models import EndpointsUnusableError, pick_model
 
 SERVED = {"first/model": 4096, "asked/model": None}
 

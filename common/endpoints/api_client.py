@@ -1,4 +1,4 @@
-"""POSTing chat-completion requests with retries, over the endpoints of an :class:`EndpointPool`.
+"""POSTing requests (chat completions, or completions) with retries, over the endpoints of an :class:`EndpointPool`.
 
 Retried: HTTP 408/409/425/429/5xx, connection errors, timeouts, a reply body that is not JSON. Waits grow
 exponentially with jitter and follow ``Retry-After`` (seconds or an HTTP date), both capped at
@@ -10,7 +10,7 @@ otherwise hold its conversations for every attempt while the others sit idle); o
 conversation's endpoint after a backoff.
 The server's text in an error (its message, a body that is not JSON, a connection error) passes through the run's
 ``Secrets`` first: a server that echoes the request's ``Authorization`` header gets no credential stored or printed.
-A reply body is read in bounded memory (``regen.endpoints.reply_bodies``): one over ``max_reply_bytes`` fails its request
+A reply body is read in bounded memory (``common.endpoints.reply_bodies``): one over ``max_reply_bytes`` fails its request
 as soon as the limit is passed (not retried: the server would send it again), and an error reply is read only as
 far as its message.
 Running out of file descriptors is this client's problem, not the endpoint's: it stops the run with a
@@ -34,10 +34,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from common.endpoints.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpointError
+from common.endpoints.reply_bodies import BodyTooLarge, read_body, read_head
+from common.endpoints.secrets import Secrets
 from common.user_errors import UserError
-from regen.endpoints.endpoint_pool import Affinity, Endpoint, EndpointPool, NoLiveEndpointError
-from regen.endpoints.reply_bodies import BodyTooLarge, read_body, read_head
-from regen.endpoints.secrets import Secrets
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 CONNECT_TIMEOUT_S = 30.0
@@ -164,15 +164,17 @@ def client_session(api_key_env: str | None) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers)
 
 
-class ChatClient:
+class ApiClient:
     """One shared aiohttp session sending chat requests to the pool's endpoints. It keeps the endpoints' counts (in
     the pool) and returns what each request came to (:class:`Reply`, or :class:`RequestFailedError`), its retries
     included; the run's own counters are the caller's."""
 
     def __init__(self, session: aiohttp.ClientSession, pool: EndpointPool, policy: RetryPolicy,
                  request_timeout_s: float, all_down_wait_s: float, *, max_reply_bytes: int, secrets: Secrets,
+                 limit_hint: str = "max_reply_mib; by default 8 MiB + 512 bytes per max_tokens",
                  rng: random.Random | None = None):
         self.session = session
+        self.limit_hint = limit_hint  # the setting that raises max_reply_bytes, named when a reply passes it
         self.secrets = secrets
         self.max_reply_bytes = max_reply_bytes
         self.pool = pool
@@ -182,16 +184,17 @@ class ChatClient:
                                              sock_connect=min(CONNECT_TIMEOUT_S, request_timeout_s))
         self.rng = rng or random.Random()
 
-    async def _attempt(self, endpoint: Endpoint, body: bytes) -> Any:
+    async def _attempt(self, endpoint: Endpoint, body: bytes, completions: bool) -> Any:
+        target = endpoint.completions_target if completions else endpoint.chat_target
         try:
-            async with self.session.post(endpoint.chat_target, data=body, headers=endpoint.request_headers,
+            async with self.session.post(target, data=body, headers=endpoint.request_headers,
                                          timeout=self.timeout) as reply:
                 status = reply.status
                 retry_after = reply.headers.get("Retry-After")
                 body = await (read_body(reply, self.max_reply_bytes) if status == 200 else read_head(reply))
         except BodyTooLarge as error:
-            raise RequestFailedError(f"reply from {endpoint.url} refused: {error} (max_reply_mib; by default 8 MiB + "
-                                "512 bytes per max_tokens)", endpoint.url) from None
+            raise RequestFailedError(f"reply from {endpoint.url} refused: {error} ({self.limit_hint})",
+                                     endpoint.url) from None
         except ConnectTimeout as error:
             raise _Retryable(f"no connection within {self.timeout.sock_connect:g} s ({type(error).__name__})",
                              unreachable=True, timed_out=True) from None
@@ -228,8 +231,9 @@ class ChatClient:
                     raise RequestFailedError(f"{error} (waited {self.all_down_wait_s:g} s)", retries=retries) from None
             await asyncio.sleep(min(1.0, max(0.01, self.all_down_wait_s - self.pool.down_for_s())))
 
-    async def complete(self, payload: dict[str, Any], affinity: Affinity) -> Reply:
-        """The :class:`Reply` to ``payload``, sent on the endpoint ``affinity`` holds; raises :class:`RequestFailedError`."""
+    async def complete(self, payload: dict[str, Any], affinity: Affinity, *, completions: bool = False) -> Reply:
+        """The :class:`Reply` to ``payload``, sent on the endpoint ``affinity`` holds, to its chat-completions route
+        (or with ``completions`` its completions route); raises :class:`RequestFailedError`."""
         try:
             body = orjson.dumps(payload)
         except TypeError as error:  # settings and rows are checked before: a last guard, one error row
@@ -238,7 +242,7 @@ class ChatClient:
         while True:
             endpoint = await self._live_endpoint(affinity, retries)
             try:
-                data = await self._attempt(endpoint, body)
+                data = await self._attempt(endpoint, body, completions)
             except RequestFailedError as error:
                 self.pool.record_failure(endpoint, str(error), unreachable=False)
                 error.retries = retries

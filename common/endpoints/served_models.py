@@ -1,22 +1,20 @@
 """Which model the endpoints serve: every endpoint's ``/v1/models`` (its model ids and ``max_model_len``), and the
-model a run's requests name.
-
-Asked before the first request: when the served model names the output (external endpoints without
-``server.model``) before the output is opened, else once a server regen started is up. An endpoint that does not
-answer is taken out; when none answers, or none serves the asked model, the run stops (:class:`EndpointsUnusableError`).
+model the requests name. An endpoint that does not answer is taken out; when none answers, or none serves the asked
+model, the run stops (:class:`EndpointsUnusableError`, naming the job's own keys: :class:`SettingNames`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import aiohttp
 
+from common.endpoints.api_client import OutOfFileDescriptorsError, client_session, out_of_descriptors
+from common.endpoints.endpoint_pool import EndpointPool
+from common.endpoints.reply_bodies import read_body, read_head
+from common.endpoints.secrets import Secrets
 from common.user_errors import UserError
-from regen.endpoints.chat_client import OutOfFileDescriptorsError, client_session, out_of_descriptors
-from regen.endpoints.endpoint_pool import EndpointPool
-from regen.endpoints.reply_bodies import read_body, read_head
-from regen.endpoints.secrets import Secrets
 
 MODELS_PAGE_BYTES = 16 << 20  # /v1/models: a list of model cards
 SHOWN_MODELS = 10  # model ids an error names at most (a server may list thousands)
@@ -26,7 +24,17 @@ class EndpointsUnusableError(UserError):
     """No endpoint answers, or none serves the asked model."""
 
 
-async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Secrets) -> dict[str, int | None]:
+@dataclass(frozen=True)
+class SettingNames:
+    """The keys a person sets for the endpoints, named in the hints (regen's by default)."""
+
+    endpoints: str = "server.endpoints"
+    model: str = "server.model"
+    api_key_env: str = "api_key_env"
+
+
+async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Secrets,
+                        names: SettingNames = SettingNames()) -> dict[str, int | None]:
     """Model id -> ``max_model_len`` (the smallest any endpoint reports; None when none does) from every
     endpoint's ``/v1/models``; endpoints that do not answer are taken out (the server's text in why, ``secrets``
     redacted)."""
@@ -38,7 +46,7 @@ async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Se
                 async with session.get(endpoint.address.base + "/v1/models", headers=endpoint.headers,
                                        timeout=timeout) as reply:
                     if reply.status != 200:
-                        hint = " (the server wants an API key: set api_key_env=)" if reply.status == 401 else ""
+                        hint = f" (the server wants an API key: set {names.api_key_env}=)" if reply.status == 401 else ""
                         message = (await read_head(reply)).decode("utf-8", "replace")[:300]
                         raise RuntimeError(f"HTTP {reply.status}{hint}: {message}")
                     data = json.loads(await read_body(reply, MODELS_PAGE_BYTES))
@@ -59,11 +67,12 @@ async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Se
     if not any(endpoint.live for endpoint in pool.endpoints):
         raise EndpointsUnusableError("no endpoint answers /v1/models: " + "; ".join(
             f"{e.url} ({e.last_error})" for e in pool.endpoints),
-            "start the server, or check server.endpoints (and api_key_env)")
+            f"start the server, or check {names.endpoints} (and {names.api_key_env})")
     return served
 
 
-def pick_model(served: dict[str, int | None], wanted: str | None, must_serve_wanted: bool) -> str:
+def pick_model(served: dict[str, int | None], wanted: str | None, must_serve_wanted: bool,
+               names: SettingNames = SettingNames()) -> str:
     """The model the requests name: ``wanted`` when the endpoints serve it, else the first they list; with
     ``must_serve_wanted`` (endpoints given by hand, with ``server.model`` set) a ``wanted`` they do not serve stops
     the run."""
@@ -72,8 +81,8 @@ def pick_model(served: dict[str, int | None], wanted: str | None, must_serve_wan
     if wanted and must_serve_wanted:
         listed = ", ".join(repr(name) for name in list(served)[:SHOWN_MODELS])
         more = f" and {len(served) - SHOWN_MODELS} more" if len(served) > SHOWN_MODELS else ""
-        raise EndpointsUnusableError(f"server.model={wanted!r} is not served by the endpoints (they serve {listed}{more})",
-                                "drop server.model to use what they serve, or point server.endpoints elsewhere")
+        raise EndpointsUnusableError(f"{names.model}={wanted!r} is not served by the endpoints (they serve {listed}{more})",
+                                     f"drop {names.model} to use what they serve, or point {names.endpoints} elsewhere")
     if not served:
         raise EndpointsUnusableError("the endpoints' /v1/models lists no model")
     return next(iter(served))

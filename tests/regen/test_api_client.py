@@ -15,7 +15,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from regen.endpoints.chat_client import OutOfFileDescriptorsError, RetryPolicy, parse_retry_after
+from common.endpoints.api_client import OutOfFileDescriptorsError, RetryPolicy, parse_retry_after
 from standins.vllm_server import Reply
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import EOS, Script, ok, write_jsonl

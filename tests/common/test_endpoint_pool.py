@@ -13,10 +13,10 @@ from collections import Counter
 
 import pytest
 
-import regen.endpoints.endpoint_pool as endpoint_pool
-from regen.endpoints.endpoint_pool import Affinity, EndpointPool, NoLiveEndpointError
+import common.endpoints.endpoint_pool as endpoint_pool
+from common.endpoints.address import parse_endpoint
+from common.endpoints.endpoint_pool import Affinity, EndpointPool, NoLiveEndpointError
 from regen.job import RunStoppedError, run
-from regen.settings import parse_endpoint
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port

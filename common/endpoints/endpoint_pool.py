@@ -1,21 +1,12 @@
-"""Several chat endpoints behind one client: naming them, spreading conversations, taking dead ones out.
+"""Several endpoints behind one client: spreading work, sticking to an endpoint, taking dead ones out.
 
-An endpoint may be written ``http://host:port``, ``.../v1`` or ``.../v1/chat/completions`` (speculators'
-``--endpoint`` form); all name the same server (``regen.settings.parse_endpoint``, which reads
-``server.endpoints``), and rows record its chat-completions URL. Credentials in the URL
-(``http://user:password@host``) are sent as basic auth and never appear in a name, a row or a message.
-
-A conversation starts only when :meth:`EndpointPool.claim` finds room for it. With a fixed
-``concurrency`` the room is that many conversations over all endpoints and a new one goes to the live
-endpoint with the fewest; with ``concurrency=auto`` every endpoint has its own in-flight limit (set by
-``regen.endpoints.inflight_control``) and a new conversation goes to the live endpoint with the most free slots
-(limit minus conversations on it). A conversation sticks to its endpoint (prefix-cache friendly) until
-that endpoint is taken out, or a request of it times out there while another endpoint is live; then its next
-request goes to the live endpoint with the fewest active conversations (fixed) or the most free slots (auto). An endpoint is taken out after ``max_failures`` connection-level failures in a row (refused, reset, no
-connection within the connect timeout) or a failed probe, never for a slow reply; a background probe
-(``/health``, then ``/v1/models``) puts it back when it answers again. ``all_down_since`` tells the
-client how long there has been no endpoint at all. Each endpoint also keeps what the summary reports:
-completion tokens, and time-weighted means of its in-flight count and limit.
+A unit of work (regen's conversation, opd's scoring request) starts only when :meth:`EndpointPool.claim` finds room.
+With a fixed ``concurrency`` the room is that many over all endpoints and new work goes to the live endpoint with the
+fewest; with ``concurrency=auto`` every endpoint has its own in-flight limit (set by regen's
+``regen.endpoints.inflight_control``) and new work goes to the live endpoint with the most free slots. Work sticks to
+its endpoint (prefix-cache friendly) until that endpoint is taken out, or a request times out there while another is
+live. An endpoint is taken out after ``max_failures`` connection-level failures in a row or a failed probe, never for a
+slow reply; a background probe (``/health``, then ``/v1/models``) puts it back when it answers again.
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from yarl import URL
 
-from regen.settings import EndpointAddress
+from common.endpoints.address import COMPLETIONS_PATH, EndpointAddress
 
 
 class NoLiveEndpointError(RuntimeError):
@@ -60,6 +51,7 @@ class Endpoint:
     def __post_init__(self) -> None:
         self.url = self.address.chat_url
         self.chat_target = URL(self.url)  # parsed once, not per request
+        self.completions_target = URL(self.address.base + COMPLETIONS_PATH)
         self.headers = self.address.auth_headers()
         self.request_headers = {"Content-Type": "application/json", **self.headers}
         # The figures' clock (the means, the generation rate) starts when the endpoint takes its first conversation,
@@ -188,7 +180,7 @@ class EndpointPool:
             room = self.in_flight < self.concurrency
         elif live:
             room = any(endpoint.free > 0 for endpoint in live)
-        else:  # every endpoint is out: the conversation waits for one in ChatClient, bounded by the limits
+        else:  # every endpoint is out: the conversation waits for one in ApiClient, bounded by the limits
             room = self.in_flight < sum(endpoint.limit for endpoint in self.endpoints)
         if not room:
             return None

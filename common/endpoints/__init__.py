@@ -1,0 +1,1 @@
+"""HTTP to OpenAI-compatible servers (vLLM): endpoints, retries, failover, bounded replies, secrets kept out."""
