@@ -249,6 +249,50 @@ class OptimConfig:
                 ("learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "grad_clip")}
 
 
+def _endpoints(key: str, value) -> list | None:
+    """``teacher_server.endpoints``: null, or a list of URLs (or one), each parsed (``common.endpoints.address``)."""
+    from common.endpoints.address import parse_endpoint
+
+    if value is None:
+        return None
+    urls = [value] if isinstance(value, str) else list(value)
+    require(bool(urls), key, "null (the teacher runs in this process) or a list of URLs", value)
+    addresses = []
+    for url in urls:
+        try:
+            addresses.append(parse_endpoint(url))
+        except ValueError as error:
+            raise ConfigError(f"{key}: {error}") from None
+    require(len({address.base for address in addresses}) == len(addresses), key, "URLs naming different servers",
+            [address.base for address in addresses])
+    return addresses
+
+
+@dataclass
+class TeacherServerConfig:
+    """The teacher served by vLLM (``opd.training.served_teacher``): its log-probabilities of the student's exact
+    token ids, top ``top_logprobs`` per position, from the completions endpoint; null ``endpoints``: the teacher runs
+    in this process."""
+
+    endpoints: list | None = parsed_by(_endpoints)
+    model: str | None  # the served model's name; null: the first the endpoints list
+    top_logprobs: int  # k; vLLM refuses more than its --max-logprobs (20 unless raised)
+    api_key_env: str | None  # the environment variable holding the API key
+    concurrency: int  # requests in flight over all endpoints
+    request_timeout_s: float
+    max_retries: int
+
+    def __post_init__(self) -> None:
+        check_integer("teacher_server.top_logprobs", self.top_logprobs, 1)
+        check_integer("teacher_server.concurrency", self.concurrency, 1)
+        check_integer("teacher_server.max_retries", self.max_retries, 0)
+        check_positive("teacher_server.request_timeout_s", self.request_timeout_s)
+
+    @property
+    def active(self) -> bool:
+        return self.endpoints is not None
+
+
 def _processes(key: str, value) -> int | str:
     """``dataset_num_proc``: ``auto`` or an integer >= 1 (``opd.episodes.demonstrations.tokenizing_processes``)."""
     return auto_or_count(key, value, "the CPUs of this rank", 1)
@@ -363,10 +407,13 @@ class OPDConfig(TrainingRunConfig):
     offline: OfflineConfig
     mixture: MixtureConfig
     mode: str
+    teacher_server: TeacherServerConfig
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("mode", self.mode, MODES)
+        if self.teacher_server.active:
+            self._check_served_teacher()
         require(self.mode == "on_policy" or not self.guidance.active, "guidance",
                 "off (null keys) with mode=offline (it steers on-policy rollouts)",
                 {key: getattr(self.guidance, key) for key in GUIDANCE_OPTIONS if getattr(self.guidance, key) is not None})
@@ -374,6 +421,28 @@ class OPDConfig(TrainingRunConfig):
                 "0 with mode=offline (the mixture mixes into on-policy batches)", self.mixture.teacher_share)
         for key in ("teacher", "student"):
             _model_with_tokenizer(key, getattr(self, key), self.tokenizer)
+
+    def _check_served_teacher(self) -> None:
+        """What a teacher known only by its top-k log-probabilities at temperature 1 can and cannot train."""
+        served, loss = "with teacher_server.endpoints set", self.loss
+        require(loss.kl_direction != "jsd", "loss.kl_direction", f"forward_kl or reverse_kl {served} (JSD needs the "
+                "teacher's whole distribution; a server returns its top-k)", loss.kl_direction)
+        require(loss.temperature == 1, "loss.temperature", f"1 {served} (vLLM's prompt_logprobs are at temperature "
+                "1 whatever the request's temperature, and a top-k cannot be rescaled)", loss.temperature)
+        require(not self.guidance.active, "guidance", f"off {served} (the teacher must decode beside the student)",
+                {key: getattr(self.guidance, key) for key in GUIDANCE_OPTIONS if getattr(self.guidance, key) is not None})
+        require(not self.mixture.teacher_share, "mixture.teacher_share", f"0 {served} (the teacher's rollouts are "
+                "generated in this process)", self.mixture.teacher_share)
+        require(self.mode == "on_policy" or self.offline.source == "dataset", "offline.source",
+                f"dataset {served} (teacher_rollouts are generated in this process; regen writes a served "
+                "model's rollouts)", self.offline.source)
+        if loss.kl_direction == "reverse_kl":
+            require(self.mode == "on_policy", "loss.kl_direction", f"forward_kl with mode=offline {served} (the "
+                    "sampled-token reverse KL needs the student's own samples)", loss.kl_direction)
+            plain = (self.sampling.temperature, self.sampling.top_p, self.sampling.top_k, self.sampling.min_p)
+            require(plain == (1.0, 1.0, 0, 0.0), "sampling", f"the student's own distribution (temperature 1, "
+                    f"top_p 1, top_k 0, min_p 0) for reverse_kl {served}: the sampled-token estimator is unbiased "
+                    "only on samples from it", dict(zip(("temperature", "top_p", "top_k", "min_p"), plain, strict=True)))
 
     @property
     def demonstrated(self) -> bool:
@@ -393,6 +462,9 @@ class OPDConfig(TrainingRunConfig):
             settings["mixture.teacher_share"] = self.mixture.teacher_share
         if on_policy and self.guidance.active:
             settings["guidance"] = self.guidance
+        if self.teacher_server.active:
+            settings["teacher_server"] = {"model": self.teacher_server.model,
+                                          "top_logprobs": self.teacher_server.top_logprobs}
         return settings
 
 

@@ -42,6 +42,7 @@ from opd.training.distributed import Ranks
 from opd.training.loop import Recipe, TrainingRun
 from opd.training.loss import distill_loss_step
 from opd.training.model_loading import load_student_and_teacher
+from opd.training.served_teacher import ServedTeacher
 from opd.training.train_log import BrokenTurnWatch
 
 
@@ -69,12 +70,17 @@ def train(cfg: OPDConfig) -> dict:
         chat_format.prompt_ids(record, cfg.rollout.max_total_len)
     order = run.data_order(len(records))
     on_policy = cfg.mode == "on_policy"
-    signature = run.signature(
-        order, cfg.recipe_settings(), models={"teacher": teacher, "student": student},
-        fingerprints={"data.sha256": data_sha256, "teacher.checkpoint_sha256": file_fingerprint(cfg.teacher.checkpoint),
-                      "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)})
+    served = cfg.teacher_server.active
+    fingerprints = {"data.sha256": data_sha256, "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)}
+    if not served:
+        fingerprints["teacher.checkpoint_sha256"] = file_fingerprint(cfg.teacher.checkpoint)
+    signature = run.signature(order, cfg.recipe_settings(), fingerprints=fingerprints,
+                              models={"student": student} if served else {"teacher": teacher, "student": student})
+    scorer = ServedTeacher(cfg.teacher_server, max_total_len=cfg.rollout.max_total_len,
+                           vocab=student.get_output_embeddings().weight.shape[0]) if served else None
     run.claim(student, "agent_opd", signature)
-    teacher.to(run.device).eval().requires_grad_(False)
+    if teacher is not None:
+        teacher.to(run.device).eval().requires_grad_(False)
     sampler = TokenSampler(cfg.sampling, run.device, run.ranks.seed(cfg.sampling.seed_or(cfg.seed)))
     guide = Guide(teacher, cfg.guidance, sampler, cfg.seed, run.schedule_steps(order)) if (
         on_policy and cfg.guidance.active) else None
@@ -83,8 +89,13 @@ def train(cfg: OPDConfig) -> dict:
         needed = [i for window in order.windows() for batch in window.batches for i in batch[:teacher_count(batch, share)]]
         fixed = cached_teacher_episodes(cfg, records, needed, teacher, chat_format, signature, run.ranks, run.device)
     rollout = AgentRollout(student, chat_format, sampler, cfg.rollout, autocast=cfg.precision.autocast)
-    recipe = Distillation(cfg, run.ranks, records, fixed=fixed, share=share, rollout=rollout, guide=guide, teacher=teacher)
-    return run.fit(student, order, recipe)
+    recipe = Distillation(cfg, run.ranks, records, fixed=fixed, share=share, rollout=rollout, guide=guide,
+                          teacher=teacher, served=scorer)
+    try:
+        return run.fit(student, order, recipe)
+    finally:
+        if scorer is not None:
+            scorer.close()
 
 
 @dataclass
@@ -102,7 +113,8 @@ class Distillation(Recipe):
     share: float
     rollout: AgentRollout
     guide: Guide | None
-    teacher: torch.nn.Module
+    teacher: torch.nn.Module | None  # None: the served teacher scores every episode
+    served: ServedTeacher | None
 
     def __post_init__(self) -> None:
         on_policy = self.cfg.mode == "on_policy"
@@ -111,6 +123,7 @@ class Distillation(Recipe):
         loss = self.cfg.loss
         watched = on_policy and loss.kl_direction == "forward_kl" and not loss.mask_broken_turns
         self.watch = BrokenTurnWatch() if watched else None
+        self.topk_mass: list[torch.Tensor] = []
 
     def collect(self, window: Window) -> list[list[Episode]]:
         micro_batches = []
@@ -125,6 +138,10 @@ class Distillation(Recipe):
             if self.cfg.loss.mask_broken_turns:
                 episodes = [episode.without_broken_turns() for episode in episodes]
             micro_batches.append(episodes)
+        if self.served is not None:  # every micro-batch's episodes in one concurrent round of requests
+            scored = iter(self.served.score([episode for episodes in micro_batches for episode in episodes]))
+            micro_batches = [[next(scored) for _ in episodes] for episodes in micro_batches]
+            self.topk_mass = [episode.teacher_top.mass() for episodes in micro_batches for episode in episodes]
         return micro_batches
 
     def loss(self, forward: torch.nn.Module, episodes: list[Episode], batch):
@@ -132,9 +149,13 @@ class Distillation(Recipe):
                                  share_prefix=not self.cfg.gradient_checkpointing)
 
     def metrics(self, step: int) -> dict:
-        if self.guide is None or self.cfg.guidance.turn_share is None:
-            return {}
-        return {"turn_share": self.guide.turn_share(step)}  # Guided-OPD's scheduled turn share
+        figures = {}
+        if self.served is not None and self.topk_mass:  # this rank's targets: the teacher's mass in its top-k
+            masses = torch.cat(self.topk_mass)
+            figures["teacher_topk_mass"] = masses.mean().item() if masses.numel() else float("nan")
+        if self.guide is not None and self.cfg.guidance.turn_share is not None:
+            figures["turn_share"] = self.guide.turn_share(step)  # Guided-OPD's scheduled turn share
+        return figures
 
     def warning(self, metrics: dict) -> str | None:
         return self.watch.check(metrics["step"], metrics["broken_target_share"]) if self.watch else None

@@ -120,8 +120,10 @@ class StandinServer:
 
     def __init__(self, responder: Responder | None = None, *, model: str = "standin", latency_s: float = 0.0,
                  host: str = "127.0.0.1", keep_requests: bool = True, die_after: int | None = None,
-                 metrics: Callable[[], str] | None = None, models: dict | None = None):
+                 metrics: Callable[[], str] | None = None, models: dict | None = None,
+                 completions: Responder | None = None):
         self.responder = responder or SyntheticResponder(model=model)
+        self.completions = completions  # answers /v1/completions (e.g. standins.teacher_scores.PromptLogprobs)
         self.metrics = metrics
         self.models = models  # a /v1/models body to answer with (e.g. one recorded from vLLM)
         self.model, self.latency_s, self.host = model, latency_s, host
@@ -149,6 +151,12 @@ class StandinServer:
         return web.Response(text=self.metrics(), content_type="text/plain", charset="utf-8")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, self.responder)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, self.completions)
+
+    async def _answer(self, request: web.Request, responder: Responder) -> web.StreamResponse:
         try:
             payload = await request.json()
         except json.JSONDecodeError:
@@ -159,7 +167,7 @@ class StandinServer:
         if self.keep_requests:
             self.requests.append(payload)
             self.authorizations.append(request.headers.get("Authorization"))
-        reply = self.responder(payload)
+        reply = responder(payload)
         if inspect.isawaitable(reply):
             reply = await reply
         if self.latency_s or reply.delay_s:
@@ -192,6 +200,8 @@ class StandinServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
+        if self.completions is not None:
+            app.router.add_post("/v1/completions", self._completions)
         if self.metrics is not None:
             app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)

@@ -55,6 +55,10 @@ class TopLogprobs:
         top = torch.cat([top, torch.where(extra, logprobs.gather(-1, next_ids[:, None])[:, 0], -math.inf)[:, None]], -1)
         return TopLogprobs(ids, top, logprobs.gather(-1, next_ids[:, None])[:, 0])
 
+    def mass(self) -> torch.Tensor:
+        """The teacher's probability mass inside each row's ids, ``[targets]``."""
+        return self.logprobs.exp().sum(-1)
+
     def rows(self, keep: torch.Tensor) -> TopLogprobs:
         return TopLogprobs(self.ids[keep], self.logprobs[keep], self.next_token[keep])
 

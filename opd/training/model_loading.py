@@ -25,16 +25,22 @@ def initial_model(cfg: SFTConfig):
 
 
 def load_student_and_teacher(cfg: OPDConfig):
-    """Both models and the shared tokenizer; they must agree on the vocabulary and fit ``max_total_len``."""
+    """Both models and the shared tokenizer; they must agree on the vocabulary and fit ``max_total_len``. With a
+    served teacher (``teacher_server.endpoints``) the teacher is None: only the student loads (its tokenizer must be
+    the served model's; ``opd.training.served_teacher`` checks each scored id)."""
     student, tokenizer = load_model(cfg.student, role="student")
-    teacher, teacher_tokenizer = load_model(cfg.teacher, role="teacher")
-    check_same_tokenizer(teacher_tokenizer, tokenizer)
-    sizes = [model.get_output_embeddings().weight.shape[0] for model in (teacher, student)]
-    if sizes[0] != sizes[1]:
-        raise UserError(f"teacher and student vocabulary sizes differ: {sizes[0]} vs {sizes[1]}")
-    if cfg.guidance.top_k is not None and cfg.guidance.top_k > sizes[0]:
-        raise UserError(f"guidance.top_k={cfg.guidance.top_k} exceeds the vocabulary ({sizes[0]} tokens)")
+    teacher = None
+    if not cfg.teacher_server.active:
+        teacher, teacher_tokenizer = load_model(cfg.teacher, role="teacher")
+        check_same_tokenizer(teacher_tokenizer, tokenizer)
+        sizes = [model.get_output_embeddings().weight.shape[0] for model in (teacher, student)]
+        if sizes[0] != sizes[1]:
+            raise UserError(f"teacher and student vocabulary sizes differ: {sizes[0]} vs {sizes[1]}")
+        if cfg.guidance.top_k is not None and cfg.guidance.top_k > sizes[0]:
+            raise UserError(f"guidance.top_k={cfg.guidance.top_k} exceeds the vocabulary ({sizes[0]} tokens)")
     for role, model in (("teacher", teacher), ("student", student)):
+        if model is None:
+            continue
         limit = getattr(model.config, "max_position_embeddings", None)
         if limit is not None and cfg.rollout.max_total_len > limit:
             raise UserError(f"rollout.max_total_len={cfg.rollout.max_total_len} exceeds the {role}'s {limit} positions")

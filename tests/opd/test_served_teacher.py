@@ -1,0 +1,121 @@
+"""A served teacher (``teacher_server.endpoints``): the scores of a real HTTP server on 127.0.0.1 answering vLLM's
+``prompt_logprobs`` from the tiny teacher equal the local teacher's; a run with it trains without loading a teacher;
+what a top-k cannot compute is refused; a server's faults are one error naming the record."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from common.config_schema import ConfigError
+from common.minimind.model import load_native
+from common.minimind.tiny import tiny_arch
+from common.user_errors import UserError
+from opd.episodes.episode import TopLogprobs, pack_episodes
+from opd.train import train
+from opd.training.loss import logits_at_targets
+from opd.training.served_teacher import ServedTeacher, TeacherServerError
+from standins.teacher_scores import PromptLogprobs
+from tests.helpers.configs import entry_config
+from tests.helpers.opd_support import write_agent_data
+from tests.opd.test_loss import episodes  # noqa: F401  (a fixture)
+
+
+@pytest.fixture(scope="module")
+def local_teacher(tiny_checkpoints):
+    return load_native(tiny_checkpoints["teacher"], tiny_arch("teacher")).eval().requires_grad_(False)
+
+
+@pytest.fixture
+def teacher_url(serve, local_teacher):
+    return serve(completions=PromptLogprobs(local_teacher), model="tiny-teacher").url
+
+
+def settings(url: str, **overrides):
+    from common.endpoints.address import parse_endpoint
+    from opd.config import TeacherServerConfig
+
+    values = {"endpoints": [parse_endpoint(url)], "model": None, "top_logprobs": 20, "api_key_env": None,
+              "concurrency": 4, "request_timeout_s": 60.0, "max_retries": 0, **overrides}
+    return TeacherServerConfig(**values)
+
+
+def test_served_scores_equal_the_local_teachers_top_k(teacher_url, local_teacher, tokenizer, episodes):  # noqa: F811
+    scorer = ServedTeacher(settings(teacher_url), max_total_len=2048, vocab=6400)
+    try:
+        scored = scorer.score(episodes)
+    finally:
+        scorer.close()
+    packed = pack_episodes(episodes, tokenizer.pad_token_id)
+    logits, _ = logits_at_targets(local_teacher, packed)
+    labels = packed.input_ids[:, 1:][packed.target_mask]
+    expected = TopLogprobs.of_logits(logits, labels, 20)
+    served = TopLogprobs.cat([episode.teacher_top for episode in scored])
+    assert served.ids.shape == expected.ids.shape == (packed.target_count, 21)
+    for row in range(packed.target_count):  # the same ids (the order within a row is the server's)
+        got = dict(zip(served.ids[row].tolist(), served.logprobs[row].tolist(), strict=True))
+        want = dict(zip(expected.ids[row].tolist(), expected.logprobs[row].tolist(), strict=True))
+        assert got.keys() == want.keys()
+        assert all(math.isclose(got[i], want[i], abs_tol=1e-5) for i in want if i >= 0)
+    torch.testing.assert_close(served.next_token, expected.next_token, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("direction", ["reverse_kl", "forward_kl"])
+def test_a_run_with_a_served_teacher_trains_without_loading_one(tmp_path, tiny_pair, teacher_url, direction):
+    data = write_agent_data(tmp_path / "agent.jsonl", 4)
+    cfg = entry_config("opd", [*tiny_pair, f"data={data}", "batch_size=2", "max_steps=2", "rollout.max_turns=2",
+                               "rollout.max_gen_len=6", "rollout.max_total_len=1024", "device=cpu",
+                               f"out_dir={tmp_path / 'run'}", "teacher.checkpoint=/nowhere/teacher.pth",
+                               f"teacher_server.endpoints=[{teacher_url}]", f"loss.kl_direction={direction}"])
+    summary = train(cfg)
+    assert summary["steps"] == 2
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert all(0 < line["teacher_topk_mass"] <= 1 + 1e-5 and math.isfinite(line["kl"]) for line in lines)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["loss.kl_direction=jsd"], "loss.kl_direction must be forward_kl or reverse_kl with teacher_server.endpoints"),
+    (["loss.temperature=2.0"], "loss.temperature must be 1 with teacher_server.endpoints set (vLLM's prompt_logprobs"),
+    (["guidance.token_mix=0.2"], "guidance must be off with teacher_server.endpoints set"),
+    (["mixture.teacher_share=0.5"], "mixture.teacher_share must be 0 with teacher_server.endpoints set"),
+    (["mode=offline"], "offline.source must be dataset with teacher_server.endpoints set"),
+    (["mode=offline", "offline.source=dataset", "loss.kl_direction=reverse_kl"],
+     "loss.kl_direction must be forward_kl with mode=offline with teacher_server.endpoints set"),
+    (["loss.kl_direction=reverse_kl", "sampling.temperature=0.7"], "sampling must be the student's own distribution"),
+    (["teacher_server.endpoints=[ftp://host]"], "teacher_server.endpoints: 'ftp://host' is not an http(s)://host:port URL"),
+    (["teacher_server.top_logprobs=0"], "teacher_server.top_logprobs"),
+])
+def test_what_a_top_k_cannot_compute_is_refused_naming_the_key(tiny_pair, overrides, message):
+    served = [] if any(o.startswith("teacher_server.endpoints") for o in overrides) else [
+        "teacher_server.endpoints=[http://127.0.0.1:9]"]
+    with pytest.raises(ConfigError) as refused:
+        entry_config("opd", [*tiny_pair, "data=x.jsonl", *served, *overrides])
+    assert message in str(refused.value)
+
+
+def test_an_unreachable_server_is_one_error_naming_the_key(tiny_pair):
+    with pytest.raises(UserError, match=r"no endpoint answers /v1/models: http://127.0.0.1:9") as refused:
+        ServedTeacher(settings("http://127.0.0.1:9"), max_total_len=1024, vocab=6400)
+    assert refused.value.hint == "start the server, or check teacher_server.endpoints (and teacher_server.api_key_env)"
+
+
+def test_a_server_too_short_for_the_episodes_is_refused_before_any_compute(serve, local_teacher):
+    url = serve(completions=PromptLogprobs(local_teacher), models={"object": "list", "data": [
+        {"id": "tiny-teacher", "object": "model", "max_model_len": 512}]}).url
+    with pytest.raises(TeacherServerError, match="max_model_len 512 is below rollout.max_total_len=1024"):
+        ServedTeacher(settings(url), max_total_len=1024, vocab=6400)
+
+
+def test_scores_without_the_prompts_own_id_name_the_record(serve, local_teacher, episodes):  # noqa: F811
+    url = serve(completions=PromptLogprobs(local_teacher, drop_prompt_id=True)).url
+    scorer = ServedTeacher(settings(url), max_total_len=2048, vocab=6400)
+    try:
+        with pytest.raises(TeacherServerError, match=r"answered loss.jsonl:1 with unusable prompt_logprobs: position "
+                                                      r"\d+: the prompt's own id \d+ is missing \(another tokenizer\?\)"):
+            scorer.score(episodes[:1])
+    finally:
+        scorer.close()
