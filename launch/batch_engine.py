@@ -1,16 +1,10 @@
 """Continuous batching for the embedded server: many requests share every forward pass.
 
-The generation itself is the shared engine's (``common.generation``: a ``DecodeBatch`` on one carried KV cache, a
-``TokenSampler`` per request); this module adds continuous admission on top. One worker thread owns the model. At
-each step boundary it admits waiting requests (up to ``max_batch_size`` running, ``max_prefill_tokens`` padded
-prompt tokens per prefill pass), prefills them together in a batch of their own, merges it into the running batch
-and runs one decode step for every running sequence. Finished and cancelled sequences leave at the next boundary.
-Forward passes are counted so callers can see the batching happen.
-
-No request can fail the others: a sequence whose sampling fails gets the error and leaves; when a shared
-forward pass fails, every sequence in it is run again on its own (a prefill of its tokens so far, which
-also yields its next token), and only those that fail alone get the error. Requests are validated before
-they are submitted (``launch.chat_request``); this is the net for what still goes wrong inside a step.
+Generation is ``common.generation``'s; this adds continuous admission. One worker thread owns the model: at each
+step boundary it prefills waiting requests (up to ``max_batch_size`` running, ``max_prefill_tokens`` per prefill),
+merges them into the running batch and decodes one step; finished and cancelled sequences leave at the boundary.
+No request can fail the others: when a shared pass fails, each sequence in it is rerun alone and only those that
+fail alone get the error.
 """
 
 from __future__ import annotations
@@ -29,10 +23,9 @@ from common.generation.sampler import GREEDY_EPS, Penalties, TokenSampler
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What one request asks of generation (already validated), with vLLM's meanings: temperature below
-    ``GREEDY_EPS`` is greedy; ``top_k`` 0 or -1, ``top_p`` 1 and ``min_p`` 0 are off; ``repetition_penalty`` looks at
-    prompt and output, ``presence_penalty``/``frequency_penalty`` at the output only; a request draws from its own
-    generator, seeded by ``seed`` when given, so a seeded request gives the same tokens whatever shares its batch."""
+    """One request's sampling (validated), with vLLM's meanings: temperature below ``GREEDY_EPS`` is greedy; ``top_k``
+    0 or -1, ``top_p`` 1, ``min_p`` 0 are off. Each request has its own generator, so a seeded request gives the same
+    tokens whatever shares its batch."""
 
     max_tokens: int
     temperature: float = 1.0

@@ -1,11 +1,8 @@
 """Turning a finished generation into a vLLM-shaped ``chat.completion`` reply.
 
-Field names and conventions follow vLLM: ``prompt_token_ids`` at the top level and ``token_ids`` in the
-choice (stop token included) when ``return_token_ids`` is asked; ``reasoning`` split off by the ``qwen3``
-reasoning parser; hermes ``<tool_call>`` blocks parsed into ``message.tool_calls`` with
-``chatcmpl-tool-<hex>`` ids and JSON-string arguments, ``finish_reason: "tool_calls"``, and the text
-before the first call as ``content``. A block that does not parse leaves the whole text as content, as
-vLLM's hermes parser does.
+Fields follow vLLM: ``prompt_token_ids`` top-level and ``token_ids`` in the choice (stop token included) with
+``return_token_ids``; ``reasoning`` from the ``qwen3`` parser; hermes ``<tool_call>`` blocks as ``tool_calls`` (a
+block that does not parse leaves the whole text as content, as vLLM does).
 """
 
 from __future__ import annotations
@@ -25,10 +22,8 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def split_reasoning(text: str) -> tuple[str | None, str | None]:
-    """qwen3 parser: text up to ``</think>`` (minus a leading ``<think>``) is reasoning, the rest content.
-
-    Without ``</think>`` everything is content (the chat template may already have closed the think block).
-    """
+    """qwen3 parser: text up to ``</think>`` (minus a leading ``<think>``) is reasoning, the rest content; without
+    ``</think>`` everything is content (the template may have closed the think block)."""
     if THINK_CLOSE not in text:
         return None, text
     before, _, content = text.partition(THINK_CLOSE)

@@ -1,12 +1,8 @@
 """Validating an OpenAI/vLLM ``/v1/chat/completions`` body for the embedded server.
 
-Accepts the fields regen and ordinary OpenAI clients send, with vLLM's extensions (``return_token_ids``,
-``chat_template_kwargs``, ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
-``stop_token_ids``, ``add_generation_prompt``, ``continue_final_message``, ``skip_special_tokens``).
-Anything it cannot honour (streaming, n > 1, logprobs, stop strings, forced tool choice, non-text content)
-is refused with a ``RequestError`` (HTTP 400) rather than silently ignored; unknown fields are ignored,
-as vLLM does. ``decode_body`` turns the raw bytes into JSON first: ``NaN``/``Infinity`` (or a number too
-large for a float) anywhere, and nesting deeper than ``MAX_DEPTH``, are a 400 naming where.
+OpenAI fields plus vLLM's extensions are accepted; what the server cannot honour (streaming, n > 1, logprobs, stop
+strings, forced tool choice, non-text content) is a ``RequestError`` (400), never silently ignored; unknown fields
+are ignored, as vLLM does. Non-finite numbers and nesting deeper than ``MAX_DEPTH`` are a 400 too.
 """
 
 from __future__ import annotations

@@ -3,15 +3,9 @@
     python -m launch.chat_server --checkpoint out/tiny/tiny_teacher.pth --tokenizer TOKENIZER \\
         --hidden-size 128 --num-hidden-layers 2 --num-attention-heads 4 --num-key-value-heads 2
 
-Serves a native MiniMind ``.pth`` (architecture flags + tokenizer) or an HF model folder / hub id.
-Routes: ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming), ``GET /health`` and
-``GET /stats`` (the batch engine's counters: forward passes, tokens, peak batch; the open and refused connections).
-Past ``--max-connections`` open connections a new one gets 503 (``launch.connection_cap``). Concurrent requests
-share forward passes (``launch.batch_engine``). A request is decoded, checked and tokenized on a worker
-thread (one, so the tokenizer is never used from two threads), so a very long prompt never holds up the
-event loop; a body over the size limit is a 413. Binds 127.0.0.1 unless ``--host`` says otherwise. With
-``--api-key`` (or ``$VLLM_API_KEY``), as vLLM's ``serve``: every route but ``/health`` needs ``Authorization: Bearer
-KEY``, else 401.
+Serves a MiniMind ``.pth`` or an HF model on ``/v1/models``, ``/v1/chat/completions`` (non-streaming), ``/health``
+and ``/stats``. Requests are prepared on one worker thread (the tokenizer is never shared between threads) and share
+forward passes (``launch.batch_engine``). Binds 127.0.0.1 by default; ``--api-key`` guards all but ``/health``.
 """
 
 from __future__ import annotations
@@ -99,8 +93,8 @@ class ChatService:
         return ids
 
     def check_text_fits(self, request: ChatRequest) -> None:
-        """A 400 before tokenizing, when the messages' text alone holds more bytes than the context's tokens can
-        (``common.minimind.tokenizer.token_floor``): tokenizing 60 MiB takes minutes and gigabytes."""
+        """A 400 before tokenizing when the text must hold more tokens than the context (``token_floor``): a huge
+        body would take minutes and gigabytes to tokenize."""
         text_bytes = sum(len(message["content"].encode()) for message in request.messages
                          if isinstance(message.get("content"), str))
         if self.longest_token is None:
@@ -269,9 +263,8 @@ def bind_error(host: str, port: int, error: OSError) -> UserError:
 
 
 class OneLinePerCondition:
-    """The event loop's exception handler: one ``warning:`` line per condition (its message and error type) a
-    minute, instead of a traceback per connection (1,100 connections past ``ulimit -n`` logged 120,976
-    ``Too many open files`` tracebacks, 50 MB in 40 s)."""
+    """The event loop's exception handler: one ``warning:`` line per condition a minute, not a traceback per
+    connection (past ``ulimit -n`` that was megabytes of log a second)."""
 
     def __init__(self, every_s: float = 60.0) -> None:
         self.every_s, self.last = every_s, {}

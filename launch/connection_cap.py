@@ -1,11 +1,6 @@
-"""A cap on the embedded server's open connections, as production servers have (uvicorn's ``--limit-concurrency``):
-past ``limit`` open connections a new one is answered ``503`` and closed at once, before aiohttp spends anything on
-it, so connections that never finish their request (a slow body, an idle socket) cannot use up the process's file
-descriptors and starve the clients that do. Each refusal counts in ``/stats``; the first of each minute is one
-``warning:`` line.
-
-The cap sits in the listening socket itself: asyncio accepts through its ``accept()``, and every connection it
-hands out counts until asyncio closes it."""
+"""A cap on the embedded server's open connections: past ``limit`` a new one is answered ``503`` and closed before
+aiohttp sees it, so stalled clients cannot use up the file descriptors. The cap sits in the listening socket's
+``accept()``; a connection counts until asyncio closes it. Refusals count in ``/stats``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``onpolicy-serve`` (``python -m launch.chat_server``): the embedded CPU server's command. Its arguments are
-parsed before anything slow is imported, so a mistyped flag is refused at once; then it imports the server (torch and
-aiohttp take seconds) and loads the model with Ctrl-C / SIGTERM ending that start-up in one line and 130 / 143, and a
-checkpoint it cannot load in its ``error:`` lines (``common.start_up``)."""
+"""``onpolicy-serve`` (``python -m launch.chat_server``): the embedded CPU server's command. Arguments are parsed
+before torch is imported, so a mistyped flag is refused at once; start-up signals end in one line (130 / 143)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Bringing a server process up and down: readiness probe, bounded wait, log tail, process-group stop.
 
-Readiness is vLLM's: ``GET /health`` answers 200 (vLLM serves it without the API key), then
-``GET /v1/models`` answers with ``$VLLM_API_KEY`` as bearer token when it is set. Standard library (and the
-shared error type) only: the regen client imports this and must stay light. Servers run in their own process
-group (session), so one signal reaches the server and every worker it spawned.
+Ready means ``GET /health`` is 200, then ``GET /v1/models`` answers (with ``$VLLM_API_KEY`` when set). Standard
+library only: the regen client imports this. Servers run in their own process group, so one signal reaches every worker.
 """
 
 from __future__ import annotations
@@ -51,8 +49,8 @@ def probe_health(base_url: str, *, timeout_s: float = 3.0) -> bool:
 
 
 def probe_models(base_url: str, *, timeout_s: float = 3.0) -> list[str] | None:
-    """The model names ``/v1/models`` lists (``id`` and ``root``, each once) once ``/health`` answers; None when the
-    server is not there or not ready. A server that refuses ``$VLLM_API_KEY`` is an error."""
+    """The model names ``/v1/models`` lists (``id`` and ``root``); None when the server is not there or not ready.
+    A server that refuses ``$VLLM_API_KEY`` is an error."""
     if not probe_health(base_url, timeout_s=timeout_s):
         return None
     answer = _get_json(f"{base_url}/v1/models", with_key=True, timeout_s=timeout_s)
@@ -116,10 +114,8 @@ def _group_alive(pgid: int) -> bool:
 
 
 def stop_process_group(pgid: int, *, grace_s: float, process: subprocess.Popen | None = None) -> None:
-    """SIGTERM the process group ``pgid``; SIGKILL it if anything is left after ``grace_s`` seconds.
-
-    Pass ``process`` when the leader is this process's child, so it is reaped (a zombie still counts).
-    """
+    """SIGTERM the process group ``pgid``, SIGKILL what is left after ``grace_s``; pass ``process`` when the leader
+    is this process's child, so it is reaped (a zombie still counts)."""
     for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(pgid, signum)
