@@ -1,8 +1,6 @@
-"""opd's commands: ``onpolicy-train``, ``onpolicy-sft`` and ``onpolicy-evaluate`` (``python opd/train.py`` etc. in a
-checkout). ``--help`` is written from the YAML; then Hydra composes the config and ``opd.config`` checks it, all
-before torch is imported (``import torch`` alone takes seconds), so a typo is refused at once; only a checked run
-imports the entry's module and runs its work. Ctrl-C / SIGTERM during the start-up end it in one line and 130 / 143
-(``common.start_up``)."""
+"""opd's commands: ``onpolicy-train``, ``onpolicy-sft`` and ``onpolicy-evaluate`` (``python opd/train.py`` etc.).
+The config is composed and checked before torch is imported, so a typo is refused at once; start-up signals end in
+one line (130 / 143)."""
 
 from __future__ import annotations
 

@@ -4,22 +4,10 @@
         'models={student: {checkpoint: out/full_sft_768.pth, hidden_size: 768, num_hidden_layers: 8}}' \
         +model@models.teacher=agent_768
 
-Every checkpoint rolls out the same held-out records in the same batches through the trainer's own
-batched rollout and MiniMind's tool world (``opd.rollouts.rollout``), with one ``sampling`` setting (greedy by
-default), one ``rollout`` block of limits and the same seeds: ``samples_per_prompt`` (k) episodes per record,
-sample j of a record drawn from its own generator seeded by (``sampling.seed`` or ``seed``, the record's prompt,
-j) (``opd.rollouts.sampling.sample_seed``), so an episode depends on neither the batches, nor the records' order, nor the
-other records. Episodes are scored by ``opd.episodes.scoring`` (accuracy with its SE over prompts, call error types,
-recovery); each checkpoint's episodes go to ``episodes_{name}.jsonl``, one line per (record, sample) with its
-``sample`` index, for inspection.
-
-Time and memory per checkpoint: ``load_s`` (reading the weights) and ``wall_s`` (all rollouts) are wall
-clock. Peak memory on CUDA is ``torch.cuda.max_memory_allocated`` since the checkpoint's start. On CPU each
-checkpoint runs in its own fresh process (``isolate=true``) and the figure is that process's peak resident
-set size (``getrusage`` ``ru_maxrss``), which also holds the interpreter and libraries: ``baseline_rss_mb``
-(the process's RSS before the model is loaded) is reported beside it. With ``isolate=false`` on CPU the
-peak is not measured (a process-lifetime maximum would mix checkpoints). Settings: ``configs/evaluate.yaml``
-(schema ``opd.config.EvalConfig``).
+Each checkpoint rolls out ``samples_per_prompt`` episodes per record through the trainer's rollout, sample j seeded
+by (seed, the record's prompt, j) so an episode depends on neither batches nor order; ``opd.episodes.scoring`` scores
+them. On CPU each checkpoint runs in a fresh process (``isolate=true``) so its peak RSS is its own. Settings:
+``configs/evaluate.yaml``.
 """
 
 from __future__ import annotations
@@ -96,8 +84,8 @@ def evaluate(cfg: EvalConfig) -> dict:
 
 
 def check_heldout(records: list[AgentRecord], cfg: EvalConfig) -> None:
-    """Every native checkpoint exists; every record has ``gt``, its ``expected_calls`` (if any) run in the tool
-    world, and it fits the limits; every model uses the same tokenizer (fails before any rollout)."""
+    """Before any rollout: every checkpoint exists, every record has ``gt``, runnable ``expected_calls`` and fits the
+    limits, and every model uses the same tokenizer."""
     for name, spec in cfg.models.items():
         if spec.checkpoint and is_native_checkpoint(spec.checkpoint) and not Path(spec.checkpoint).is_file():
             raise UserError(f"models.{name}.checkpoint: no such file: {spec.checkpoint}")

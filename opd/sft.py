@@ -3,11 +3,9 @@
     python opd/sft.py data=demonstrations.jsonl model=full_sft_768
     python opd/sft.py data=demonstrations.jsonl from_scratch=true model.hidden_size=256 model.num_hidden_layers=4
 
-The demonstrations become fixed token sequences exactly as the fixed-data distillation baseline builds them
-(``opd.episodes.demonstrations``: assistant tokens, each turn's EOS included, are targets; prompt, observations and
-role markers are context). The recipe of ``opd.training.loop``'s loop: each optimizer step minimizes the mean
-cross-entropy over every target token of its window (plus a MoE model's router loss), with the data order, schedule,
-exact resume, checkpoints and logs of ``opd/train.py``. Settings: ``configs/sft.yaml`` (schema ``opd.config.SFTConfig``).
+Demonstrations become fixed sequences as in ``opd.episodes.demonstrations``; each optimizer step minimizes the mean
+cross-entropy over its window's target tokens (plus a MoE router loss), on ``opd.training.loop``'s loop (data order,
+schedule, resume, checkpoints as ``opd/train.py``). Settings: ``configs/sft.yaml``.
 """
 
 from __future__ import annotations
@@ -38,10 +36,8 @@ from opd.training.model_loading import initial_model
 
 
 def train(cfg: SFTConfig) -> dict:
-    """Fine-tune ``cfg.model`` on the demonstrations in ``cfg.data`` (continuing ``cfg.resume``); returns the summary.
-
-    Under ``torchrun`` each process trains on its share of each global micro-batch (as in ``opd/train.py``).
-    """
+    """Fine-tune ``cfg.model`` on ``cfg.data`` (continuing ``cfg.resume``); returns the summary. Under ``torchrun``
+    each process trains on its share of each global micro-batch."""
     run = TrainingRun(cfg)
     # --- data and model, checked before any compute
     demonstrations, data_sha256 = load_demonstrations(cfg.data)

@@ -1,10 +1,8 @@
 """Token ids for an episode's context, rendered by the tokenizer's own chat template.
 
-The prompt is the template applied to the record with a generation prompt. What goes between a sampled
-turn's EOS and the next turn is derived from the template, never hard-coded: render a conversation whose
-assistant turn holds a marker string, followed by the tool messages and a generation prompt; the text after
-the marker starts with the template's end of turn (the EOS token, already sampled by the model) and the
-rest is the observation context.
+What goes between a sampled turn's EOS and the next turn is derived from the template, never hard-coded: render an
+assistant turn holding a marker, then the tool messages and a generation prompt; after the marker come the EOS
+(already sampled) and then the observation context.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Fixed token sequences from a dataset's own conversations: the assistant turns are the targets.
 
-A demonstration is an agent JSONL row whose conversation goes on past the prompt: the prompt is every
-message before the first assistant turn, then come assistant turns and the tool (or user) messages between
-them, ending with an assistant turn. Its token sequence is built exactly as a rollout builds one: the
-templated prompt (with its generation prompt), then for each assistant turn the ids of what the chat
-template renders for that turn followed by the EOS id, then the context the template puts between that
-EOS and the next generation prompt (observations, role markers), each piece encoded on its own. Targets
-are exactly the assistant turns' tokens including each turn's EOS; everything else is context. An assistant
-message with ``"weight": 0`` (OpenAI's fine-tuning convention) is context too: its turn is in the sequence, so
-what follows is conditioned on it, but it is not learned (a demonstrated mistake the next turn recovers from).
+A demonstration is an agent JSONL row that goes on past the prompt (the messages before the first assistant turn)
+and ends with an assistant turn. Its ids are built exactly as a rollout's, each piece encoded on its own: the
+templated prompt, then per assistant turn the template's rendering plus the EOS id (targets), then the context up
+to the next generation prompt. An assistant message with ``"weight": 0`` stays in the sequence as context only.
 """
 
 from __future__ import annotations
@@ -105,16 +100,15 @@ def _too_long(record: AgentRecord, tokens, max_total_len: int) -> DemonstrationT
                                 f"max_total_len={max_total_len} (fixed sequences are never truncated)")
 
 
-# fewer demonstrations are tokenized in this process: a spawned worker takes about 4 s to start (it imports torch and
-# receives the tokenizer), and on 2 cores 2 workers broke even at about 2,500 (2,000: 10.3 s against 9.3 s alone;
-# 3,000: 14.5 s against 16.7 s; 6,000: 1.33x; benchmarks/README.md)
+# fewer demonstrations are tokenized in this process: a spawned worker takes seconds to start, and 2 workers on
+# 2 cores broke even at about 2,500 (benchmarks/README.md)
 POOL_MIN = 2500
 CHUNK = 64  # demonstrations per task of a worker
 
 
 def tokenizing_processes(setting: int | str) -> int:
-    """The ``dataset_num_proc`` setting as a number: ``auto`` is the CPUs this process may use, shared among the ranks
-    of this node (torchrun's ``$LOCAL_WORLD_SIZE``), at most 8; 1 tokenizes in this process."""
+    """``dataset_num_proc`` as a number: ``auto`` is this process's CPUs shared among the node's ranks, at most 8;
+    1 tokenizes in this process."""
     if setting != "auto":
         return int(setting)
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -125,12 +119,9 @@ def tokenizing_processes(setting: int | str) -> int:
 def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatFormat, max_total_len: int, *,
                      drop_too_long: bool, shown: bool = True, processes: int = 1) -> tuple[list[Demonstration],
                                                                                           list[Episode]]:
-    """The demonstrations that fit ``max_total_len`` and their episodes. A longer one (or one whose prompt alone
-    leaves no room) is an error naming it, or, with ``drop_too_long``, left out (as axolotl drops sequences over its
-    ``sequence_len``) and named in a log line; leaving out all of them is an error. Rendering each turn by the chat
-    template takes about 5 ms a demonstration on a CPU core (6,000: 28 s), so ``shown`` (rank 0) gets a progress
-    bar with an ETA, and ``processes`` > 1 spreads them over that many worker processes (``tokenized``): the same
-    episodes, in the same order."""
+    """The demonstrations that fit ``max_total_len`` and their episodes. A longer one is an error, or with
+    ``drop_too_long`` left out and logged (leaving out all is an error). ``processes`` > 1 builds them in worker
+    processes: the same episodes, in the same order; ``shown`` adds a progress bar."""
     kept, episodes, dropped = [], [], []
     progress = progress_bar("demonstrations", "")
     task = progress.add_task("tokenized", total=len(demonstrations))
@@ -160,10 +151,9 @@ def fitting_episodes(demonstrations: list[Demonstration], chat_format: ChatForma
 
 def tokenized(demonstrations: list[Demonstration], chat_format: ChatFormat, max_total_len: int,
               processes: int) -> Iterator[tuple[Demonstration, Episode | None]]:
-    """Each demonstration, in order, with its episode built by a worker process, or None where the caller builds it
-    (every one, under ``POOL_MIN`` demonstrations or with one process; one a worker could not build). Workers are
-    spawned (no fork of a process whose torch and tokenizer threads run) and ignore SIGINT and SIGTERM: the caller's
-    handlers stop the run, and the pool is shut down with the tasks not started cancelled."""
+    """Each demonstration, in order, with its episode built by a worker, or None where the caller must build it
+    (small sets, one process, or a worker's failure). Workers are spawned, not forked (torch's threads run), and
+    leave SIGINT/SIGTERM to the caller."""
     if processes < 2 or len(demonstrations) < POOL_MIN:
         yield from ((demonstration, None) for demonstration in demonstrations)
         return
@@ -189,9 +179,8 @@ _WORKER: tuple[ChatFormat, int] | None = None  # a worker's chat format and max_
 
 
 def _start_worker(chat_format: ChatFormat, max_total_len: int) -> None:
-    """A worker's start: the run's signals are the training process's to act on, and a worker whose training process
-    is gone (killed: SIGKILL, or torchrun's SIGTERM to a rank) exits within a second instead of waiting for tasks
-    forever (every worker holds the task queue's write end too, so it never reads an end of file)."""
+    """A worker's start: ignore the run's signals, and exit within a second once the training process is gone (the
+    task queue never reaches end of file: every worker holds its write end too)."""
     global _WORKER
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
@@ -206,8 +195,8 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _episodes(chunk: list[Demonstration]) -> list[Episode | None]:
-    """A worker's task: the chunk's episodes without their records (the caller has them), None for one that raised
-    (the caller builds it again, to raise it)."""
+    """A worker's task: the chunk's episodes without their records, None for one that raised (the caller rebuilds
+    it, to raise)."""
     chat_format, max_total_len = _WORKER
     built = []
     for demonstration in chunk:

@@ -1,67 +1,10 @@
-"""Scoring finished agent episodes against ``gt`` (and ``expected_calls``): the evaluation metrics and their exact
-definitions.
+"""Scoring finished agent episodes against ``gt`` and ``expected_calls``. Exact definitions: ``opd/NOTES.md``
+("evaluation, the exact definitions") and the README's metric tables.
 
-- **final answer**: MiniMind's (``tools.answer_check.final_answer``): the text of the episode's last assistant
-  turn after its first ``</think>`` and after its last ``</tool_call>``, stripped — only when the episode
-  ended with an answer (a turn without calls). An episode stopped by a limit (``rollout.max_turns``,
-  ``max_gen_len``, ``max_total_len``) has none.
-- **accuracy**: share of episodes whose final answer holds every ``gt`` item as MiniMind's
-  ``validate_gt_in_text`` finds it (``tools.answer_check``: case-insensitive substring, or a number within
-  1e-6 of a free-standing number of the answer, commas ignored); no final answer is wrong.
-- **accuracy SE**: the standard error over prompts of the per-prompt accuracy (the mean over that prompt's k
-  samples): sample standard deviation of the per-prompt means / sqrt(prompts) (``mean_and_se``). The prompt is the
-  unit because the k samples of one prompt are correlated (an easy prompt is easy for all of them); the SE holds
-  both the draw of the prompts and of the samples. With k = 1 it is the binomial SE with the n - 1 correction,
-  sqrt(p (1 - p) / (n - 1)); with one prompt it is None.
-- **tool calls**: every ``<tool_call>`` block of every turn, also blocks that are not calls to MiniMind
-  (``not_a_call``: not a closed JSON object; they get no observation).
-- **tool success rate**: share of tool calls that name a tool the record declares and MiniMind implements,
-  with readable arguments (status ``ok``, or ``tool_error``: the tool failed on those values).
-- **tool error rate**: share of tool calls that did not return a result (every status but ``ok``).
-  A call the tool fails on (``1/0``) counts in both rates.
-- **call types**: every block gets exactly one (``classify_calls``), checked in this order:
-
-  - ``broken_json``: not a closed JSON object (status ``not_a_call``: invalid JSON, a JSON value that is not an
-    object, or a block cut off before ``</tool_call>``). MiniMind does not read it as a call: it gets no
-    observation, and a turn with no other call ends the episode, its text taken as the final answer.
-  - ``failed_call``: a JSON object the tool world answers with its error observation (statuses ``malformed``: no
-    string name or unusable arguments; ``undeclared``; ``unimplemented``; ``tool_error``: the tool failed on
-    the values, e.g. ``1/0``). A call of the last allowed turn is checked, not run, by the rollout; here it is run
-    to be compared, and one the tool fails on is a failed call too.
-  - the rest ran; when the record has ``expected_calls``, each is compared with the first expected call not yet
-    made correctly (a wrong call does not advance the sequence, so a retry is compared with the same expected
-    call; later calls are compared with the gold sequence, not with what the episode's own observations imply):
-    ``correct``: the same tool and the same result (the observation the expected call gets in MiniMind's world);
-    ``wrong_operation``: another tool, or for ``calculate_math`` another expression shape (the expression, as the
-    tool reads it, parsed with every number replaced by a placeholder: ``(7 - 3) % 20`` against ``(7 + 3) % 20``,
-    or a missing ``% 20``); ``wrong_value``: the same tool and shape with other values (another number of the
-    expression; for every other tool any other argument value); ``extra_call``: a call after every expected call
-    was made.
-  - ``unchecked``: a call that ran, in an episode whose record has no ``expected_calls`` (a generic agent dataset,
-    MiniMind's ``agent_rl.jsonl``): there only ``broken_json`` and ``failed_call`` can be counted, since they need
-    nothing but the tool world; the other rates are None.
-
-  **Error rates**: ``broken_json_rate`` and ``failed_call_rate`` over all calls; ``wrong_value_rate``,
-  ``wrong_operation_rate`` and ``extra_call_rate`` over the calls of episodes with ``expected_calls``
-  (``checked_calls``).
-- **first error**: the type of an episode's first call error (any type but ``correct`` and ``unchecked``), in call
-  order; it is **recoverable** when the tool world answered it (not ``broken_json``, which MiniMind does not read
-  as a call) and the episode went on with another assistant turn (its observation was fed back: not the last
-  allowed turn, not a turn cut by a limit, not an observation that no longer fit). ``first_errors`` counts the
-  episodes by their first error's type, ``recoverable_first_errors`` those whose first error was recoverable.
-- **recovery rate**: of the episodes whose first call error was recoverable, the share that still ended correct.
-  An episode whose first error was broken JSON, or came with no turn left, could not recover and is not counted.
-  ``recovery_rate_all_errors`` is the share over every episode with at least one call error (``error_episodes``),
-  the rate reported before the recoverable one. Without ``expected_calls`` the call errors are the tool world's
-  (``broken_json``, ``failed_call``).
-- **truncation rate**: share of episodes that did not end with an answer.
-- **mean turns** / **mean assistant tokens**: assistant turns / generated tokens (each turn's EOS
-  included) per episode.
-- **teacher token share**: share of the generated tokens the teacher wrote (a guided rollout's, or the teacher's
-  own episodes; 0 for a model evaluated on its own).
-
-Calls in a last allowed turn (``max_turns`` reached) are checked but not run; they count as calls. So are the
-closed blocks of a turn cut by ``max_gen_len`` or ``max_total_len`` before its EOS (the rollout never read them).
+Each ``<tool_call>`` block gets one call type, checked in order: ``broken_json``, ``failed_call``, then a comparison
+with the first expected call not yet made correctly, or ``unchecked`` without ``expected_calls``. Last-turn calls
+(checked, not run, by the rollout) are run here; closed blocks of a turn cut by a limit count as calls.
+``accuracy_se`` is over prompts, since one prompt's k samples are correlated.
 """
 
 from __future__ import annotations
@@ -162,8 +105,7 @@ def expected_outcomes(record: AgentRecord) -> list[tuple[ToolCall, dict]] | None
 
 def classify_calls(blocks: list[ToolCall | MalformedToolCall], outcomes: list[CallOutcome],
                    expected: list[tuple[ToolCall, dict]] | None, declared) -> list[str]:
-    """One call type per block of an episode, in order (see the module doc): ``blocks`` are the parsed blocks,
-    ``outcomes`` what the rollout made of each, ``expected`` the record's ``expected_outcomes``."""
+    """One call type per block of an episode, in order (module doc); ``expected`` is ``expected_outcomes``."""
     types, made = [], 0
     for block, outcome in zip(blocks, outcomes, strict=True):
         if outcome.status == NOT_A_CALL:
@@ -188,7 +130,7 @@ def classify_calls(blocks: list[ToolCall | MalformedToolCall], outcomes: list[Ca
 
 
 def episode_answer(episode: Episode, chat_format: ChatFormat) -> str | None:
-    """The final answer (see the module doc), or None when the episode did not end with one."""
+    """MiniMind's final answer of the last turn (``final_answer``), or None when the episode did not end with one."""
     if episode.stop_reason != ANSWER:
         return None
     return final_answer(chat_format.decode(episode.turn_ids(len(episode.turns) - 1)))
@@ -235,8 +177,8 @@ def _share(part: int, whole: int) -> float | None:
 
 
 def aggregate(scores: list[EpisodeScore]) -> dict:
-    """The metrics of a set of scored episodes, each prompt (``source``) with one or more samples (rates over no
-    calls, or no episodes with a call error, are None)."""
+    """The metrics of scored episodes, each prompt (``source``) with one or more samples; rates over nothing are
+    None."""
     if not scores:
         raise ValueError("no episodes to aggregate")
     episodes, calls = len(scores), sum(score.calls for score in scores)

@@ -1,6 +1,5 @@
-"""The PNG charts: the evaluation's comparison (``write_chart``) and a run's training curves
-(``write_training_curves``), on matplotlib's file-only backend. matplotlib is an optional extra: without it a chart is
-left out with one warning line (``chart_pyplot``), or, where a chart is the point, refused (``require_matplotlib``)."""
+"""The PNG charts: the evaluation's comparison and a run's training curves. matplotlib is optional: without it a
+chart is left out with one warning (``chart_pyplot``), or refused where it is the point (``require_matplotlib``)."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def save_png(figure, path: str | Path) -> Path:
 
 
 def chart_pyplot(png: str, turn_off: str = ""):
-    """``pyplot()``, or None with one warning line that ``png`` is not drawn when matplotlib is missing (``turn_off``:
-    the setting that stops asking for it)."""
+    """``pyplot()``, or None with one warning line when matplotlib is missing (``turn_off`` names the setting)."""
     try:
         return pyplot()
     except ImportError:
@@ -88,8 +86,8 @@ CURVES = (("loss", "loss"), ("lr", "learning rate"), ("answer_accuracy", "answer
 
 
 def write_training_curves(rows: list[dict], path: str | Path, title: str = "training") -> Path | None:
-    """A PNG of a run's steps (``metrics.jsonl`` rows): one panel per curve of ``CURVES`` against the step, accuracy
-    only where steps measured it. None, with one warning line, when matplotlib is missing or there are no steps."""
+    """A PNG of a run's ``metrics.jsonl`` rows, one panel per curve of ``CURVES``; None (with a warning) without
+    matplotlib or steps."""
     plt = chart_pyplot("training_curves.png")
     if plt is None or not rows:
         return None

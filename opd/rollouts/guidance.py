@@ -1,26 +1,9 @@
-"""The behaviour policy of a guided rollout: which model writes each token of an on-policy episode.
+"""The behaviour policy of a guided rollout: which model writes each token (``guidance``: ``turn_share``,
+``token_mix``, ``top_k``; see ``opd/README.md``).
 
-Plain on-policy distillation samples every token from the student. A guided rollout (``opd.rollouts.rollout.AgentRollout``
-given a ``BehaviourPolicy``) runs the frozen teacher in the same batched decode loop, on its own KV cache and fed
-exactly the ids the student is fed, and lets it steer by one of three rules (``configs/opd.yaml`` ``guidance``):
-
-- ``turn_share`` (Guided-OPD): when an assistant turn starts, with probability ``turn_share`` the teacher writes
-  the whole turn (sampled with the run's ``sampling``); the student writes the others and continues after the
-  teacher's turns. ``turn_share_final`` moves the share linearly over the schedule (``turn_share_at``).
-- ``token_mix`` α (MiniLLM): every token is sampled from ``α·p_teacher + (1 - α)·p_student``, both at the sampling
-  temperature: a coin that picks the teacher with probability α chooses the writer, and the token is sampled from
-  the writer's distribution, which is a draw from the mixture.
-- ``top_k`` (Speculative KD): the student proposes each token; a proposal that is not among the teacher's
-  ``top_k`` most likely tokens (ties at the k-th logit count as inside) is replaced by a sample of the teacher's
-  distribution restricted to its top ``top_k``.
-
-Randomness. A token drawn from the writer's distribution comes from the rollout's own sampler, in the order a plain
-rollout draws: a setting that never lets the teacher write (``token_mix=0``, ``turn_share=0``, ``top_k`` = the
-vocabulary) gives the plain rollout's episodes bit for bit, and one that always does (``token_mix=1``,
-``turn_share=1``) gives the teacher's own rollout. The policy's own draws (coins, SKD's replacements) come from one
-CPU generator per episode, seeded by the caller (``episode_seed``: the run seed, the step, the micro-batch and the
-episode's place in the global micro-batch), so they depend neither on which rank rolls the episode out nor on which
-episodes share its batch, and a resumed run redraws them without any saved state.
+The teacher decodes beside the student on its own KV cache, fed the same ids. Tokens come from the rollout's own
+sampler in a plain rollout's order, so a setting that never lets the teacher write gives the plain episodes bit for
+bit; the policy's own draws use a per-episode generator (``episode_seed``), independent of rank and batch.
 """
 
 from __future__ import annotations
@@ -51,10 +34,8 @@ def turn_share_at(settings: GuidanceConfig, step: int, schedule_steps: int) -> f
 
 
 class BehaviourPolicy:
-    """Chooses each generated token of one rollout call from the student's and the teacher's logits.
-
-    ``seeds`` holds one seed per record of the call, in order; ``turn_share`` is this call's share (``turn_share_at``).
-    """
+    """Chooses each generated token of one rollout call from both models' logits; ``seeds``: one per record of the
+    call, in order."""
 
     def __init__(self, teacher: torch.nn.Module, settings: GuidanceConfig, sampler, seeds: list[int], *,
                  turn_share: float | None = None) -> None:
@@ -73,12 +54,8 @@ class BehaviourPolicy:
 
     def choose(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, episodes: list,
                indices: list[int], teacher_turns: list[bool]) -> tuple[torch.Tensor, list[bool]]:
-        """The next token of each decoding row and whether the teacher wrote it.
-
-        ``student_logits``/``teacher_logits`` are the rows' fp32 ``[rows, vocab]`` logits, ``episodes`` the rows'
-        episodes (for the sampler), ``indices`` each row's record position in this call, ``teacher_turns`` whether
-        the row's current turn is the teacher's (``teacher_writes_turn``).
-        """
+        """The next token of each decoding row and whether the teacher wrote it, from both models' fp32
+        ``[rows, vocab]`` logits; ``indices`` are the rows' record positions in this call."""
         settings = self.settings
         if settings.top_k is not None:
             return self._speculative(student_logits, teacher_logits, episodes, indices)
@@ -113,8 +90,7 @@ class BehaviourPolicy:
 
 @dataclass(frozen=True)
 class Guide:
-    """The behaviour policy of every guided rollout of a run: the teacher steers as ``settings`` say, its draws seeded
-    per episode by (run seed, step, micro-batch, place in the global micro-batch)."""
+    """The behaviour policy of every guided rollout of a run (:meth:`policy` gives one call's)."""
 
     teacher: torch.nn.Module
     settings: GuidanceConfig

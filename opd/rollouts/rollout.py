@@ -1,21 +1,10 @@
 """Batched multi-turn tool-use rollouts of a causal LM on the shared generation engine.
 
-All episodes of a batch are the rows of one ``common.generation.decode_batch.DecodeBatch``: one carried KV cache,
-every forward feeding each live row the ids it has not fed yet (its last sampled token, or the observation of the
-tools its turn just called, prefilled onto its own cache without re-running the prefix). This module adds the tool
-world on top: when a turn ends with EOS its tool calls run against the record's declared tools and the observation
-joins the episode; limits end episodes; finished rows leave the batch.
-
-A row whose tools ran waits (feeding nothing) while others decode; waiting observations are prefilled
-together once no row is decoding or at least half of the live rows wait. A prompt prefix every row shares (system
-prompt, tool list) is prefilled once. Logits are fp32 even when the model body runs under bf16/fp16 autocast (the
-log-probabilities kept are those of the loss: ``opd.training.loss.logits_at_targets``).
-
-A guided rollout (``run(records, policy)``, ``opd.rollouts.guidance``) runs the frozen teacher in the same batch: every forward
-feeds the teacher the same block on a KV cache of its own (shared prefix, observation prefills and finished rows
-leaving included), the policy picks each token from both models' logits, the episode records which model wrote each
-token, and the teacher's fp32 logits at every generated position are kept (``Episode.teacher_logits``) so that the
-loss does not run the teacher again.
+All episodes of a batch are rows of one ``DecodeBatch`` (one carried KV cache). When a turn ends with EOS its tool
+calls run and the observation is prefilled onto the row's cache; waiting observations are prefilled together once no
+row decodes or half the live rows wait. Logits are fp32 even under autocast (the loss's log-probabilities). A guided
+rollout runs the teacher on its own cache fed the same ids, and keeps its fp32 logits at every generated position
+(``Episode.teacher_logits``) so the loss need not run it again.
 """
 
 from __future__ import annotations
@@ -60,11 +49,8 @@ class _Row:
 
 
 class AgentRollout:
-    """Runs ``model`` on a batch of agent records and returns one ``Episode`` per record, in order.
-
-    ``teacher_model`` says whether ``model`` is the teacher (its own rollouts, the fixed-data baseline's), so that
-    episodes record who wrote their tokens.
-    """
+    """Runs ``model`` on a batch of agent records and returns one ``Episode`` per record, in order;
+    ``teacher_model``: ``model`` is the teacher, so its tokens are recorded as the teacher's."""
 
     def __init__(self, model: torch.nn.Module, chat_format: ChatFormat, sampler: Sampler, limits: RolloutConfig,
                  *, autocast: Callable[[], AbstractContextManager] = nullcontext, teacher_model: bool = False) -> None:

@@ -1,9 +1,7 @@
 """The seeds of opd's sampling, and samplers whose rows are episodes.
 
-The sampler itself is the shared one (``common.generation.sampler.TokenSampler``): the training rollout draws the
-batch from one generator seeded by the run (``TokenSampler(settings, device, seed)``); cached teacher rollouts and
-evaluation's k samples of a prompt draw each episode from its record's own generator (``record_sampler``), so that
-an episode depends on neither which records shared its batch nor their order.
+The training rollout draws a batch from one run-seeded generator; cached teacher rollouts and evaluation draw each
+episode from its record's own generator (``record_sampler``), so an episode depends neither on its batch nor on order.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ def derived_seed(*parts) -> int:
 
 
 def prompt_key(record: AgentRecord) -> str:
-    """A sha256 of what the model is prompted with (the record's messages and tools, as canonical JSON): the same
-    prompt has the same key in any file, at any line, beside any other records."""
+    """A sha256 of the record's messages and tools (canonical JSON): the same prompt has the same key anywhere."""
     prompt = json.dumps([record.messages, record.tools], sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(prompt.encode()).hexdigest()
 

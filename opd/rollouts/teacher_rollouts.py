@@ -1,14 +1,8 @@
-"""Teacher rollouts generated once, with the trainer's own rollout engine, and cached for the fixed-data baseline.
+"""Teacher rollouts generated once with the trainer's rollout engine and cached for the fixed-data baseline.
 
-The cache is one JSONL file per producer: its name carries a hash of everything that determines the
-episodes (teacher weights, data file, tokenizer vocabulary, sampling, seed, rollout limits, template flag,
-device type and dtype), so a different producer never reads another's episodes. Line 1 is a header with
-that key; every other line is one finished episode (ids, turn spans, each call's status, stop reason),
-written a batch at a time with whole-line appends flushed to disk. Later runs and resumed runs reuse the
-episodes already there and generate only the missing ones; a torn last line from a crash is cut off.
-
-Each record is sampled from its own generator seeded by (seed, record index), so its episode does not
-depend on which records shared its batch or on how many were generated before it.
+One JSONL file per producer, named by a hash of everything that determines the episodes; line 1 is a header with
+that key, each other line one episode, appended a batch at a time and flushed. Runs reuse cached episodes and generate
+only the missing ones; a torn last line is cut off. Each record samples from a generator seeded by (seed, record index).
 """
 
 from __future__ import annotations
