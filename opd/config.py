@@ -50,7 +50,7 @@ MODEL_PRESETS = CONFIG_DIR / "model"
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
 SCHEDULERS = ("constant", "linear", "cosine")
 MODES = ("on_policy", "offline")
-OFFLINE_SOURCES = ("dataset", "teacher_rollouts")
+OFFLINE_SOURCES = ("dataset", "teacher_rollouts", "regen_rows")
 GUIDANCE_OPTIONS = ("turn_share", "token_mix", "top_k")
 # sampling keys the local rollout does not implement: refused by name when set, never silently ignored
 UNIMPLEMENTED_SAMPLING_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -302,15 +302,16 @@ def _processes(key: str, value) -> int | str:
 class OfflineConfig:
     """The fixed-data baseline's sequences (``mode=offline``)."""
 
-    source: str  # dataset: the records' own assistant turns; teacher_rollouts: the teacher's episodes, cached
+    source: str  # dataset: the records' own assistant turns; teacher_rollouts: the teacher's episodes, cached;
+    # regen_rows: onpolicy-regen's rows (input_ids, loss_mask) as they are
     cache_dir: str
     drop_too_long: bool  # source=dataset: leave out (and count) demonstrations over rollout.max_total_len
     dataset_num_proc: int | str = parsed_by(_processes)  # source=dataset: processes that tokenize them, or auto
 
     def __post_init__(self) -> None:
         check_choice("offline.source", self.source, OFFLINE_SOURCES)
-        require(self.source == "dataset" or not self.drop_too_long, "offline.drop_too_long",
-                "false with offline.source=teacher_rollouts (it leaves out the dataset's demonstrations)",
+        require(self.source != "teacher_rollouts" or not self.drop_too_long, "offline.drop_too_long",
+                "false with offline.source=teacher_rollouts (it leaves out the data's fixed sequences)",
                 self.drop_too_long)
 
 
@@ -433,9 +434,9 @@ class OPDConfig(TrainingRunConfig):
                 {key: getattr(self.guidance, key) for key in GUIDANCE_OPTIONS if getattr(self.guidance, key) is not None})
         require(not self.mixture.teacher_share, "mixture.teacher_share", f"0 {served} (the teacher's rollouts are "
                 "generated in this process)", self.mixture.teacher_share)
-        require(self.mode == "on_policy" or self.offline.source == "dataset", "offline.source",
-                f"dataset {served} (teacher_rollouts are generated in this process; regen writes a served "
-                "model's rollouts)", self.offline.source)
+        require(self.mode == "on_policy" or self.offline.source != "teacher_rollouts", "offline.source",
+                f"dataset or regen_rows {served} (teacher_rollouts are generated in this process; onpolicy-regen "
+                "writes a served model's)", self.offline.source)
         if loss.kl_direction == "reverse_kl":
             require(self.mode == "on_policy", "loss.kl_direction", f"forward_kl with mode=offline {served} (the "
                     "sampled-token reverse KL needs the student's own samples)", loss.kl_direction)
@@ -449,6 +450,11 @@ class OPDConfig(TrainingRunConfig):
         """The fixed-data baseline on the data file's own demonstrations (not the teacher's rollouts)."""
         return self.mode == "offline" and self.offline.source == "dataset"
 
+    @property
+    def token_rows(self) -> bool:
+        """The fixed-data baseline on onpolicy-regen's rows (``data`` holds token ids, not conversations)."""
+        return self.mode == "offline" and self.offline.source == "regen_rows"
+
     def recipe_settings(self) -> dict:
         """The recipe's part of the resume signature (the loop adds its own): what is off is left out (the mixture
         at 0, guidance, the baseline's settings on-policy), so runs from before a setting existed still resume."""
@@ -456,7 +462,7 @@ class OPDConfig(TrainingRunConfig):
         settings = {"mode": self.mode, "rollout": self.rollout, "loss": self.loss, "sampling": self.sampling}
         if not on_policy:
             settings["offline.source"] = self.offline.source
-        if self.demonstrated and self.offline.drop_too_long:
+        if (self.demonstrated or self.token_rows) and self.offline.drop_too_long:
             settings["offline.drop_too_long"] = True
         if on_policy and self.mixture.teacher_share:
             settings["mixture.teacher_share"] = self.mixture.teacher_share

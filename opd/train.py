@@ -33,6 +33,7 @@ from opd.config import OPDConfig
 from opd.episodes.chat_format import ChatFormat
 from opd.episodes.demonstrations import fitting_episodes, load_records, tokenizing_processes
 from opd.episodes.episode import Episode
+from opd.episodes.token_rows import load_token_rows
 from opd.rollouts.guidance import Guide
 from opd.rollouts.rollout import AgentRollout
 from opd.rollouts.teacher_rollouts import cached_teacher_episodes
@@ -56,17 +57,23 @@ def train(cfg: OPDConfig) -> dict:
     torch.manual_seed(cfg.seed)
     # --- data and models, checked before any compute
     demonstrated = cfg.demonstrated  # the data file's own demonstrations
-    records, data_sha256, demonstrations = load_records(cfg.data, demonstrated=demonstrated)
     student, teacher, tokenizer = load_student_and_teacher(cfg)
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
-    # record index -> its fixed episode (the dataset's demonstration, or the teacher's cached rollout below)
+    # record index -> its fixed episode (the dataset's demonstration, regen's row, or the teacher's cached rollout)
     fixed = {}
+    if cfg.token_rows:
+        vocab = student.get_output_embeddings().weight.shape[0]
+        episodes, data_sha256 = load_token_rows(cfg.data, vocab=vocab, max_total_len=cfg.rollout.max_total_len,
+                                                drop_too_long=cfg.offline.drop_too_long)
+        records, fixed = [episode.record for episode in episodes], dict(enumerate(episodes))
+    else:
+        records, data_sha256, demonstrations = load_records(cfg.data, demonstrated=demonstrated)
     if demonstrated:
         demonstrations, episodes = fitting_episodes(
             demonstrations, chat_format, cfg.rollout.max_total_len, drop_too_long=cfg.offline.drop_too_long,
             shown=run.ranks.is_main, processes=tokenizing_processes(cfg.offline.dataset_num_proc))
         records, fixed = [demonstration.record for demonstration in demonstrations], dict(enumerate(episodes))
-    for record in records:
+    for record in records if not cfg.token_rows else ():
         chat_format.prompt_ids(record, cfg.rollout.max_total_len)
     order = run.data_order(len(records))
     on_policy = cfg.mode == "on_policy"
@@ -85,7 +92,7 @@ def train(cfg: OPDConfig) -> dict:
     guide = Guide(teacher, cfg.guidance, sampler, cfg.seed, run.schedule_steps(order)) if (
         on_policy and cfg.guidance.active) else None
     share = cfg.mixture.teacher_share if on_policy else 1.0  # the batch share the teacher's episodes take
-    if share > 0 and not demonstrated:
+    if share > 0 and not fixed:
         needed = [i for window in order.windows() for batch in window.batches for i in batch[:teacher_count(batch, share)]]
         fixed = cached_teacher_episodes(cfg, records, needed, teacher, chat_format, signature, run.ranks, run.device)
     rollout = AgentRollout(student, chat_format, sampler, cfg.rollout, autocast=cfg.precision.autocast)
