@@ -1,18 +1,9 @@
 """Ctrl-C and SIGTERM during a regen run: one handler for the whole run, installed by ``stop_signals()``.
 
-Where the run is in plain code (reading settings, starting a server, opening the output), a signal raises
-:class:`Interrupted`, so every cleanup on the way out runs (a server regen started is stopped). While
-:meth:`StopSignals.until_signal` runs the conversations, a signal instead cancels that work at its next
-``await`` (between requests, never in the middle of a write) and is kept in ``caught``: the run then writes its
-summary and raises ``Interrupted`` itself (:meth:`StopSignals.raise_if_caught`). The exit status is 128 + the
-signal number (130 for SIGINT, 143 for SIGTERM).
-
-Before that, from the first line of ``regen/main.py`` (imports, Hydra composing the config), a signal ends the run
-with ``START_UP_MESSAGE`` (``common.start_up``).
-
-A second ``stop_signals()`` inside the first (a multirun's shared server holds one for every job) returns the first;
-where ``common.stop_signals.handling`` installs nothing (not the main thread, someone else's handler), nothing
-changes.
+In plain code a signal raises :class:`Interrupted`, so cleanups run. While :meth:`StopSignals.until_signal` runs the
+conversations, it cancels that work at its next ``await`` (never mid-write) and is kept in ``caught``; the run writes
+its summary, then :meth:`StopSignals.raise_if_caught`. Exit status 128 + the signal. A nested ``stop_signals()``
+yields the outer handler.
 """
 
 from __future__ import annotations
@@ -70,7 +61,7 @@ class StopSignals:
 
 @contextmanager
 def stop_signals() -> Iterator[StopSignals]:
-    """Handle SIGINT and SIGTERM as the module doc says while the block runs; yields the handler."""
+    """Handle SIGINT and SIGTERM while the block runs; yields the handler."""
     for signum in SIGNALS:
         current = getattr(signal.getsignal(signum), "__self__", None)
         if isinstance(current, StopSignals):  # already handled: the outer block's

@@ -3,11 +3,8 @@
     python regen/main.py dataset=magpie server.model=Qwen/Qwen3-8B server.dp=4
     onpolicy-regen dataset=magpie server.model=Qwen/Qwen3-8B server.dp=4     # the same, installed
 
-A run that stops at its checks leaves no folder behind (``common.run_folders``).
-
-The job is ``regen.job.run``. A mistake a person can fix ends in one or two ``error:`` lines and exit status 1
-(``HYDRA_FULL_ERROR=1`` shows the traceback too); Ctrl-C / SIGTERM end with status 130 / 143 and one line, from
-the first line of this file on (Hydra importing and composing the config included).
+The job is ``regen.job.run``. A fixable mistake ends in ``error:`` lines and status 1 (``HYDRA_FULL_ERROR=1`` adds
+the traceback); Ctrl-C / SIGTERM end with 130 / 143 from the first line of this file on.
 """
 
 try:
@@ -32,8 +29,8 @@ def job(cfg) -> None:
 
 
 def main() -> None:
-    """``@hydra.main`` over :func:`job` (the ``onpolicy-regen`` command), with Ctrl-C / SIGTERM handled before Hydra
-    is even imported; ``--help`` lists the groups and keys from the YAML (no dataset needs to be chosen first)."""
+    """``@hydra.main`` over :func:`job` (``onpolicy-regen``); signals are handled before Hydra is imported, and
+    ``--help`` is written from the YAML."""
     exit_with_help_if_asked("regen", "regen/main.py")
     stop_at_start_up(START_UP_MESSAGE)
     with exit_on_user_error(), start_up_interrupts(), composition_errors_as_user_errors():

@@ -2,8 +2,7 @@
 
     python -m regen.show_rows out/demo/sample.jsonl --tokenizer TOKENIZER   # what `make demo` produced
 
-The row is shown as its prompt part (``loss_mask`` 0) and generated part (``loss_mask`` 1), each decoded
-with special tokens kept, so the token-level bookkeeping is visible.
+The row is shown as its prompt (``loss_mask`` 0) and generated (``loss_mask`` 1) parts, special tokens kept.
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ def split_row(row: object, where: str, vocab_size: int) -> tuple[list[int], list
 
 
 def read_output(path: Path) -> tuple[int, object, str | None]:
-    """How many rows the output holds, its first row and that row's ``file:line`` (None, None when it has none),
-    read a line at a time; a missing file or a line that is not JSON is a ``UserError`` naming it."""
+    """``(row count, first row, its file:line)`` (None, None without rows); a missing file or bad line is a
+    ``UserError``."""
     if not path.is_file():
         raise UserError(f"{path}: no such file", "give the regen output JSONL (the run's output=)")
     count, first, where = 0, None, None

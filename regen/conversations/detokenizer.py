@@ -1,11 +1,7 @@
 """Decoding ``input_ids`` into each row's review ``text`` with the target model's ``tokenizer.json``.
 
-Uses the ``tokenizers`` library directly (transformers' AutoTokenizer would import torch into the
-client). Special tokens are kept, so the text shows the chat markup exactly as the ids encode it; no
-``clean_up_tokenization_spaces`` is applied. For byte-level BPE tokenizers (GPT-2, Llama 3, Qwen,
-MiniMind) decoding is a lookup of each id's bytes, checked at load time against the library's own
-decode over the whole vocabulary and random sequences; any other tokenizer, or a failed check, uses
-``Tokenizer.decode``.
+Uses ``tokenizers`` directly (no torch). Special tokens are kept and no space clean-up is applied. Byte-level BPE
+tokenizers decode by a byte-table lookup, checked at load against ``Tokenizer.decode``, which is used otherwise.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
-"""The assistant turn a generation becomes in the conversation's history: reasoning and answer, split as the
-chat template renders that turn.
+"""The assistant turn a generation becomes in the history: answer and reasoning, split as the template renders it.
 
-A server's reasoning parser splits a reply into ``reasoning`` and ``content`` by its own assumption of where
-the generation starts. vLLM's ``qwen3`` parser, for one, starts inside a think block unless the request sets
-``chat_template_kwargs.enable_thinking: false``; behind a template whose generation prompt closes the block
-(MiniMind-3's ``<think>\\n\\n</think>\\n\\n``) it returns every answer as ``reasoning`` with ``content: null``.
-regen does not take that split on trust. The prompt's and the generation's own token ids say where the
-generation started (with a tokenizer that has ``<think>`` and ``</think>`` tokens; without them the parser's
-split is kept as it is):
-
-- inside a think block when the generation prompt ends with an open ``<think>`` or the generation begins
-  with one: the reasoning runs up to the generation's ``</think>``, the answer is what follows (no
-  ``</think>``: all of it is reasoning, e.g. cut by ``max_tokens``);
-- otherwise the generation has no reasoning: all of its text (the parser's ``reasoning`` and ``content``,
-  in that order) is the answer.
-
-The history message carries the answer as ``content`` (and the tool calls), and the reasoning under the
-server's field name when ``carry_reasoning`` -- or when there is nothing else, so that a non-empty generation
-never becomes an empty turn.
+The server's reasoning parser is not trusted (vLLM's ``qwen3`` returns every answer as ``reasoning`` behind a
+template whose generation prompt closes the think block). The token ids decide: the generation starts inside a think
+block when it begins with ``<think>`` or the generation prompt ends with an open one; then the reasoning runs to its
+``</think>`` (all of it without one), else all its text is the answer. Without think tokens the parser's split stays.
+The reasoning is carried only with ``carry_reasoning``, or when the turn would otherwise be empty.
 """
 
 from __future__ import annotations
@@ -54,8 +41,8 @@ def starts_in_thinking(generation: CheckedReply, think_ids: tuple[int, int]) -> 
 
 
 def assistant_turn(generation: CheckedReply, think_ids: tuple[int, int] | None) -> AssistantTurn:
-    """Split ``generation`` into answer and reasoning by where it started (module doc); the parser's split as it
-    is when the tokenizer has no ``<think>``/``</think>`` tokens (``think_ids`` None)."""
+    """Split ``generation`` into answer and reasoning by where it started (module doc); ``think_ids`` None keeps
+    the parser's split."""
     parsed_reasoning, parsed_content = generation.reasoning, generation.content or ""
     if think_ids is None:
         return AssistantTurn(parsed_content, parsed_reasoning, corrected=False)

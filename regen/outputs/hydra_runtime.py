@@ -1,10 +1,8 @@
 r"""What regen takes from, and gives back to, the Hydra run it is part of (nothing outside a Hydra app).
 
-``run_folder()`` is the job's Hydra folder, where a started server's log goes by default. ``multirun_overrides()`` gives a multirun job's overrides, which its output is named after. ``scrub_credentials()`` removes
-``user:password@`` from the URLs in Hydra's own record of the job (``.hydra/*.yaml``, ``multirun.yaml``),
-which Hydra writes before the job starts, so credentials given in ``server.endpoints`` stay off disk; Hydra's
-escaped form of an override (``http\://alice\:pw@host\:8000``) included. ``StripCredentials`` does the same for
-the launcher's console line of each multirun job (``[HYDRA] #0 : server.endpoints=[...]``).
+``run_folder()`` and ``multirun_overrides()`` read the job; ``scrub_credentials()`` removes ``user:password@`` from
+the URLs in Hydra's record of the job (``.hydra/*.yaml``, ``multirun.yaml``, escaped overrides such as
+``http\://alice\:pw@host`` included), and ``StripCredentials`` from the launcher's console lines.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ def _hydra_config():
 
 
 def run_folder() -> Path | None:
-    """The run's Hydra folder: ``hydra.run.dir`` (``outputs/regen/DATE/TIME``), or a multirun's sweep folder, which
-    all its jobs share (as they share the server it starts first); ``None`` outside a Hydra app."""
+    """The run's Hydra folder (a multirun's sweep folder, shared by its jobs); ``None`` outside a Hydra app."""
     hydra_cfg = _hydra_config()
     if hydra_cfg is None:
         return None
@@ -70,8 +67,7 @@ class StripCredentials(logging.Filter):
 
 
 class ConsoleWithoutCredentials(Callback):
-    """Hydra callback (``configs/regen.yaml``): a multirun's launcher prints each job's overrides before the job
-    starts; this filters URL credentials out of those lines."""
+    """Hydra callback: filters URL credentials out of the launcher's per-job override lines."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
         logging.getLogger(LAUNCHER_LOGGER).addFilter(StripCredentials())

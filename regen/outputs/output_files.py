@@ -1,12 +1,8 @@
-"""The output JSONL and its siblings: naming, crash-safe appends, resume repair, compaction, permissions.
+"""The output JSONL and its siblings: naming, crash-safe appends, resume repair, error compaction.
 
-A conversation's rows go out in one whole-lines write, so after a crash (even ``kill -9``) only the last
-block can be damaged: a torn last line, or a block with fewer rows than its ``metadata.num_generations``.
-Resume cuts that block off and re-runs the conversation; it also removes any later complete block of a
-conversation already in the file (two runs that once shared an output), keeping the first. The error
-file always means "failed and not yet succeeded": on resume, and again at the end, rows of conversations
-now in the output are dropped and only the newest row per id is kept. The siblings (errors, summary,
-manifest, lock) get the output's permissions.
+A conversation's rows go out in one whole-lines write, so after a crash only the last block can be damaged (a torn
+line, or fewer rows than its ``metadata.num_generations``); resume cuts it off and drops later duplicate blocks,
+keeping the first. The error file holds only conversations that failed and have not since succeeded, newest row per id.
 """
 
 from __future__ import annotations
@@ -57,8 +53,7 @@ class OutputPaths:
         return self.output.with_name(f"{self.output.stem}.lock")
 
     def match_output_mode(self, sibling: Path) -> None:
-        """Give ``sibling`` the output's permissions (the output got the umask's when it was created); an output that
-        is gone (deleted mid-run: ``OutputGoneError``) leaves it as it is."""
+        """Give ``sibling`` the output's permissions; nothing when the output is gone."""
         try:
             mode = self.output.stat().st_mode & 0o7777
         except FileNotFoundError:
@@ -82,13 +77,8 @@ class DamagedOutputError(UserError):
 
 
 class IdIndex:
-    """Conversation ids held as 64-bit digests, each with an integer (e.g. where it was first seen).
-
-    New entries go to a small dict; when it holds an eighth of the settled entries (at least ``buffer``)
-    they are merged into two sorted arrays (digests ``Q``, values ``q``, searched by bisection), so
-    memory grows by 16 bytes per id, not a Python object's ~100, and the merges cost O(n) overall.
-    The first value given for an id is kept.
-    """
+    """Conversation ids held as 64-bit digests, each with an integer (the first given for an id is kept): a small
+    dict, merged into two sorted arrays once it holds an eighth of them (at least ``buffer``): 16 bytes per id."""
 
     def __init__(self, buffer: int = 16384) -> None:
         self._recent: dict[int, int] = {}
@@ -109,8 +99,7 @@ class IdIndex:
             self._merge()
 
     def _merge(self) -> None:
-        """Move the recent entries into the sorted arrays, streamed: no Python object per settled entry is made at
-        once (a list of every (digest, value) pair was ~100 bytes per id at each merge, the run's peak)."""
+        """Move the recent entries into the sorted arrays, streamed (no Python object per settled entry)."""
         digests, values = array("Q"), array("q")
         put_digest, put_value = digests.append, values.append
         for digest, value in heapq.merge(zip(self._digests, self._values, strict=True), sorted(self._recent.items())):
@@ -256,11 +245,8 @@ def _rewrite_without(path: Path, ranges: list[tuple[int, int]], keep_until: int)
 
 
 def compact_errors(path: Path, succeeded, *, drop_input_errors: bool = False) -> set[str]:
-    """Rewrite the error file: drop ids in ``succeeded`` and a torn last line, keep the newest row per id.
-
-    ``drop_input_errors`` also drops rows about unreadable input (every run re-reads the input and records
-    those again). Returns the ids left in the file.
-    """
+    """Rewrite the error file without ids in ``succeeded`` (and input errors with ``drop_input_errors``) or a torn
+    last line, newest row per id; returns the ids left."""
     if not path.is_file():
         return set()
     newest: dict[str, bytes] = {}
@@ -282,10 +268,9 @@ def compact_errors(path: Path, succeeded, *, drop_input_errors: bool = False) ->
 
 
 class LineAppender:
-    """Appends whole-line JSON blocks (orjson, compact) to a file: one unbuffered write loop per block. A block that
-    does not fit (a full disk) is cut off again, so the file ends with whole blocks, and raises ``no_space``. After
-    each block the path must still name the file written (``check_in_place``: one ``stat``), else ``OutputGoneError``:
-    an output deleted mid-run would otherwise take every later row with it, unnoticed."""
+    """Appends whole-line JSON blocks to a file. A block that does not fit (full disk) is cut off again and raises
+    ``no_space``, so the file ends with whole blocks; after each block, ``OutputGoneError`` if the path no longer
+    names the file written."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)

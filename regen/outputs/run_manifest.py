@@ -1,12 +1,8 @@
 """The run manifest (``<stem>.manifest.json``): what produced an output, so a resume cannot mix settings.
 
-It records the dataset's identity (preset or path, split/subset, format, a fingerprint of its content),
-the served model, the tokenizer that wrote ``text`` and every setting that shapes a row (sampling,
-``max_tokens``, ``extra_request_params``, the per-conversation mixes and their seed, ``carry_reasoning``,
-``language_filter``). A first run writes it; a resume compares the current settings with it and refuses,
-listing each key that differs, unless ``resume_accept_changes=true``, which continues and appends the
-change to the manifest's ``changes``. An output without a manifest (written by speculators, or by an
-older regen) is resumed with a warning and gets one.
+It records the dataset's identity and fingerprint, the model, the row-text tokenizer and every setting that shapes
+a row. A resume that differs is refused, listing the keys, unless ``resume_accept_changes=true`` (the change is
+appended to ``changes``). An output without a manifest is resumed with a warning and gets one.
 """
 
 from __future__ import annotations
@@ -51,8 +47,7 @@ def _write(paths: OutputPaths, manifest: dict) -> None:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    """The manifest at ``path``: an object whose ``settings`` is an object, ``changes`` (if any) a list and
-    ``version`` this regen's (a manifest of another version is refused, naming it)."""
+    """The manifest at ``path``, checked (shape, and ``version`` this regen's)."""
     hint = "restore it, or remove it to resume without a settings check"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))

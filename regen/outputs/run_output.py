@@ -1,15 +1,8 @@
-"""Opening a run's output, in one place: lock it, refuse what must be refused, check the manifest, repair a resume.
+"""Opening a run's output: name it, lock it, refuse an earlier run's files without ``resume=true``, check the
+manifest, repair a resumed file, and yield the :class:`RunOutput` the conversations are written to.
 
-:func:`output_paths` names the output (``output``, else ``{output_dir}/{dataset}_{model}[_{overrides}].jsonl``);
-``open_output(...)`` takes the one-run-per-output lock, refuses an earlier run's files without ``resume=true``,
-compares a resume with the manifest (and writes it), repairs a resumed file's crashed tail and compacts its error
-file, and yields the :class:`RunOutput` the conversations are written to. It runs before any server starts whenever the model's name
-is known (always, except for external endpoints that name it themselves).
-
-The output is the file its path names: a symlink (to it, or to a folder on the way) is followed, and the lock
-and the siblings sit beside that file, so two runs given two names of one file never both write it. A file with
-several names (hard links) is refused for the same reason, and so is a path that names a folder. The lock file
-is removed when the run lets go (``common.run_lock``).
+Symlinks are followed (the lock and siblings sit beside the real file) and hard-linked files refused, so two runs
+never write one file under two names.
 """
 
 from __future__ import annotations
@@ -40,10 +33,8 @@ from regen.settings import RegenSettings
 
 
 def output_paths(settings: RegenSettings, model: str, overrides: str | None) -> OutputPaths:
-    """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{overrides}].jsonl``, where the model is
-    its last path part, without the ``.pth``/``.pt`` of a MiniMind checkpoint the embedded server serves under its
-    path (``out/tiny/tiny_teacher.pth``: ``sample_tiny_teacher.jsonl``), and ``overrides`` names a multirun's job
-    (``regen.outputs.hydra_runtime.multirun_overrides``)."""
+    """``output``, else ``{output_dir}/{dataset name or file stem}_{model}[_{overrides}].jsonl``; the model is its
+    last path part without a ``.pth``/``.pt``, ``overrides`` a multirun job's."""
     if settings.output:
         path = Path(settings.output)
     else:
@@ -75,9 +66,8 @@ _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")
 
 
 def _refuse_unsafe_output(paths: OutputPaths) -> None:
-    """A folder, something that is not a regular file (``/dev/null``, a FIFO, a device: its siblings would land in
-    ``/dev``, and nothing could be resumed), or a file with other names another run could be given. Checked
-    before any file is created."""
+    """Refuse a folder, a non-regular file (``/dev/null``, a FIFO) or a hard-linked file, before any file is
+    created."""
     output = paths.output
     if output.is_dir():
         raise UserError(f"output={output} is a folder, not a file",
@@ -103,8 +93,7 @@ def _refuse_earlier_run(paths: OutputPaths) -> None:
 
 
 def remove_stale_temps(paths: OutputPaths) -> None:
-    """Remove the temp files an earlier run of this output left behind (killed during an atomic write:
-    ``.{name}.*.tmp`` beside the output and its siblings); the lock is held, so no other run is writing them."""
+    """Remove the ``.{name}.*.tmp`` files a killed earlier run left beside the output (safe: the lock is held)."""
     for target in (paths.output, paths.errors, paths.summary, paths.manifest):
         for temp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
             temp.unlink(missing_ok=True)
@@ -113,9 +102,8 @@ def remove_stale_temps(paths: OutputPaths) -> None:
 @contextmanager
 def open_output(settings: RegenSettings, paths: OutputPaths, current: dict[str, Any],
                 warn: Callable[[str], None]) -> Iterator[RunOutput]:
-    """The run's :class:`RunOutput` at ``paths`` (:func:`output_paths`), held (locked) until the block ends; a resume
-    is checked against the manifest with ``current``, the run's manifest settings
-    (``regen.outputs.run_manifest.run_settings``). See the module doc."""
+    """The run's :class:`RunOutput` at ``paths``, locked until the block ends; a resume is checked against the
+    manifest with ``current`` (``run_manifest.run_settings``)."""
     _refuse_unsafe_output(paths)
     # a run that stops before its checks pass removes the folder again if it made it (common.run_folders)
     note_new_folder(paths.output.parent, tuple(p.name for p in (paths.output, paths.errors, paths.manifest, paths.lock)))

@@ -1,8 +1,6 @@
-"""One run's state, and the summary built from it: ``<stem>.summary.json`` and the lines printed at the end.
+"""One run's state and its summary: ``<stem>.summary.json`` and the lines printed at the end.
 
-:class:`RunState` is what the summary reports of the run itself: what it was asked (settings, the served model, the
-row-text tokenizer), the output it writes, what happened (``RunStats``) and how it ended (``status``: ``completed``,
-``interrupted`` or ``failed: ...``); the endpoints' counts (``EndpointPool.counts()``) are added when it is written.
+``RunState.status`` is ``completed``, ``interrupted`` or ``failed: ...``.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ class RunState:
     status: str = "interrupted"  # until the run ends otherwise
 
     def summary(self, errors_file_rows: int, endpoints: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """The summary, given the rows left in the error file once it is compacted and each endpoint's counts
-        (URL -> counts, ``EndpointPool.counts()``)."""
+        """The summary, given the error file's rows once compacted and each endpoint's counts (URL -> counts)."""
         settings, paths, resume = self.settings, self.output.paths, self.output.resume
         return {
             "status": self.status,

@@ -1,14 +1,9 @@
 """Where dataset rows come from: a Hugging Face dataset (streamed) or a local ``.json``/``.jsonl`` file.
 
-``open_source(dataset)`` opens the source at start, so a file that cannot be read stops the run before
-any server starts: a ``.json`` must be UTF-8 (a BOM is accepted, as in ``.jsonl``), non-empty and one
-top-level array. Rows are then yielded one at a time as :class:`SourceRecord` with their resume key
-(``primary_id``; for id-less local rows the key speculators computes, see ``regen.rows.speculators_keys``).
-A row that cannot be used (a ``.jsonl`` line that is not JSON or over 8 MiB, JSON nested too deep, a lone
-surrogate: ``common.chat_records``) comes as a record with an ``error`` and the run goes on. Every
-source also has a ``fingerprint`` (what the run manifest compares on resume), ``locate(idx)``, which
-names a row in messages, and ``size()``: how many rows it holds when that is known without reading them (a
-``.jsonl``'s non-blank lines, counted; a hub split's ``num_examples`` from its metadata), for the progress bar.
+``open_source(dataset)`` opens the source at start, so an unreadable file stops the run before any server starts.
+``records()`` yields :class:`SourceRecord` with its resume key (``primary_id``); an unusable row comes with an
+``error`` and the run goes on. Each source also has ``fingerprint`` (compared on resume), ``locate(idx)`` and
+``size()`` (the row count when known without reading the rows, else ``None``).
 """
 
 from __future__ import annotations
@@ -71,8 +66,7 @@ class JsonlFile:
         return f"{self.path}:{idx + 1}"
 
     def size(self) -> int:
-        """The rows :meth:`records` yields: the non-blank lines (a BOM alone on the first line is blank), counted
-        a MiB at a time without decoding them."""
+        """The rows :meth:`records` yields: the non-blank lines (a BOM alone on the first line is blank)."""
         rows, line_has_text = 0, False
         with self.path.open("rb") as handle:
             chunk = handle.read(1 << 20).removeprefix(codecs.BOM_UTF8)
@@ -86,9 +80,7 @@ class JsonlFile:
         return rows + line_has_text
 
     def records(self) -> Iterator[SourceRecord]:
-        """Each non-blank line, read through the guarded reader shared with opd (``common.chat_records``): a line
-        that is too long, not UTF-8, not JSON, nested too deep or holding a lone surrogate is a record with an
-        ``error``, and the lines after it are read as usual."""
+        """Each non-blank line (``common.chat_records``'s guarded reader); a bad line is a record with an ``error``."""
         keys = LocalFileKeys(self.path, self.warn)
         with self.path.open("rb") as handle:
             for ordinal, line in enumerate(json_lines(handle)):  # rows as datasets counts them: blank lines are not
@@ -103,8 +95,8 @@ _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 def _value_end(text: str, position: int) -> int:
-    """Where the array or object starting at ``position`` ends (after its closing bracket), found by counting
-    brackets outside strings, without recursion; the text's end when it never closes."""
+    """Where the array or object starting at ``position`` ends (brackets counted outside strings, no recursion);
+    the text's end when it never closes."""
     depth = 0
     for token in _TOKEN.finditer(text, position):
         if token.group() in "[{":
@@ -206,8 +198,7 @@ class HubDataset:
         return f"{self.label} row {idx}"
 
     def size(self) -> int | None:
-        """The split's ``num_examples`` in the metadata the builder already read (``DatasetInfo.splits``), if it
-        has one; nothing is fetched for it."""
+        """The split's ``num_examples`` from the metadata already read, if any; nothing is fetched."""
         split = (self.builder.info.splits or {}).get(self.split)
         return (split.num_examples or None) if split is not None else None
 

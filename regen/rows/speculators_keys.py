@@ -1,34 +1,11 @@
 """Resume keys of a local file's rows, exactly as ``speculators regenerate-responses`` 0.9.0 computes them.
 
-speculators reads a local file with ``datasets.load_dataset("json", data_files=FILE, split="train",
-streaming=True)`` and keys a row without ``id``/``uuid`` by the sha256 of that row's canonical JSON. The
-row it hashes is the one ``datasets`` yields, not the line as written: it has every column of the file
-(absent ones null), nested objects gain the keys their siblings have, integer columns that also hold
-floats become floats, and objects of mixed shapes become JSON strings (decoded again in a ``.jsonl``, not
-in a ``.json`` array). So the key of an id-less row comes from that same view of the file, read alongside
-regen's own reader, lazily (from the first id-less row) so a file whose rows all carry ids never pays for it.
-
-That view is built here without ``datasets`` (whose import pulls in torch: ~400 MB) and without iterating
-it row by row: :class:`ArrowView` is a port of the JSON builder of ``datasets`` 5.1.0 (the newest that
-speculators 0.9.0 accepts; ``packaged_modules/json/json.py``), which reads the file with ``pyarrow``'s JSON
-reader in the same 10 MiB chunks, with the same block sizes, the same detection of mixed-shape objects and
-the same casts, so it hands ``pyarrow`` the same bytes and gets the same table. A row is converted to Python
-only when an id-less row asks for it. One chunk's table is held at a time, and a chunk is a view of the file mapped
-in memory, handed back once read: the memory it takes is one chunk's, however large the file. Where ``datasets`` takes a path this port does not mirror (a later
-chunk whose columns differ from the first one's, which datasets casts or fails on; a file only pandas'
-reader gets through; agent-trace files), :class:`ArrowView` raises :class:`NotMirrored` and the rows from
-there on come from ``datasets`` itself, as before: exact, only slower. ``pandas`` (its ujson: what
-``datasets`` encodes and decodes mixed-shape objects with, and converts a ``.json`` array with; its
-``read_json``, datasets' fallback after a pyarrow error) is imported only for such files.
-
-Where ``datasets`` cannot read the file (speculators could not either), the remaining id-less rows are keyed
-by their own JSON.
-
-Why a port, and how it is kept true: for 10k id-less chat rows it takes 1.6 s CPU and 203 MB at peak where reading
-the rows from ``datasets`` takes 4.6 s and 462 MB (its import alone brings in torch; ``python -m
-benchmarks.speculators_keys``). ``tests/regen/test_speculators_keys.py`` pins the keys datasets 5.1.0 gave, and
-compares the port with the ``datasets`` installed now (5.2.0) on generated files that mix columns, shapes and types,
-in the fast suite: a ``datasets`` release that reads such files otherwise fails it.
+A row without ``id``/``uuid`` is keyed by the sha256 of the row ``datasets`` yields for it (every column, absent ones
+null, types unified, mixed-shape objects JSON-encoded), not of the line as written. :class:`ArrowView` ports the JSON
+builder of ``datasets`` 5.1.0 onto ``pyarrow`` (same chunks, block sizes and casts: the same table) without importing
+``datasets`` or torch, holding one chunk at a time. Where it does not mirror ``datasets`` it raises
+:class:`NotMirrored` and ``datasets`` itself reads on; where ``datasets`` cannot read the file either, the remaining
+id-less rows are keyed by their own JSON. ``tests/regen/test_speculators_keys.py`` pins the parity.
 """
 
 from __future__ import annotations
@@ -70,9 +47,8 @@ def _ujson():
 
 
 class _Shapes:
-    """The shapes of the values found at one path of many rows, built one row at a time, so that
-    :meth:`mixed_paths` gives what ``datasets.utils.json.find_mixed_struct_types_field_paths`` gives for the
-    list of all those rows (the paths where objects differ in shape), without holding the rows."""
+    """The shapes of the values at one path, built one row at a time: :meth:`mixed_paths` gives what
+    ``datasets.utils.json.find_mixed_struct_types_field_paths`` gives for all those rows, without holding them."""
 
     __slots__ = ("dicts", "lists", "others", "keys", "differ", "fields", "items")
 
@@ -192,11 +168,9 @@ def _encode_lines(batch: bytes | memoryview, paths: list[list], loads, dumps) ->
 
 
 class _MappedChunks:
-    """A file's chunks as datasets cuts them: ``chunk_bytes`` and the rest of the last line (what ``read(chunk_bytes)``
-    and ``readline()`` give), a UTF-8 BOM at the start left out. Each is a ``memoryview`` of the file mapped
-    read-only, so no chunk is copied into the heap; when the next one is asked for, the previous chunk's pages are
-    handed back (``MADV_DONTNEED``: read again from the file if still used), so the mapping keeps about one chunk
-    resident however large the file is."""
+    """A file's chunks as datasets cuts them (``chunk_bytes`` plus the rest of the last line, a leading BOM left out),
+    each a ``memoryview`` of a read-only mapping. Asking for the next chunk hands the previous one's pages back
+    (``MADV_DONTNEED``), so about one chunk stays resident."""
 
     def __init__(self, path: Path, chunk_bytes: int):
         self.path, self.chunk_bytes = path, chunk_bytes
@@ -250,11 +224,8 @@ class _MappedChunks:
 
 
 class ArrowView:
-    """The rows ``datasets`` 5.1.0 streams from a local ``.json``/``.jsonl`` file, as Python dicts, in order.
-
-    :meth:`row` gives the ``ordinal``-th row (0-based, asked for in increasing order). It raises
-    :class:`NotMirrored` where ``datasets`` would take a path not ported here, and :class:`DatasetsCannotRead`
-    where ``datasets`` itself fails."""
+    """The rows ``datasets`` 5.1.0 streams from a local file: :meth:`row` gives the ``ordinal``-th (0-based, asked for
+    in increasing order), or raises :class:`NotMirrored` / :class:`DatasetsCannotRead`."""
 
     def __init__(self, path: Path):
         import pyarrow  # noqa: F401 - fail here (ImportError) rather than in the middle of a table
@@ -289,12 +260,8 @@ class ArrowView:
 
     def _generate_tables(self) -> Iterator:
         """Pass 1 (``_split_generators``) reads the first chunk to fix the features; pass 2 reads every chunk with
-        the mixed-shape paths found in pass 1 already encoded, from the initial block size (an array has no pass
-        1: its features stay unset). Pass 2's first table is pass 1's when pass 1 needed no retry: same input.
-
-        One chunk is held at a time: the generator lets go of a table (and its input) before the next chunk is
-        read, and a chunk of JSON Lines is a view of the file mapped in memory (:class:`_MappedChunks`), not a
-        copy, so reading a large file costs one chunk's table, whatever the file's size."""
+        pass 1's mixed-shape paths encoded (reusing pass 1's table when it needed no retry). An array has no pass 1.
+        Each table and its input are let go before the next chunk is read."""
         with _MappedChunks(self.path, self.chunk_bytes) as chunks:
             batch, array = self._next_batch(chunks, 0)
             if not batch:
@@ -339,9 +306,8 @@ class ArrowView:
             self._loads, self._dumps = _ujson()
 
     def _next_batch(self, chunks: _MappedChunks, batch_idx: int):
-        """The next chunk as datasets cuts it: 10 MiB and the rest of its last line (a zero-copy ``memoryview`` of
-        the mapped file); an array (when the chunk starts with '[') is the whole file, converted to JSON Lines
-        (``bytes``). Empty at the end of the file."""
+        """``(batch, is_array)``: the next chunk (a ``memoryview``), or for an array the whole file converted to JSON
+        Lines (``bytes``); empty at the end of the file."""
         batch = chunks.next(skip_bom=batch_idx == 0)
         if not batch:
             return b"", False
@@ -383,8 +349,7 @@ class ArrowView:
         retried = False
         while True:
             try:
-                # one thread: the same table (blocks are typed and merged alike), without a heap per reader thread
-                # that keeps what a chunk freed (RSS grew with the file's chunks)
+                # one thread: the same table, and no per-thread heap keeping what a chunk freed (RSS grew)
                 table = paj.read_json(pa.BufferReader(pa.py_buffer(batch)),
                                       read_options=paj.ReadOptions(block_size=block_size, use_threads=False),
                                       memory_pool=pa.system_memory_pool())
@@ -422,9 +387,8 @@ class ArrowView:
 
     @staticmethod
     def _detect(batch: bytes, loads) -> list[list]:
-        """Mixed-shape objects in the first batch; none when a line does not load (datasets' ujson raises at a
-        blank line, say, and datasets then skips the detection). stdlib json stands in for ujson where they agree
-        (not on NaN, Infinity, integers beyond 64 bits, or lines only ujson loads: those use ujson itself)."""
+        """Mixed-shape paths in the first batch; none when a line does not load (datasets then skips the detection).
+        stdlib json stands in for ujson except where they may parse differently."""
         if loads is None and _UJSON_ONLY.search(batch):
             loads = _ujson()[0]
         shapes = _Shapes()
