@@ -25,11 +25,11 @@ minus 9 modulo 20.", and every call asserts its input before it steps: ``"1 // 0
 as the previous call wrote it, and that call's result). The guard is 1 when the input is the guarded step's result and
 ``1 // 0`` otherwise, so a wrong input, the students' commonest error, gets MiniMind's error observation instead of a
 plausible result: an error the model sees, where an unchecked wrong input can only be noticed by comparing two
-numbers, which the study's small teachers did not learn (``experiments/study/README.md``). A wrong k still runs. The
-observations and answers are those of the unchecked problem. The check's n (1..9) is drawn per record (its own
-generator, ``task.check_key``), so the same problem comes with several checks: the check must be read from the
-question, not remembered with the problem (with n a fixed hash of the problem, the pilot's teacher learnt the training
-problems' checks by heart and missed the held-out ones).
+numbers, which the study's small teachers did not learn (``experiments/study/notes/2026-12-02-pilots-one-to-six.md``).
+A wrong k still runs. The observations and answers are those of the unchecked problem. The check's n (1..9) is drawn
+per record (its own generator, ``task.check_key``), so the same problem comes with several checks: the check must be
+read from the question, not remembered with the problem (with n a fixed hash of the problem, the pilot's teacher
+learnt the training problems' checks by heart and missed the held-out ones).
 
 **Operand-checked problems** (``--checked-operand``, with ``--checked``): the question states a check of k as well,
 "Subtract six, which is 10 minus 4 modulo 20, four times, ...", and every guard adds it to its exponent,
@@ -64,13 +64,14 @@ and fixable (a retry from the last correct value is the right move), and every e
 The noise turn has ``"weight": 0``: it is context, never a target (``opd.episodes.demonstrations``); the retry is learned.
 The retry turn says so before its call (``RETRY_NOTE``, as an agent states what it noticed): noticing the wrong
 value and choosing which observation to copy are then decisions at two different tokens. A bare retry asks both of
-one token, which the pilot's 2-layer teacher did not learn (``experiments/study/README.md``, "Pilot"). With
-``--retry-names-input`` the note also names the value the retry starts from ("That call was wrong; redoing the step
-from 7."): the copy of the last correct result is then made in words, where no earlier text ends as the note does,
-before the guard repeats it (the ninth pilot's operand-checked teacher wrote a wrong input into the guard of most
-later-call retries, README "A ninth pilot"). Broken JSON
-is not injected: MiniMind's tool world gives it no observation and the episode ends there, so there is nothing to
-recover in a demonstration.
+one token, which the pilot's 2-layer teacher did not learn
+(``experiments/study/notes/2026-12-02-pilots-one-to-six.md``, "Pilot"). With ``--retry-names-input`` the note also
+names the value the retry starts from ("That call was wrong; redoing the step from 7."): the copy of the last correct
+result is then made in words, where no earlier text ends as the note does, before the guard repeats it (the ninth
+pilot's operand-checked teacher wrote a wrong input into the guard of most later-call retries,
+``experiments/study/notes/2026-12-04-after-the-first-full-run.md``, "A ninth pilot"). Broken JSON is not injected:
+MiniMind's tool world gives it no observation and the episode ends there, so there is nothing to recover in a
+demonstration.
 
 Splits are disjoint by triple: a fixed hash of the triple (seed independent) puts it in ``heldout`` (below
 ``heldout_share``), ``distill`` (below ``heldout_share + distill_share``) or ``train``, with all its horizons. The

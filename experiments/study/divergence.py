@@ -18,7 +18,8 @@ for reverse KL), the ``--push-tokens`` largest, per 1,000 tokens; and the share 
 of tokens carry (``top_percent_share``). Forward KL counts in full the teacher's confident guesses at positions the
 student gives almost nothing, such as where its own sampled call has already broken; reverse KL weighs each position's
 tokens by the student's own probability of them. Added after the second full run, whose forward-KL OPD students
-learnt to end their calls in the middle of a number (study README, "Why forward-KL OPD broke the students").
+learnt to end their calls in the middle of a number
+(``experiments/study/notes/2026-12-06-why-forward-kl-broke-the-students.md``).
 """
 
 from __future__ import annotations
