@@ -105,7 +105,8 @@ async def regenerate_dataset(state: RunState, pool: EndpointPool, source: Source
                                                        settings.max_backoff_s),
                             settings.request_timeout_s, settings.all_endpoints_down_wait_s,
                             max_reply_bytes=settings.max_reply_bytes, secrets=run_secrets(settings))
-        regeneration = Regeneration(client, RequestShape(state.model, settings.max_tokens, settings.carry_reasoning),
+        regeneration = Regeneration(client, RequestShape(state.model, settings.max_tokens, settings.carry_reasoning,
+                                                              settings.top_logprobs),
                                     RequestParams.from_settings(settings), detokenizer)
         rows = SourceRows(source, settings.dataset.format, settings.limit, settings.language_filter)
         pipeline = Pipeline(rows, regeneration, state.output, state.stats, warner(console))

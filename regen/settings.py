@@ -46,7 +46,8 @@ REFUSED_FORMATS = {
 }
 
 # Request keys regen sets itself; extra_request_params may not touch them.
-OWN_REQUEST_KEYS = frozenset({"model", "messages", "max_tokens", "return_token_ids", "tools", "tool_choice"})
+OWN_REQUEST_KEYS = frozenset({"model", "messages", "max_tokens", "return_token_ids", "tools", "tool_choice", "logprobs",
+                              "top_logprobs", "return_tokens_as_token_ids"})
 # Request settings that would break one-row-per-generation with exact token ids: (is it refused?, why).
 REFUSED_REQUEST_PARAMS = {
     "n": (lambda v: v not in (None, 1), "regen writes one row per generation and reads choices[0] only; "
@@ -204,7 +205,7 @@ def _request_params(key: str, value: Any) -> dict[str, Any]:
     clash = sorted(OWN_REQUEST_KEYS & set(value))
     if clash:
         raise ConfigError(f"{key} may not set {clash}: regen owns those request keys",
-                          "use max_tokens=, server.model= and the dataset's own tools instead")
+                          "use max_tokens=, top_logprobs=, server.model= and the dataset's own tools instead")
     for name, (refused, reason) in REFUSED_REQUEST_PARAMS.items():
         if name in value and refused(value[name]):
             raise ConfigError(f"{key}.{name}={value[name]!r} is refused: {reason}")
@@ -441,6 +442,7 @@ class RegenSettings:
     endpoint_reprobe_s: float
     all_endpoints_down_wait_s: float
     carry_reasoning: bool
+    top_logprobs: int | None  # k: each generated token's top-k log-probabilities stored in its row
     api_key_env: str | None
     extra_request_params: dict[str, Any] = parsed_by(_request_params)
     reasoning_effort_weights: WeightedChoice | None = parsed_by(_effort_weights)
@@ -454,6 +456,7 @@ class RegenSettings:
         check_text("output_dir", self.output_dir)
         check_integer("limit", self.limit, 0, optional=True, example="1000")
         check_integer("max_tokens", self.max_tokens, 1, example="8192")
+        check_integer("top_logprobs", self.top_logprobs, 1, optional=True, example="20")
         if getattr(self.server, "max_model_len", None) is not None:
             check_max_tokens_fit(self.max_tokens, self.server.max_model_len, "server.max_model_len")
         check_integer("concurrency_start", self.concurrency_start, 1, example="64")
@@ -498,10 +501,12 @@ class RegenSettings:
 
     @property
     def max_reply_bytes(self) -> int:
-        """The largest reply body a request may get: ``max_reply_mib``, else 8 MiB + 512 bytes per ``max_tokens``."""
+        """The largest reply body a request may get: ``max_reply_mib``, else 8 MiB + 512 bytes per ``max_tokens``
+        (and 160 more per stored log-probability with ``top_logprobs``)."""
         if self.max_reply_mib is not None:
             return int(self.max_reply_mib * (1 << 20))
-        return (8 << 20) + 512 * self.max_tokens
+        per_token = 512 + (160 * (self.top_logprobs + 1) if self.top_logprobs else 0)
+        return (8 << 20) + per_token * self.max_tokens
 
     @property
     def fixed_concurrency(self) -> int | None:

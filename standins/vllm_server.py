@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import inspect
 import json
+import math
 import os
 import random
 import zlib
@@ -65,6 +66,18 @@ def vllm_body(content: str | None, prompt_ids: list[int], token_ids: list[int], 
         body["usage"] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(token_ids),
                          "total_tokens": len(prompt_ids) + len(token_ids), "prompt_tokens_details": None}
     return body
+
+
+def top_logprobs_content(token_ids: list[int], k: int, vocab: int = 6400) -> list[dict]:
+    """``choices[0].logprobs.content`` as vLLM's chat API gives it with ``return_tokens_as_token_ids``: per generated
+    id, its log-probability and the top ``k`` (made up, a valid distribution: the id itself with 1/2, the next ids
+    with 1/4, 1/8, ...)."""
+    def entry(token: int, logprob: float) -> dict:
+        return {"token": f"token_id:{token}", "logprob": logprob, "bytes": None}
+
+    half = -math.log(2)
+    return [{**entry(token, half), "top_logprobs": [entry((token + j) % vocab, half * (j + 1)) for j in range(k)]}
+            for token in token_ids]
 
 
 class SyntheticResponder:
@@ -112,7 +125,10 @@ class SyntheticResponder:
                        else content.encode("utf-8")[:4 * limit].decode("utf-8", "ignore"))
         if self.content_bytes:
             content = content.ljust(self.content_bytes, "x")
-        return Reply(vllm_body(content, prompt_ids, token_ids, finish_reason=finish_reason, model=self.model))
+        body = vllm_body(content, prompt_ids, token_ids, finish_reason=finish_reason, model=self.model)
+        if payload.get("logprobs") and payload.get("top_logprobs"):
+            body["choices"][0]["logprobs"] = {"content": top_logprobs_content(token_ids, payload["top_logprobs"])}
+        return Reply(body)
 
 
 class StandinServer:

@@ -58,6 +58,7 @@ class RequestShape:
     model: str
     max_tokens: int
     carry_reasoning: bool = False
+    top_logprobs: int | None = None  # k: ask for each generated token's top-k log-probabilities, keep them in its row
 
 
 def _tool_message(call: dict, result_content: str) -> dict[str, Any]:
@@ -89,6 +90,7 @@ def _row(conversation: Conversation, index: int, generation: CheckedReply, endpo
         "input_ids": input_ids,
         "loss_mask": [0] * len(generation.prompt_ids) + [1] * len(generation.generated_ids),
         "text": decode(input_ids),
+        **({"top_logprobs": generation.top_logprobs} if generation.top_logprobs is not None else {}),
         "metadata": {
             "idx": conversation.idx,
             "finish_reason": generation.finish_reason,
@@ -118,9 +120,11 @@ async def regenerate(conversation: Conversation, send: Send, shape: RequestShape
                 if conversation.tools:
                     payload["tools"] = conversation.tools
                     payload["tool_choice"] = "auto"
+                if shape.top_logprobs:
+                    payload.update(logprobs=True, top_logprobs=shape.top_logprobs, return_tokens_as_token_ids=True)
                 reply = await send(payload)
                 endpoint, outcome.retries = reply.endpoint, outcome.retries + reply.retries
-                generation = parse_reply(reply.data, shape.max_tokens)
+                generation = parse_reply(reply.data, shape.max_tokens, shape.top_logprobs)
                 outcome.other_model_replies += generation.model not in (None, shape.model)
                 outcome.rows.append(_row(conversation, len(outcome.rows), generation, endpoint, params, tokens.decode))
                 outcome.prompt_tokens += len(generation.prompt_ids)

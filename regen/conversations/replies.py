@@ -30,6 +30,8 @@ class CheckedReply:
     finish_reason: str  # one of FINISH_REASONS, else UNKNOWN
     usage: dict
     model: str | None  # the model the reply names (vLLM echoes the served name); None when it names none
+    # per generated id, when asked: {"ids": [[top-k ids]], "logprobs": [[theirs]], "token_logprobs": [the id's]}
+    top_logprobs: dict | None = None
 
 
 def _token_list(value: Any, name: str) -> list[int]:
@@ -44,7 +46,40 @@ def _token_list(value: Any, name: str) -> list[int]:
     return value
 
 
-def parse_reply(data: Any, max_tokens: int | None = None) -> CheckedReply:
+def _token_id(entry: Any, where: str) -> tuple[int, float]:
+    """``{"token": "token_id:N", "logprob": x}`` (vLLM's ``return_tokens_as_token_ids``) as (N, x)."""
+    token = entry.get("token") if isinstance(entry, dict) else None
+    logprob = entry.get("logprob") if isinstance(entry, dict) else None
+    if not (isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit()):
+        raise ReplyError(f"reply {where}.token is {token!r}, not \"token_id:N\" (return_tokens_as_token_ids)")
+    if isinstance(logprob, bool) or not isinstance(logprob, (int, float)) or not logprob <= 1e-4:
+        raise ReplyError(f"reply {where}.logprob is {logprob!r}, not a log-probability")
+    return int(token[9:]), float(logprob)
+
+
+def _top_logprobs(choice: dict, generated_ids: list[int], k: int) -> dict:
+    """The reply's ``logprobs.content``: per generated id its top-k ids and log-probabilities, checked against the
+    ids."""
+    content = choice.get("logprobs", {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    if not isinstance(content, list) or len(content) != len(generated_ids):
+        raise ReplyError(f"reply choices[0].logprobs.content must hold one entry per generated id "
+                         f"({len(generated_ids)}), got {len(content) if isinstance(content, list) else 'none'}")
+    ids, logprobs, token_logprobs = [], [], []
+    for position, (entry, expected) in enumerate(zip(content, generated_ids, strict=True)):
+        token, logprob = _token_id(entry, f"logprobs.content[{position}]")
+        if token != expected:
+            raise ReplyError(f"reply logprobs.content[{position}] is id {token}, but token_ids has {expected}")
+        top = entry.get("top_logprobs")
+        if not isinstance(top, list) or not 0 < len(top) <= k:
+            raise ReplyError(f"reply logprobs.content[{position}].top_logprobs must list 1 to {k} entries")
+        pairs = [_token_id(item, f"logprobs.content[{position}].top_logprobs") for item in top]
+        ids.append([pair[0] for pair in pairs])
+        logprobs.append([pair[1] for pair in pairs])
+        token_logprobs.append(logprob)
+    return {"ids": ids, "logprobs": logprobs, "token_logprobs": token_logprobs}
+
+
+def parse_reply(data: Any, max_tokens: int | None = None, top_logprobs: int | None = None) -> CheckedReply:
     """Check one reply (to a request with ``max_tokens``) and return its :class:`CheckedReply`; raises
     :class:`ReplyError`: more generated ids than ``max_tokens``, or ``usage`` that disagrees with the ids, is an
     error too."""
@@ -87,4 +122,5 @@ def parse_reply(data: Any, max_tokens: int | None = None) -> CheckedReply:
     model = data.get("model")
     return CheckedReply(prompt_ids, generated_ids, content, reasoning, reasoning_field, tool_calls,
                         finish_reason if finish_reason in FINISH_REASONS else UNKNOWN, usage,
-                        model if isinstance(model, str) else None)
+                        model if isinstance(model, str) else None,
+                        _top_logprobs(choice, generated_ids, top_logprobs) if top_logprobs else None)

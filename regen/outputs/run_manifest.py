@@ -36,6 +36,8 @@ def run_settings(settings: RegenSettings, dataset_fingerprint: str, model: str,
         "model": model, "tokenizer": tokenizer_fingerprint, "max_tokens": settings.max_tokens,
         "carry_reasoning": settings.carry_reasoning, "mix_seed": settings.mix_seed,
     }
+    if settings.top_logprobs is not None:  # recorded only when set: manifests from before it still resume
+        flat["top_logprobs"] = settings.top_logprobs
     flat |= flat_settings({name: value if value else None for name, value in (
         ("sampling", settings.sampling), ("extra_request_params", settings.extra_request_params), *mixes.items())})
     return json.loads(json.dumps(flat))  # tuples become lists, as they read back from the file
