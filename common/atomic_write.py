@@ -1,14 +1,6 @@
-"""Replacing a file so that a reader (or a crash) only ever sees the old or the new complete version.
-
-The new bytes go to a uniquely named temp file beside the target (so concurrent writers never share one),
-are flushed and fsynced, and the temp file is renamed over the target; the folder is fsynced after the
-rename. A failure removes the temp file; a full disk is reported as an ``OSError`` (ENOSPC) whose message names the
-file, the bytes it needed and the bytes free (``no_space``).
-The new file gets the target's permissions when it exists, else the ones the umask gives a new file.
-
-``stage`` and ``commit`` split the two halves, so several files can be written first and renamed together
-(a checkpoint's weights and its resume file).
-"""
+"""Replacing a file so that a reader (or a crash) only ever sees the old or the new complete version: an fsynced temp
+file beside it, renamed over it, the folder fsynced; permissions kept. ``stage`` and ``commit`` split the halves so
+several files can be written first and renamed together."""
 
 from __future__ import annotations
 
@@ -31,8 +23,7 @@ def _new_file_mode(path: Path) -> int:
 
 
 def no_space(path: str | Path, needed: int | None) -> OSError:
-    """The error for a full disk while writing ``path``: ENOSPC, naming the file, the bytes the write needed (when
-    known) and the bytes free on its file system now."""
+    """ENOSPC for ``path``, naming the bytes needed (when known) and free."""
     path = Path(path)
     try:
         free = f"{shutil.disk_usage(path.parent).free} bytes are free"
@@ -43,8 +34,8 @@ def no_space(path: str | Path, needed: int | None) -> OSError:
 
 
 def stage(path: str | Path, write: Callable[[BinaryIO], object], size: int | None = None) -> Path:
-    """Write a temp file beside ``path`` with ``write(stream)``, fsynced; returns the temp file's path. ``size`` (the
-    bytes ``write`` writes, when known) goes into a full disk's message."""
+    """Write a temp file beside ``path`` with ``write(stream)``, fsynced; returns its path. ``size`` is for the
+    full-disk message."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -75,8 +66,7 @@ def commit(temp: Path, path: str | Path) -> Path:
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], size: int | None = None) -> Path:
-    """Replace ``path`` with what ``write(stream)`` writes (``size`` bytes, when known), atomically; returns
-    ``path``."""
+    """Replace ``path`` with what ``write(stream)`` writes, atomically; returns ``path``."""
     return commit(stage(path, write, size), path)
 
 

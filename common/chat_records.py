@@ -1,18 +1,8 @@
 """Agent prompt records: JSONL rows of a conversation plus the tools it may call.
 
-Each line holds ``conversations`` or ``messages`` (``role``/``content`` dicts). Tools come from the system
-message's ``tools`` field or a top-level ``tools`` field (a list, or a JSON string of one). A trailing
-assistant answer is dropped, so the prompt ends with a user or tool turn; ``gt`` (expected answer strings)
-is optional, and so is ``expected_calls``: the tool calls a correct episode makes, in order, each
-``{"name": ..., "arguments": {...}}`` (evaluation compares the model's calls with them: ``opd.episodes.scoring``).
-Any malformed row raises ``RecordError`` naming the file, line and field.
-
-Hostile rows are refused before they cost anything: a line over ``MAX_LINE_BYTES`` before it is parsed (the file
-is read line by line, so memory stays bounded by that), JSON nested deeper than ``MAX_NESTING`` levels (in the
-row or in a ``tools`` string; Python's parsers and the chat template would recurse past their limit), and a
-string holding a lone surrogate (``"\ud800"``, valid JSON but not text a tokenizer can encode).
-:func:`json_lines` is that guarded reader for any JSONL file: opd's records here, and regen's local datasets
-(where a refused line becomes an error row and the rest of the file is read).
+Messages in ``conversations`` or ``messages``; tools from the system message's or the row's ``tools``; a trailing
+assistant answer is dropped. A bad row raises ``RecordError`` naming file, line and field. :func:`json_lines` is the
+guarded JSONL reader (also regen's): overlong lines (never held whole), deep nesting and lone surrogates are refused.
 """
 
 from __future__ import annotations
@@ -84,8 +74,7 @@ def structure_problem(value) -> str | None:
 
 
 def decode_json(text: bytes | str):
-    """``json.loads``, refusing what ``structure_problem`` finds (its recursion limit is such nesting too) with a
-    ``ValueError`` that says so; invalid JSON raises ``json.JSONDecodeError`` as usual."""
+    """``json.loads``, refusing what ``structure_problem`` finds (or a ``RecursionError``) with a ``ValueError``."""
     try:
         value = json.loads(text)
     except RecursionError:
@@ -98,8 +87,7 @@ def decode_json(text: bytes | str):
 
 @dataclass(frozen=True)
 class JsonLine:
-    """One non-blank line of a JSONL file: its 1-based ``number`` and its decoded ``value``, or the ``problem``
-    that makes it unusable (then ``value`` is None)."""
+    """One non-blank JSONL line: its 1-based ``number`` and decoded ``value``, or the ``problem`` refusing it."""
 
     number: int
     value: object = None
@@ -119,9 +107,8 @@ def _whole_lines(stream: BinaryIO, limit: int) -> Iterator[tuple[bytes, bool]]:
 
 
 def json_lines(stream: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[JsonLine]:
-    """Every non-blank line of a JSONL byte stream as a :class:`JsonLine` (a UTF-8 BOM on the first line is
-    dropped): decoded with :func:`decode_json`, or with the problem that refuses it: over ``max_line_bytes`` (read
-    in bounded memory, not whole), not UTF-8, not JSON, nested too deep, a lone surrogate."""
+    """Every non-blank line of a JSONL byte stream as a :class:`JsonLine` (a first-line UTF-8 BOM dropped), decoded
+    with :func:`decode_json` or with the problem that refuses it."""
     for number, (line, too_long) in enumerate(_whole_lines(stream, max_line_bytes), start=1):
         if number == 1 and line.startswith(codecs.BOM_UTF8):
             line = line[len(codecs.BOM_UTF8):]
@@ -209,8 +196,8 @@ def parse_record(row, source: str) -> AgentRecord:
 
 
 def _parse_expected_calls(value, source: str) -> list[dict] | None:
-    """A row's ``expected_calls``: null/absent, or a list of ``{"name": non-empty string, "arguments": object}``
-    (``arguments`` may be left out: ``{}``)."""
+    """A row's ``expected_calls``: null, or a list of ``{"name": non-empty string, "arguments": object}`` (arguments
+    default to ``{}``)."""
     if value is None:
         return None
     if not isinstance(value, list):
@@ -228,8 +215,8 @@ def _parse_expected_calls(value, source: str) -> list[dict] | None:
 
 
 def read_rows(path: str | Path) -> tuple[list[tuple[object, str]], str]:
-    """Every decoded JSON line of a JSONL file with its ``file:line`` source, plus the file's sha256; a line that is
-    too long, not JSON, nested too deep or holding a lone surrogate is refused naming it (see the module doc)."""
+    """Every decoded JSON line of a JSONL file with its ``file:line`` source, plus the file's sha256; a refused line
+    raises ``RecordError``."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"agent data file not found: {path}")

@@ -1,19 +1,7 @@
-"""Settings checked once at start: a composed config as typed dataclasses, and the checks their schemas share.
-
-A schema is a dataclass per config block whose ``__post_init__`` checks ranges, choices and how its keys fit
-together with the helpers below (as TRL's configs check themselves). ``parse_config(schema, cfg)`` fills it from
-the composed Hydra config: OmegaConf merges the values into ``OmegaConf.structured(schema)``, refusing an unknown
-key, a missing (``???``) value or one of the wrong type, and builds the dataclasses. Three kinds of field take
-their value in a form OmegaConf cannot, each built once, here, so that no field changes type afterwards:
-
-- ``parsed_by(parse)``: ``parse(key, value)`` turns the raw value into the field's type (a list of URLs into
-  endpoint addresses, ``auto`` or a number ...);
-- a union of dataclasses that each name their ``kind`` (a ``ClassVar``): the block's ``kind`` key picks one;
-- ``flattened()``: a dataclass whose keys sit in the enclosing block (``server.checkpoint`` of a model spec held by
-  the server).
-
-Every refusal is one :class:`ConfigError` naming the key, before any file is touched or anything loads. A schema
-may give ``MISSING_HINTS`` (a ``ClassVar``: key -> what to type) for its required keys.
+"""Settings checked once at start: ``parse_config(schema, cfg)`` builds a composed config as typed dataclasses (their
+``__post_init__`` checks with the helpers here). Fields OmegaConf cannot build are built here once: ``parsed_by``, a
+union of dataclasses picked by the block's ``kind``, and ``flattened()`` (keys in the enclosing block). Every refusal
+is one :class:`ConfigError` naming the key; a schema's ``MISSING_HINTS`` says what to type for a required key.
 """
 
 from __future__ import annotations
@@ -268,7 +256,6 @@ def check_choice(key: str, value: Any, options: tuple) -> None:
 
 
 def check_name(key: str, value: str, names: str) -> None:
-    """A name that becomes part of a file or folder name (``names`` says which): no separator can take it
-    elsewhere."""
+    """A name that becomes part of a file or folder name (``names`` says which): no path separator."""
     require(bool(value) and all(c.isalnum() or c in "_.-" for c in value), key,
             f"named with letters, digits, '_', '-' and '.' only (it names {names})", value)

@@ -1,6 +1,5 @@
-"""``--help`` for the Hydra entries, written from the entry's YAML files: each key with its default and the comment
-beside it, each config group with its options. Nothing is composed, so a group that must be chosen (regen's
-``dataset: ???``) needs no choice first, and the meanings are written once, in the YAML."""
+"""``--help`` for the Hydra entries, read from the YAML (each key's default and comment, each group's options) without
+composing, so a required group (``dataset: ???``) needs no choice first."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def read_keys(path: Path, prefix: str = "") -> tuple[list[str], list[tuple[str, 
 
 
 def option_keys(config_dir: Path, folder: Path, option: str, prefix: str) -> list[tuple[str, str, str]]:
-    """The keys of a group's option file, with those of the presets its defaults list merges into it
-    (``- /model@_here_: tiny_teacher``: the local server's checkpoint, tokenizer, ...)."""
+    """The keys of a group's option file, with those of the presets it merges (``- /model@_here_: tiny_teacher``)."""
     path = folder / f"{option}.yaml"
     if not path.is_file():
         return []
@@ -93,9 +91,8 @@ def chosen_options(argv: list[str]) -> dict[str, str]:
 
 def help_text(config_dir: Path, name: str, program: str, group_folders: dict[str, str] | None = None,
               chosen: dict[str, str] | None = None) -> str:
-    """The help page of the entry whose config is ``config_dir/name.yaml``; ``group_folders`` maps a group to the
-    folder its options are in where the two names differ (opd's ``teacher`` and ``student`` are ``model/``);
-    ``chosen`` ({group: option}, from the command line) shows the keys of those options instead of the defaults'."""
+    """The help page of ``config_dir/name.yaml``; ``group_folders`` maps a group to its folder where names differ
+    (opd's ``teacher`` is ``model/``); ``chosen`` options' keys are shown instead of the defaults'."""
     chosen = chosen or {}
     intro, keys, groups = read_keys(config_dir / f"{name}.yaml")
     lines = [*intro, "", f"usage: {program} [KEY=VALUE ...]    (-m KEY=A,B ... for a sweep)", "", "groups (GROUP=OPTION):"]
@@ -127,9 +124,7 @@ def program_name(script: str) -> str:
 
 def exit_with_help_if_asked(name: str, program: str, group_folders: dict[str, str] | None = None,
                             argv: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> None:
-    """Print :func:`help_text` for ``config_dir/{name}.yaml`` and exit 0 when the command line (``sys.argv`` unless
-    ``argv``) asks for ``--help`` / ``-h``; ``program`` is the script (``regen/main.py``), shown as the console script
-    (``onpolicy-regen``) when that is what ran."""
+    """Print :func:`help_text` and exit 0 when the command line asks for ``--help`` / ``-h``."""
     if not (config_dir / f"{name}.yaml").is_file():  # not installed beside its configs: Hydra says so itself
         return
     argv = sys.argv[1:] if argv is None else argv

@@ -1,14 +1,7 @@
-"""Hydra's own refusals of a command line (a group option that does not exist, a key no config has, an override it
-cannot parse, a group that must be chosen) as a :class:`~common.user_errors.UserError`: one or two ``error:`` lines
-and exit status 1, like every other mistake a person can fix, instead of Hydra's multi-line report with its config
-search path and its pointer to ``HYDRA_FULL_ERROR``.
+"""Hydra's refusals of a command line (unknown option or key, bad override, a group to choose) as a ``UserError``.
 
-Hydra reports these itself inside ``hydra.main`` (``hydra._internal.utils.run_and_report``, which prints and exits
-before the caller sees anything), so ``composition_errors_as_user_errors()`` wraps that function for its block: a
-``CompactHydraException`` (the kind Hydra keeps for user input) is raised again as a ``UserError``, for the entry's
-``exit_on_user_error`` to print; anything else is Hydra's to report, as before. ``HYDRA_FULL_ERROR=1`` leaves Hydra
-alone (its message and traceback). hydra-core is pinned below 1.4 (``pyproject.toml``), and
-``tests/common/test_hydra_errors.py`` checks the wrapped function and every message against the installed Hydra.
+``composition_errors_as_user_errors()`` wraps Hydra's private ``run_and_report`` (hydra-core pinned below 1.4), which
+prints and exits, and re-raises a ``CompactHydraException``; the rest, and all under ``HYDRA_FULL_ERROR=1``, is Hydra's.
 """
 
 from __future__ import annotations
@@ -66,8 +59,8 @@ def composition_error(error: Exception) -> UserError:
 
 @contextmanager
 def composition_errors_as_user_errors() -> Iterator[None]:
-    """Inside the block, ``hydra.main`` raises a ``UserError`` where it would print a refusal of the command line
-    (``composition_error``); nothing changes under ``HYDRA_FULL_ERROR=1``."""
+    """Inside the block ``hydra.main`` raises a ``UserError`` where it would print a refusal (not under
+    ``HYDRA_FULL_ERROR=1``)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         yield
         return

@@ -1,23 +1,6 @@
-"""Where the files the project ships are, in a checkout and in an installed wheel alike.
-
-The Hydra config tree is ``configs/`` at the top of a checkout (running from the repository, or an editable
-install); a wheel ships it as package data, ``onpolicy_research/configs/`` (the ``package-dir`` mapping in
-``pyproject.toml``), never as a top-level ``configs`` package. :data:`CONFIG_DIR` is that folder, the one place the
-entries (their Hydra ``config_path``), ``--help`` and the model groups read it from.
-
-The presets name the project's own files by resolvers, never by a path relative to the folder a run starts in
-(relative paths a person types stay relative to that folder; Hydra does not change it):
-
-- ``${package_data:regen/samples/sample_prompts.jsonl}``: a file shipped inside a package (the first part names
-  the package): the bundled sample of ``dataset=sample``.
-- ``${tiny_checkpoint:tiny_teacher.pth}``: a file in :func:`tiny_dir`, where ``onpolicy-tiny`` (``make tiny``,
-  ``common.minimind.tiny``) writes the tiny random checkpoints of the ``tiny_*`` model presets and their stand-in
-  tokenizer (``${tiny_tokenizer:${tokenizer}}``, when no tokenizer is set): ``$ONPOLICY_TINY_DIR`` if set, else
-  ``out/tiny`` in the checkout, else (an installed wheel) ``$XDG_CACHE_HOME/onpolicy-research/tiny``
-  (``~/.cache/onpolicy-research/tiny``).
-
-:func:`register_resolvers` registers both (every entry calls it before Hydra composes; ``opd.config`` on import).
-"""
+"""Where the files the project ships are, in a checkout and an installed wheel alike: :data:`CONFIG_DIR`, and the
+OmegaConf resolvers (``${package_data:...}``, ``${tiny_checkpoint:...}``, ``${tiny_tokenizer:...}``) the presets name
+files by, never by a path relative to the run's folder."""
 
 from __future__ import annotations
 
@@ -37,8 +20,7 @@ def checkout_root() -> Path | None:
 
 
 def extras_install(extra: str) -> str:
-    """The command that installs the optional ``extra`` (``chart``, ``tensorboard``, ``wandb``) where this code runs:
-    into the checkout (editable) or, installed from the wheel, from the package index."""
+    """The command that installs the optional ``extra`` where this code runs (editable checkout, or the index)."""
     if checkout_root() is not None:
         return f"pip install -e '.[{extra}]'"
     return f"pip install 'onpolicy-research[{extra}]'"
@@ -66,8 +48,7 @@ def package_data(path: str) -> str:
 
 
 def tiny_dir() -> Path:
-    """The folder of the tiny random checkpoints (module doc): ``$ONPOLICY_TINY_DIR``, else the checkout's
-    ``out/tiny``, else the user's cache folder."""
+    """The tiny checkpoints' folder: ``$ONPOLICY_TINY_DIR``, else the checkout's ``out/tiny``, else the user cache."""
     if os.environ.get(TINY_DIR_ENV):
         return Path(os.environ[TINY_DIR_ENV]).expanduser().absolute()
     root = checkout_root()
@@ -83,14 +64,12 @@ def tiny_checkpoint(name: str) -> str:
 
 
 def tiny_tokenizer(chosen: str | None) -> str:
-    """``${tiny_tokenizer:${tokenizer}}``: the tokenizer the entry names, else the stand-in one in :func:`tiny_dir`
-    (the tiny presets' tokenizer when none is set)."""
+    """``${tiny_tokenizer:${tokenizer}}``: the tokenizer the entry names, else the stand-in in :func:`tiny_dir`."""
     return chosen if chosen else str(tiny_dir() / "standin-tokenizer")
 
 
 def register_resolvers() -> None:
-    """Register ``package_data``, ``tiny_checkpoint`` and ``tiny_tokenizer`` with OmegaConf (again is harmless). Not done on import:
-    the entries import this module before anything slow, to handle Ctrl-C from their first line."""
+    """Register the three resolvers with OmegaConf (again is harmless); not on import, which must stay fast."""
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("package_data", package_data, replace=True)

@@ -1,7 +1,6 @@
-"""One resume signature for both jobs: a run's settings as flat ``dotted.key: value`` pairs, compared key by key with
-those a saved run recorded. regen's manifest (``regen.outputs.run_manifest``) and opd's resume file
-(``opd.training.checkpoints``) both hold one; a continuation whose settings differ is refused naming each key
-(:class:`ResumeRefusedError`), or, where a job allows it, the differences are recorded."""
+"""The resume signature of regen's manifest and opd's resume file: a run's settings as flat ``dotted.key: value``
+pairs, compared key by key with the saved ones; differing keys refuse the continuation (:class:`ResumeRefusedError`)
+or, where a job allows it, are recorded."""
 
 from __future__ import annotations
 
@@ -17,9 +16,8 @@ class ResumeRefusedError(UserError):
 
 
 def flat_settings(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``settings`` as dotted keys: a non-empty mapping is opened key by key (sorted), a settings dataclass field by
-    field, or by its ``resume_settings()`` where it has one (the fields a continuation must share: a setting that is
-    off leaves its keys out, so runs from before it existed still resume); anything else is a value."""
+    """``settings`` as dotted keys: non-empty mappings opened (sorted), dataclasses by field or by their
+    ``resume_settings()`` (a setting that is off leaves its keys out, so older runs still resume)."""
     flat: dict[str, Any] = {}
     for key, value in settings.items():
         name = f"{prefix}{key}"

@@ -1,23 +1,6 @@
-"""A run that stops before its checks pass leaves no folders behind.
-
-Hydra makes a run's folder (``outputs/<entry>/<date>/<time>/``: ``.hydra/`` and the log) before the job's code
-runs, opd's entries make and lock their ``out_dir`` before loading anything, and regen opens its output (folder,
-lock, empty files, manifest) before it asks the server for its model. A run that then stops at its checks (a
-setting, a missing data file or checkpoint, an output that exists, a server that does not answer) has put nothing
-of use there. The checks end where each job calls :func:`checks_passed`: regen once the server serves the model
-(``regen.job``), opd's entries once data, models and ``out_dir`` are checked, before any compute.
-
-:class:`NewRunFolders`, a Hydra callback every entry's config lists (``configs/job_dirs.yaml``), notes which of the
-run's folders do not exist yet, before Hydra makes them, and checks that Hydra can make them and write there
-(:func:`check_run_folder`: a ``hydra.run.dir`` under a file, without permission or on a full disk is one ``error:``
-line, where Hydra's own attempt ends in its traceback); :func:`note_new_folder` notes a folder an entry makes
-itself (opd's ``out_dir``, regen's output folder). :func:`discard_unless_checked` wraps a job: when the job ends with
-an error (or Ctrl-C) before it calls :func:`checks_passed`, each noted folder loses the files this run put there at
-its start (Hydra's config copies and log, the lock) and is removed if that leaves it empty, and so is each parent
-this run made; files it made in a folder that was there before (:func:`note_new_files`: regen's empty output and
-manifest) are removed too. A folder holding anything else (another run's files) stays as it is. After :func:`checks_passed`
-nothing is removed: the folders and the log are the run's record.
-"""
+"""A run that stops before its checks pass leaves no folders behind: what it makes is noted first
+(:class:`NewRunFolders`, :func:`note_new_folder`, :func:`note_new_files`), and a job in :func:`discard_unless_checked`
+that fails before :func:`checks_passed` removes the noted files and the noted folders that are then empty."""
 
 from __future__ import annotations
 
@@ -52,9 +35,8 @@ def forget() -> None:
 
 
 def note_new_folder(folder: str | Path, files: tuple[str, ...] = ()) -> None:
-    """Before making ``folder``: note it, and each parent that does not exist yet, as made by this run; ``files``
-    (relative to ``folder``) are what the run writes there before its checks pass. A folder that exists is not
-    noted."""
+    """Before making ``folder``: note it and its missing parents as this run's (an existing one is not noted);
+    ``files`` are what the run writes there before its checks pass."""
     folder = Path(folder).expanduser().absolute()
     if folder.exists():
         return
@@ -66,8 +48,7 @@ def note_new_folder(folder: str | Path, files: tuple[str, ...] = ()) -> None:
 
 
 def note_new_files(*paths: str | Path) -> None:
-    """Before making them: note each of ``paths`` that does not exist yet as made by this run, wherever it is (a run
-    stopped at its checks removes them; :func:`note_new_folder` covers the folders it makes)."""
+    """Before making them: note each of ``paths`` that does not exist yet as this run's."""
     _new_files.update(path for path in (Path(p).expanduser().absolute() for p in paths) if not path.exists())
 
 
@@ -111,13 +92,9 @@ def discard_unless_checked() -> Iterator[None]:
 
 
 def check_run_folder(folder: Path, setting: str, *, keep: bool) -> None:
-    """Check that Hydra can make its run (or sweep) ``folder`` and write there, before it tries (its own attempt
-    ends in its traceback): make it and write a byte there; ``setting`` is the key that names it. A folder that cannot
-    be made or written to (a path that cannot exist, a file, no permission, a full disk) ends the run with one
-    ``error:`` line and a hint, and what this made is removed. Otherwise ``keep`` keeps the folders made: a run's, which
-    Hydra makes next anyway and which every rank of a torchrun job checks at once (none may remove it under
-    another); a sweep's is removed, since Hydra makes it only after the other callbacks' checks (regen's shared
-    server)."""
+    """Make ``folder`` and write a byte there before Hydra tries; failure is one ``error:`` line naming ``setting``,
+    and what this made is removed. ``keep`` keeps what it made: a run's folder, since every torchrun rank checks it
+    at once and none may remove it under another (a sweep's is removed: Hydra makes it after the other callbacks)."""
     made = [path for path in (folder, *folder.parents) if not path.exists()]  # deepest first
     try:
         if folder.exists() and not folder.is_dir():
@@ -148,8 +125,7 @@ def _remove_empty(folders: list[Path]) -> None:
 
 
 class NewRunFolders(Callback):
-    """Notes a run's Hydra folders before Hydra makes them, and checks that it can (``hydra.callbacks`` in
-    ``configs/job_dirs.yaml``; ``check_run_folder``)."""
+    """Hydra callback: notes the run's folders before Hydra makes them, and checks that it can."""
 
     def __init__(self, run_dir_setting: str = "hydra.run.dir") -> None:
         self.run_dir_setting = run_dir_setting  # the key a person sets to move the run folder (an experiment's out_dir)

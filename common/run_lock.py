@@ -1,15 +1,6 @@
-"""One run per output: an exclusive ``flock`` on a lock file beside it, held for the whole run.
-
-The OS drops the lock when the holder exits however it exits (``kill -9`` included), so a stale lock file
-never blocks a later run. A second run on the same output is refused at once, naming the pid the
-holder wrote into the lock file.
-
-A holder may remove its lock file when it lets go (``remove_on_release``: regen does, so a finished or refused run
-leaves no ``.lock`` behind). It removes it while still holding the lock, and only when the path still names the
-file it locked; and every acquirer, once it holds a lock, checks that the path still names the file it locked (a
-run that opened the file just before its holder removed it would otherwise hold a lock on a file no other run can
-find, while the next one locks a new file there), and otherwise locks again.
-"""
+"""One run per output: an exclusive ``flock`` on a lock file beside it, held for the whole run (the OS drops it on any
+exit); a second run is refused at once, naming the holder's pid. ``remove_on_release`` unlinks the file while still
+locked, so every acquirer checks that the path still names the file it locked, and otherwise locks again."""
 
 from __future__ import annotations
 
@@ -29,8 +20,7 @@ class OutputLock:
     """``acquire()`` takes the lock (or raises :class:`OutputLockedError`); ``release()`` lets it go."""
 
     def __init__(self, path: Path, output: Path, *, job: str, hint: str, remove_on_release: bool = False):
-        """``path`` is the lock file, ``output`` what it guards; ``job`` names the holder's kind in the refusal
-        (``regen``, ``opd/train.py``) and ``hint`` says what to do instead."""
+        """``path`` is the lock file, ``output`` what it guards; ``job`` and ``hint`` word the refusal."""
         self.path, self.output, self.job, self.hint = path, output, job, hint
         self.remove_on_release = remove_on_release
         self._fd: int | None = None

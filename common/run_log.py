@@ -1,6 +1,5 @@
-"""The entries' run log: lines and tables to the console and to ``<hydra.run.dir>/<entry>.log``
-(``configs/hydra/job_logging/run_log.yaml``, whose two handlers are here), and the progress display of long work.
-Torch-free: Hydra imports the handlers when it sets logging up, before a command has checked its config."""
+"""The entries' run log (console and ``<hydra.run.dir>/<entry>.log``; the handlers of
+``configs/hydra/job_logging/run_log.yaml``) and the progress display. Torch-free: Hydra imports it at logging set-up."""
 
 from __future__ import annotations
 
@@ -22,10 +21,7 @@ RUN_LOG = logging.getLogger("opd")  # the entries' progress and summary lines (s
 
 
 class RunLogFile(logging.FileHandler):
-    """The file handler of the entries' run log (``<hydra.run.dir>/<entry>.log``): a line it cannot write (a full
-    disk) is left out of the file quietly, not reported as logging's "--- Logging error ---" and a traceback. The
-    console has the line, and the run's next write to that disk (``metrics.jsonl`` after every step, a checkpoint)
-    ends it with the one error naming the file."""
+    """The run log's file handler: a line it cannot write (a full disk) is dropped quietly, without a traceback."""
 
     def handleError(self, record: logging.LogRecord) -> None:
         if not isinstance(sys.exc_info()[1], OSError):
@@ -33,9 +29,8 @@ class RunLogFile(logging.FileHandler):
 
 
 class StdoutHandler(logging.StreamHandler):
-    """The console handler of the entries' run log (``configs/hydra/job_logging/run_log.yaml``): writes to
-    ``sys.stdout`` as it is at each line, so rich's live progress display (which redirects it) keeps its bar below
-    the lines instead of being written over."""
+    """The run log's console handler: writes to the current ``sys.stdout`` at each line, so rich's live display
+    (which redirects it) keeps its bar below the lines."""
 
     def __init__(self):
         super().__init__(sys.stdout)
@@ -50,8 +45,7 @@ class StdoutHandler(logging.StreamHandler):
 
 
 def show(renderable) -> None:
-    """A line or a rich renderable (a table) as plain text to the run log: the console and, under Hydra,
-    ``<hydra.run.dir>/<entry>.log`` (``configs/hydra/job_logging/run_log.yaml``)."""
+    """A line or a rich renderable (a table) as plain text to the run log."""
     if not isinstance(renderable, str):
         console = Console(file=io.StringIO(), width=190, color_system=None)  # every column unabridged
         console.print(renderable)
@@ -60,7 +54,6 @@ def show(renderable) -> None:
 
 
 def progress_bar(label: str, fields: str, console: Console | None = None) -> Progress:
-    """A progress display of ``label``'s task: a bar, done of total, ``fields`` (a ``TextColumn`` template), the
-    time elapsed and the estimated time remaining."""
+    """A progress display: bar, done of total, ``fields`` (a ``TextColumn`` template), elapsed and remaining."""
     return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
                     TimeElapsedColumn(), TimeRemainingColumn(), console=console)

@@ -1,17 +1,9 @@
-"""Ctrl-C and SIGTERM while a command starts (importing torch and Hydra, composing the config): one line and exit
-status 130 / 143, never a ``KeyboardInterrupt`` traceback or a silent kill by SIGTERM.
+"""Ctrl-C and SIGTERM while a command starts (imports, Hydra composing): one line and status 130 / 143, never a
+traceback or a silent kill.
 
-Every entry (regen's, opd's, the embedded server's, the experiments') calls ``stop_at_start_up()`` before its heavy
-imports and runs them and Hydra inside ``exit_on_user_error()`` and ``start_up_interrupts()`` (``run_entry`` does all
-three for a module's ``main``): from then on both signals raise :class:`~common.user_errors.Interrupted` with its
-line (``{signal}`` in it is the signal's name). Once the job runs, ``started()`` gives SIGINT back to Python's
-default (``error: interrupted``) and SIGTERM to ``interrupt_job`` (``error: interrupted (SIGTERM)``, 143, where
-Python's default is a silent kill), or the job's own handler takes over (``common.stop_signals``: regen's run, opd's
-step loop), so the start-up line is never said of a run that had begun; a start-up signal whose exception a library
-lost stops the job there (``raise_if_signalled``).
-
-Only in the main thread, only over Python's default handlers, and not under torchrun: there SIGTERM is torchrun
-stopping a rank because another one failed, and what the job says is up to ``python -m opd.torchrun``.
+Entries call ``stop_at_start_up()`` before heavy imports, inside ``exit_on_user_error()`` and
+``start_up_interrupts()`` (``run_entry`` does all three); ``started()`` hands the signals back once the job runs.
+Main thread and default handlers only; not under torchrun (``python -m opd.torchrun`` speaks there).
 """
 
 from __future__ import annotations
@@ -34,9 +26,7 @@ JOB_LINE = "error: interrupted ({signal})"  # SIGTERM once the job runs, outside
 
 
 def quiet_finalizers() -> None:
-    """A signal raised in plain code can land inside a constructor (an asyncio transport, a socket) and leave a
-    half-built object whose ``__del__`` then fails: Python reports that as "Exception ignored ... Traceback". The run
-    is ending with its one line, so such reports are dropped from here on (``HYDRA_FULL_ERROR=1`` keeps them)."""
+    """Drop "Exception ignored" reports from a half-built object's ``__del__`` (``HYDRA_FULL_ERROR=1`` keeps them)."""
     if os.environ.get("HYDRA_FULL_ERROR") != "1":
         sys.unraisablehook = lambda unraisable: None
 
@@ -66,15 +56,13 @@ def interrupt_start_up(signum: int, frame: Any) -> None:
 
 
 def interrupt_job(signum: int, frame: Any) -> None:
-    """SIGTERM once the job runs, where it has no handler of its own (loading, an evaluation, a summary):
-    ``Interrupted`` with ``JOB_LINE``, as Ctrl-C is a ``KeyboardInterrupt`` there."""
+    """SIGTERM once the job runs, outside its own handler: ``Interrupted`` with ``JOB_LINE``."""
     quiet_finalizers()
     raise Interrupted(signum, JOB_LINE.format(signal=signal.Signals(signum).name))
 
 
 def stop_at_start_up(message: str = LINE) -> None:
-    """Make SIGINT and SIGTERM raise :class:`Interrupted` with ``message`` (main thread, default handlers only, not
-    under torchrun)."""
+    """Make SIGINT and SIGTERM raise :class:`Interrupted` with ``message`` (where the module doc says)."""
     if threading.current_thread() is not threading.main_thread() or under_torchrun():
         return
     _StartUp.message = message
@@ -84,10 +72,7 @@ def stop_at_start_up(message: str = LINE) -> None:
 
 
 def raise_if_signalled() -> None:
-    """Stop here if a start-up signal came and what it raised was lost. A handler runs wherever the main thread is,
-    and in a finalizer (``__del__``, a weakref callback) Python only reports what it raises (``quiet_finalizers``
-    drops that), so the start-up went on: seen once, ``python -m opd.torchrun`` started its workers after a Ctrl-C
-    while torch imported. Called where the job begins, outside its own ``exit_on_user_error``."""
+    """Stop here if a start-up signal's exception was lost (raised in a finalizer); called where the job begins."""
     if _StartUp.signum is not None:
         raise _StartUp.interrupted()
 
@@ -96,8 +81,7 @@ RUNNING = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: interrupt_
 
 
 def started() -> None:
-    """The job runs (unless a start-up signal came: ``raise_if_signalled``): a signal is no longer one that stopped
-    its start-up (``RUNNING``'s handlers, where the start-up one was installed)."""
+    """The job runs (after ``raise_if_signalled``): ``RUNNING``'s handlers replace the start-up one."""
     raise_if_signalled()
     if threading.current_thread() is threading.main_thread():
         for signum, running in RUNNING.items():
@@ -107,10 +91,8 @@ def started() -> None:
 
 @contextmanager
 def start_up_interrupts() -> Iterator[None]:
-    """Whatever ends the block after a start-up signal ends it as that signal's ``Interrupted``: the signal can land
-    in a library's cleanup-guarded code, whose cleanup then fails on the half-changed state and raises another
-    error instead (CI once saw omegaconf's ``flag_override`` end in ``AttributeError`` while Hydra composed the
-    config; Hydra printed it and exited 1). The stderr the signal found is back for the one line."""
+    """Whatever ends the block after a start-up signal ends it as that signal's ``Interrupted`` (a library's cleanup
+    may fail on the half-changed state and raise something else); stderr is restored for the one line."""
     try:
         yield
     except BaseException:
@@ -121,9 +103,7 @@ def start_up_interrupts() -> Iterator[None]:
 
 
 def run_entry(module: str, message: str = LINE) -> None:
-    """Import ``module`` and run its ``main()``, its start-up (the import included) under the start-up handler, and
-    any user error, interrupt or refusal of the command line by Hydra (``common.hydra_errors``) ending in its
-    ``error:`` lines."""
+    """Import ``module`` and run its ``main()`` under the start-up handler, errors ending in ``error:`` lines."""
     stop_at_start_up(message)
     with exit_on_user_error(), start_up_interrupts(), composition_errors_as_user_errors():
         importlib.import_module(module).main()

@@ -1,14 +1,6 @@
-"""A job's own Ctrl-C and SIGTERM handling once it runs: ``handling(handler)`` makes one handler take both signals
-while a block runs and gives the previous handlers back after it; ``held()`` holds them back while a process is spawned.
-
-regen's run (``regen.cancel_on_signal``: the conversations in flight are cancelled, the finished ones kept) and opd's
-training loop (``opd.training.stop_and_save``: the step in progress finishes and is saved) each install theirs with it; before
-that, the start-up handler of ``common.start_up`` (or Python's default) has them.
-
-Only in the main thread, and each signal only over Python's default handler or ``common.start_up``'s (the start-up
-one, or ``interrupt_job`` once the job runs): a signal someone else handles (a program that embeds the job, an outer
-block) or ignores (SIGINT of a job a shell started in the background) stays so.
-"""
+"""A job's own Ctrl-C and SIGTERM handling: ``handling(handler)`` routes both to one handler while a block runs;
+``held()`` defers them while a process is spawned. Main thread only, and only over Python's default handler or
+``common.start_up``'s: a signal someone else handles or ignores stays so."""
 
 from __future__ import annotations
 
@@ -43,9 +35,8 @@ def handling(handler: Callable[[int, Any], None]) -> Iterator[set[int]]:
 
 @contextmanager
 def held() -> Iterator[None]:
-    """SIGINT and SIGTERM that arrive in the block take effect as it ends, by the handlers they would have met (taken
-    as ``handling`` takes them). For starting a spawned process: ``multiprocessing`` starts the child, then writes it
-    its instructions, so a signal in between leaves the child reading an empty pipe and printing that traceback."""
+    """SIGINT and SIGTERM that arrive in the block are re-raised as it ends. For spawning a process: a signal between
+    the child's start and its instructions leaves it reading an empty pipe and printing a traceback."""
     arrived: list[int] = []
     try:
         with handling(lambda signum, frame: arrived.append(signum)):

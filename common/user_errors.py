@@ -1,19 +1,8 @@
-"""What a person sees when a job stops: one or two ``error:`` lines and an exit status, never a traceback.
+"""What a person sees when a job stops: ``error:`` lines and an exit status, never a traceback.
 
-A ``UserError`` is bad input a person can fix (a setting, a data file, a checkpoint path, an output that exists, a
-server that would not start); its message says what is wrong, its optional ``hint`` what to type instead, and its
-optional ``details`` what to read first (a server's log tail). An ``Interrupted`` is Ctrl-C or SIGTERM that a job
-stopped on; it carries the line to print and its exit status (128 + the signal number).
-
-``exit_on_user_error()`` wraps every entry (regen's and opd's): inside it a ``UserError`` (or ``FileNotFoundError``)
-prints its details, then its ``error:`` lines, and exits with status 1; an ``Interrupted`` prints its line and exits
-with its status; a bare Ctrl-C prints ``error: interrupted`` and exits with 130. ``HYDRA_FULL_ERROR=1`` re-raises
-errors and a bare Ctrl-C, to see the traceback.
-
-Under ``torchrun`` every process of a job usually stops on the same error, so only rank 0 prints it; every rank
-writes what it would print to torchrun's error file (``$TORCHELASTIC_ERROR_FILE``, the format of torch's
-``ErrorHandler``), where torchrun's failure report shows it and ``python -m opd.torchrun`` reads it to print the
-messages of the other ranks that rank 0 did not print.
+``exit_on_user_error()`` wraps every entry: a ``UserError`` (or ``FileNotFoundError``) exits 1, an ``Interrupted``
+128 + the signal (a bare Ctrl-C: 130); ``HYDRA_FULL_ERROR=1`` re-raises instead. Under torchrun only rank 0 prints;
+every rank writes ``$TORCHELASTIC_ERROR_FILE``, which ``python -m opd.torchrun`` reads.
 """
 
 from __future__ import annotations
@@ -30,8 +19,8 @@ from pathlib import Path
 
 
 class UserError(ValueError):
-    """Bad input a person can fix; the message says what is wrong and where, ``hint`` what to do instead, and
-    ``details`` (printed above the error lines) what to read first."""
+    """Bad input a person can fix: the message says what is wrong, ``hint`` what to do instead, ``details`` (printed
+    above the error lines) what to read first."""
 
     def __init__(self, message: str, hint: str | None = None, details: str | None = None):
         super().__init__(message)
@@ -42,8 +31,7 @@ class UserError(ValueError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) or SIGTERM a job stopped on; ``message`` is the line to print. Cleanup that runs for Ctrl-C
-    runs for it too."""
+    """Ctrl-C or SIGTERM a job stopped on (a ``KeyboardInterrupt``, so cleanup runs); ``message`` is its line."""
 
     def __init__(self, signum: int = signal.SIGINT, message: str = "error: interrupted"):
         super().__init__(f"received {signal.Signals(signum).name}")
@@ -60,8 +48,7 @@ class DiskFullError(UserError):
 
 @contextmanager
 def full_disk_is_one_error(hint: str) -> Iterator[None]:
-    """A full disk (ENOSPC, from any write of the block) as :class:`DiskFullError`: its message names the file and the
-    space needed where the write said so (``common.atomic_write.no_space``); ``hint`` says how the job goes on."""
+    """A full disk (ENOSPC) in the block as :class:`DiskFullError`; ``hint`` says how the job goes on."""
     try:
         yield
     except OSError as error:
@@ -83,9 +70,8 @@ def under_torchrun() -> bool:
 
 
 def report(text: str) -> None:
-    """Print ``text`` on stderr, or under torchrun (``$TORCHELASTIC_ERROR_FILE`` set) only on rank 0; every rank's
-    goes to its error file there, as torch's ``ErrorHandler.record_exception`` writes one, less the call stack
-    (without one torchrun's report shows the message: there is no traceback to show)."""
+    """Print ``text`` on stderr (under torchrun only on rank 0), and on every rank write it to its torchrun error
+    file, without a call stack so torchrun's report shows the message."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
         record = {"message": text, "extraInfo": {"timestamp": str(int(time.time()))}}
@@ -96,8 +82,7 @@ def report(text: str) -> None:
 
 
 def exit_status(error: BaseException | None) -> int:
-    """The status a job that ``error`` ends exits with (``exit_on_user_error``): 0 without one, 128 + N for signal N
-    (130 for a bare Ctrl-C), else 1."""
+    """The exit status for ``error``: 0 without one, 128 + N for signal N (130 for a bare Ctrl-C), else 1."""
     if error is None:
         return 0
     if isinstance(error, KeyboardInterrupt):  # a bare Ctrl-C ends as ``Interrupted()`` (exit_on_user_error)

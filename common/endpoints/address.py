@@ -1,8 +1,5 @@
-"""Where a server answers: an endpoint URL as the client sends to it, its credentials kept apart.
-
-``http://host:port``, ``.../v1``, ``.../v1/chat/completions`` and ``.../v1/completions`` name the same server.
-Credentials in the URL (``http://user:password@host``) go out as basic auth and never appear in a name or a message.
-"""
+"""An endpoint URL as the client sends to it; its credentials (``http://user:password@host``) go out as basic auth
+and never appear in a name or a message."""
 
 from __future__ import annotations
 
@@ -36,8 +33,7 @@ class EndpointAddress:
 
 
 def parse_endpoint(text: str) -> EndpointAddress:
-    """``http://host:port``, ``.../v1``, ``.../v1/chat/completions`` or ``.../v1/completions`` as one
-    :class:`EndpointAddress`."""
+    """``http://host:port``, ``.../v1`` or ``.../v1/[chat/]completions`` as one :class:`EndpointAddress`."""
     try:
         url = URL(str(text).strip())
     except (TypeError, ValueError) as error:

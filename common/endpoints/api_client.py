@@ -1,21 +1,8 @@
 """POSTing requests (chat completions, or completions) with retries, over the endpoints of an :class:`EndpointPool`.
 
-Retried: HTTP 408/409/425/429/5xx, connection errors, timeouts, a reply body that is not JSON. Waits grow
-exponentially with jitter and follow ``Retry-After`` (seconds or an HTTP date), both capped at
-``max_backoff_s``. Other HTTP errors fail at once with the server's message. Only connection-level
-failures (refused, reset, no connection within the connect timeout) count towards taking an endpoint
-out; a reply slower than ``request_timeout_s`` is retried but says nothing about the server's health. A
-retry after a timeout goes to another live endpoint when there is one, at once (a hung endpoint would
-otherwise hold its conversations for every attempt while the others sit idle); other retries stay on the
-conversation's endpoint after a backoff.
-The server's text in an error (its message, a body that is not JSON, a connection error) passes through the run's
-``Secrets`` first: a server that echoes the request's ``Authorization`` header gets no credential stored or printed.
-A reply body is read in bounded memory (``common.endpoints.reply_bodies``): one over ``max_reply_bytes`` fails its request
-as soon as the limit is passed (not retried: the server would send it again), and an error reply is read only as
-far as its message.
-Running out of file descriptors is this client's problem, not the endpoint's: it stops the run with a
-hint. When every endpoint is out, a request waits up to ``all_down_wait_s`` for the pool's probe to
-bring one back, then fails.
+Retried with jittered backoff or ``Retry-After`` (capped at ``max_backoff_s``): HTTP 408/409/425/429/5xx, connection
+errors, timeouts, a non-JSON body. Only connection failures count towards taking an endpoint out; a retry after a
+timeout moves at once to another live endpoint. Server text is redacted by ``Secrets``.
 """
 
 from __future__ import annotations
@@ -77,8 +64,7 @@ class Retries:
 
 
 class RequestFailedError(RuntimeError):
-    """A request that did not get a usable reply; ``endpoint`` is where the last attempt went, ``retries`` what
-    retrying it took before giving up."""
+    """A request without a usable reply; ``endpoint`` took the last attempt, ``retries`` is what retrying took."""
 
     def __init__(self, message: str, endpoint: str | None = None, retries: Retries | None = None):
         super().__init__(message)
@@ -150,24 +136,21 @@ def _server_message(body: bytes) -> str:
 
 
 def _completion_tokens(data: Any) -> int:
-    """The reply's ``usage.completion_tokens`` (0 if absent), for its endpoint's generation rate; the reply
-    itself is checked later, when it becomes a row."""
+    """The reply's ``usage.completion_tokens`` (0 if absent), for its endpoint's generation rate."""
     usage = data.get("usage") if isinstance(data, dict) else None
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
 
 
 def client_session(api_key_env: str | None) -> aiohttp.ClientSession:
-    """One HTTP session for a run's requests: no connection limit of its own (the pool bounds them), the API key
-    (``api_key_env``) as bearer token."""
+    """One HTTP session for a run's requests: no connection limit (the pool bounds them), the API key as bearer."""
     headers = {"Authorization": f"Bearer {os.environ[api_key_env]}"} if api_key_env else {}
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), headers=headers)
 
 
 class ApiClient:
-    """One shared aiohttp session sending chat requests to the pool's endpoints. It keeps the endpoints' counts (in
-    the pool) and returns what each request came to (:class:`Reply`, or :class:`RequestFailedError`), its retries
-    included; the run's own counters are the caller's."""
+    """Sends requests to the pool's endpoints, keeping the endpoints' counts in the pool; each request ends in a
+    :class:`Reply` or :class:`RequestFailedError`, its retries included."""
 
     def __init__(self, session: aiohttp.ClientSession, pool: EndpointPool, policy: RetryPolicy,
                  request_timeout_s: float, all_down_wait_s: float, *, max_reply_bytes: int, secrets: Secrets,

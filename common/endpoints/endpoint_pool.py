@@ -1,12 +1,8 @@
 """Several endpoints behind one client: spreading work, sticking to an endpoint, taking dead ones out.
 
-A unit of work (regen's conversation, opd's scoring request) starts only when :meth:`EndpointPool.claim` finds room.
-With a fixed ``concurrency`` the room is that many over all endpoints and new work goes to the live endpoint with the
-fewest; with ``concurrency=auto`` every endpoint has its own in-flight limit (set by regen's
-``regen.endpoints.inflight_control``) and new work goes to the live endpoint with the most free slots. Work sticks to
-its endpoint (prefix-cache friendly) until that endpoint is taken out, or a request times out there while another is
-live. An endpoint is taken out after ``max_failures`` connection-level failures in a row or a failed probe, never for a
-slow reply; a background probe (``/health``, then ``/v1/models``) puts it back when it answers again.
+:meth:`EndpointPool.claim` waits for room: ``concurrency`` over all endpoints, or per-endpoint limits
+(``concurrency=auto``). Work sticks to its endpoint (prefix cache) until it is taken out (``max_failures``
+connection failures in a row, never a slow reply) or times out there; a background probe puts endpoints back.
 """
 
 from __future__ import annotations
@@ -133,11 +129,8 @@ class Affinity:
 
 
 class EndpointPool:
-    """Live/dead bookkeeping and in-flight room for the endpoints of one run.
-
-    ``concurrency``: conversations in flight over all endpoints (fixed), or ``None`` for per-endpoint
-    limits that start at ``start_limit`` (auto).
-    """
+    """Live/dead bookkeeping and in-flight room for one run's endpoints; ``concurrency`` None: per-endpoint limits
+    starting at ``start_limit``."""
 
     def __init__(self, addresses: list[EndpointAddress], max_failures: int = 3, concurrency: int | None = 64,
                  start_limit: int = 16):

@@ -1,9 +1,4 @@
-"""Reading an HTTP reply's body in bounded memory: how much regen holds is set by its settings, never by a server.
-
-:func:`read_body` reads the (decompressed) body a chunk at a time and stops as soon as it would pass ``limit``
-bytes, raising :class:`BodyTooLarge` (at once when ``Content-Length`` already says so); :func:`read_head` reads at
-most ``limit`` bytes and leaves the rest unread (an error reply, of which only the message is shown).
-"""
+"""Reading an HTTP reply's (decompressed) body in bounded memory, a limit set by the settings, never by a server."""
 
 from __future__ import annotations
 

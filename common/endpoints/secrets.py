@@ -13,8 +13,7 @@ REDACTED = "[redacted]"
 
 
 class Secrets:
-    """``redact(text)``: ``text`` with every credential of the run replaced by ``[redacted]`` (a server may echo the
-    request's ``Authorization`` header in its error text)."""
+    """``redact(text)``: ``text`` with every credential of the run replaced by ``[redacted]``."""
 
     def __init__(self, api_key: str | None, addresses: Iterable[EndpointAddress]) -> None:
         found = {api_key} if api_key else set()

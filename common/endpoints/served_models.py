@@ -1,7 +1,5 @@
-"""Which model the endpoints serve: every endpoint's ``/v1/models`` (its model ids and ``max_model_len``), and the
-model the requests name. An endpoint that does not answer is taken out; when none answers, or none serves the asked
-model, the run stops (:class:`EndpointsUnusableError`, naming the job's own keys: :class:`SettingNames`).
-"""
+"""Which model the endpoints serve (``/v1/models``) and the model the requests name; none answering, or none serving
+the asked model, stops the run (:class:`EndpointsUnusableError`)."""
 
 from __future__ import annotations
 
@@ -35,9 +33,7 @@ class SettingNames:
 
 async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Secrets,
                         names: SettingNames = SettingNames()) -> dict[str, int | None]:
-    """Model id -> ``max_model_len`` (the smallest any endpoint reports; None when none does) from every
-    endpoint's ``/v1/models``; endpoints that do not answer are taken out (the server's text in why, ``secrets``
-    redacted)."""
+    """Model id -> the smallest ``max_model_len`` reported (or None); endpoints that do not answer are taken out."""
     served: dict[str, int | None] = {}
     timeout = aiohttp.ClientTimeout(total=30)
     async with client_session(api_key_env) as session:
@@ -73,9 +69,8 @@ async def served_models(api_key_env: str | None, pool: EndpointPool, secrets: Se
 
 def pick_model(served: dict[str, int | None], wanted: str | None, must_serve_wanted: bool,
                names: SettingNames = SettingNames()) -> str:
-    """The model the requests name: ``wanted`` when the endpoints serve it, else the first they list; with
-    ``must_serve_wanted`` (endpoints given by hand, with ``server.model`` set) a ``wanted`` they do not serve stops
-    the run."""
+    """The model the requests name: ``wanted`` when served, else the first listed; with ``must_serve_wanted`` an
+    unserved ``wanted`` stops the run."""
     if wanted and wanted in served:
         return wanted
     if wanted and must_serve_wanted:

@@ -1,19 +1,8 @@
-"""The rows generated together: one carried KV cache per model, right-aligned, with per-row positions.
+"""The rows generated together: one or more models in lockstep, each on a carried KV cache.
 
-A ``DecodeBatch`` runs one or more models in lockstep (opd's guided rollout feeds the student and the frozen teacher
-the same ids, each on a cache of its own). Every ``step`` feeds each row the ids it has not fed yet (a decoding row
-its last sampled token, a new row its prompt, a row whose tools ran its observation, a waiting row nothing),
-right-aligned in a ``[rows, width]`` block: columns a row does not use are holes with attention mask 0, and explicit
-position ids count only a row's real tokens, so every row computes exactly what a forward on its own unpadded
-sequence computes, and no row's prefix is ever run again.
-
-Rows leave with ``keep`` (columns that are holes in every remaining row are cut), another batch's rows join with
-``extend`` (the embedded server's admission), and a prompt prefix every row shares is computed once
-(``prefill_shared_prefix``). The caches append in place (``common.generation.kv_cache``).
-
-The model body may run under bf16/fp16 autocast; the output projection whose logits a step returns runs in fp32,
-outside autocast, as opd's loss does (``opd.training.loss.logits_at_targets``). Decoding only: run it under
-``torch.inference_mode()`` (or ``no_grad``).
+Each ``step`` feeds every row its unfed ids right-aligned; holes have attention mask 0 and position ids count only
+real tokens, so each row computes what a forward on its own unpadded sequence computes. Logits come from an fp32
+output projection outside autocast, as opd's loss computes them. Decoding only (``torch.inference_mode()``).
 """
 
 from __future__ import annotations
@@ -32,8 +21,7 @@ def fp32_output_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Te
 
 
 class DecodeBatch:
-    """``rows`` sequences (none fed yet) of causal LMs ``models`` (``model.model`` the body, ``model.lm_head`` the
-    output projection; full-attention only), holes fed as ``pad_token_id``."""
+    """``rows`` sequences of causal LMs ``models`` (full-attention only), none fed yet; holes are ``pad_token_id``."""
 
     def __init__(self, models: list[torch.nn.Module], rows: int, pad_token_id: int) -> None:
         self.models = models

@@ -1,16 +1,6 @@
-"""A KV cache for batched decoding that appends in place instead of concatenating.
-
-transformers' ``DynamicLayer`` grows by ``torch.cat``, copying a layer's whole cache on every decode step; on
-CPU that copy was the largest single cost of a rollout (36% of decode time for 25 rows). ``GrowingKVLayer``
-keeps keys and values in a buffer with spare capacity (doubled when full) and hands attention a view of the
-filled part, so a step copies only its new columns. It holds the same values as a ``DynamicLayer``, so the
-attention it feeds computes the same numbers. Rows leave (``batch_select_indices``), columns that no row uses any
-more are cut from the left (``drop_leading_columns``), and another batch's rows join right-aligned
-(``extend_rows``): what ``common.generation.decode_batch.DecodeBatch`` does to its rows.
-
-For decoding without autograd only: a later step writes into the buffer that earlier steps' views read, which
-autograd would reject. Training forwards (``opd.training.loss``) keep the ``DynamicCache`` they build.
-"""
+"""A KV cache for batched decoding that appends in place (spare capacity, doubled when full) instead of ``torch.cat``,
+holding the same values as a ``DynamicLayer``. Without autograd only: later steps write into the buffer that earlier
+steps' views read."""
 
 from __future__ import annotations
 
@@ -78,8 +68,7 @@ class GrowingKVLayer(DynamicLayer):
             self._expose()
 
     def extend_rows(self, other: GrowingKVLayer) -> None:
-        """Append ``other``'s rows below these, right-aligned: the side with fewer columns gets zero columns on its
-        left (the attention mask must hide them)."""
+        """Append ``other``'s rows right-aligned; the shorter side gets zero columns that the mask must hide."""
         width = max(self.length, other.length)
         capacity = max(2 * width, MIN_CAPACITY)
 

@@ -1,15 +1,6 @@
-"""Choosing each row's next token: temperature / top-k / top-p / min-p sampling from seeded generators.
-
-``TokenSampler`` draws every row from one seeded ``torch.Generator`` (opd's training rollout, whose generator state
-a resume file keeps), or each row from a generator of its own (``TokenSampler.per_row``; the embedded server's
-requests, opd's cached teacher rollouts and evaluation samples), so that a row's tokens do not depend on which rows
-share its batch. A temperature below ``GREEDY_EPS`` is greedy (argmax; vLLM's threshold); ``top_k`` 0 or -1,
-``top_p`` 1 and ``min_p`` 0 are off. ``Penalties`` are the embedded server's repetition / presence / frequency
-penalties (vLLM's meanings), applied to a row's logits before it is sampled.
-
-A row's token is drawn by inverse transform sampling (``draw``): one uniform number from the row's generator, found
-in the row's fp64 cumulative probabilities (blockwise). It is exact and batched; ``torch.multinomial`` spends about
-0.2 ms on each 6,400-token row on a CPU, a third of a 64-wide model's evaluation (``benchmarks/README.md``).
+"""Choosing each row's next token: temperature / top-k / top-p / min-p sampling from seeded generators, one for the
+batch (a resume file keeps its state) or one per row (``TokenSampler.per_row``: a row's tokens do not depend on its
+batch-mates). A temperature below ``GREEDY_EPS`` is argmax; ``top_k`` 0 or -1, ``top_p`` 1 and ``min_p`` 0 are off.
 """
 
 from __future__ import annotations
@@ -28,10 +19,7 @@ DRAW_BLOCK = 64  # tokens per block of ``draw``'s two-level cumulative sum
 def draw(probabilities: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Each row's token of ``probabilities`` (``[rows, vocab]``, non-negative, unnormalized) for its ``uniform``
     draw in [0, 1) (``[rows, 1]`` fp64): the first token whose cumulative mass exceeds ``uniform`` times the row's
-    total, so token i is drawn with probability p_i / total and a token of probability 0 never is.
-
-    The cumulative mass is fp64 in two levels: the totals of blocks of ``DRAW_BLOCK`` tokens, then the chosen
-    block's own tokens (a full fp64 cumulative sum over the vocabulary is about 10x slower on a CPU)."""
+    total, so a token of probability 0 is never drawn. Cumulative sums are fp64, blockwise in two levels."""
     rows, vocab = probabilities.shape
     blocks = -(-vocab // DRAW_BLOCK)
     padded = torch.nn.functional.pad(probabilities, (0, blocks * DRAW_BLOCK - vocab)).view(rows, blocks, DRAW_BLOCK)
@@ -59,11 +47,8 @@ class SamplingSettings(Protocol):
 
 
 class TokenSampler:
-    """Samples one token per row from filtered softmax probabilities (a temperature below ``GREEDY_EPS``: argmax).
-
-    ``TokenSampler(settings, device, seed)`` draws the whole batch from one generator seeded with ``seed``;
-    ``per_row`` gives each row a generator of its own.
-    """
+    """Samples one token per row from filtered softmax probabilities, the batch from one generator seeded with
+    ``seed`` (``per_row``: one each)."""
 
     def __init__(self, settings: SamplingSettings, device: torch.device | str, seed: int) -> None:
         self.settings = settings
@@ -74,8 +59,7 @@ class TokenSampler:
     @classmethod
     def per_row(cls, settings: SamplingSettings, device: torch.device | str, seeds: Mapping[Hashable, int],
                 key: Callable[[object], Hashable] = lambda row: row) -> TokenSampler:
-        """A sampler whose row ``row`` (what a call names it by) draws from a generator seeded with
-        ``seeds[key(row)]``."""
+        """A sampler whose row ``row`` draws from a generator seeded with ``seeds[key(row)]``."""
         sampler = cls(settings, device, 0)
         sampler.row_generators = {name: torch.Generator(device=device).manual_seed(seed) for name, seed in seeds.items()}
         sampler.row_key = key
@@ -128,9 +112,8 @@ class TokenSampler:
 
 @dataclass(frozen=True)
 class Penalties:
-    """vLLM's penalties: ``repetition`` scales the logits of every id seen (prompt and output; a positive logit is
-    divided, a negative one multiplied), ``presence`` and ``frequency`` subtract for ids in the output (once; per
-    occurrence)."""
+    """vLLM's penalties: ``repetition`` scales the logits of every id seen (positive divided, negative multiplied),
+    ``presence`` and ``frequency`` subtract for output ids (once; per occurrence)."""
 
     repetition: float = 1.0
     presence: float = 0.0

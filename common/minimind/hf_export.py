@@ -2,10 +2,8 @@
 
     onpolicy-export-hf --model agent_768 --checkpoint out/agent_768.pth --tokenizer TOKENIZER --out out/agent_768-hf
 
-The architecture comes from a preset of ``configs/model/`` (``--model``); ``--checkpoint`` defaults to the preset's.
-Weights are written as safetensors in ``--dtype`` (float16 by default: MiniMind's own files are fp16, so nothing is
-rounded); a MoE model keeps the per-expert key names vLLM's Qwen3-MoE loader reads. The folder appears whole or not
-at all (written beside it, then renamed).
+The architecture is a ``configs/model/`` preset. Weights are safetensors in ``--dtype`` (float16: MiniMind's own, so
+nothing is rounded). The folder appears whole or not at all (written beside it, then renamed).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""MiniMind-3 checkpoints as transformers Qwen3 / Qwen3-MoE models.
-
-MiniMind-3's dense model is Qwen3-shaped and its MoE model is Qwen3-MoE-shaped (4 experts, top-1,
-normalized top-k), so a native ``.pth`` state dict loads strictly into transformers' own classes.
-Native files keep MiniMind's key names (per-expert ``mlp.experts.E.{gate,up,down}_proj.weight``, both
-tied keys ``model.embed_tokens.weight`` and ``lm_head.weight``) in fp16; transformers 5 stores the
-experts fused (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``), so keys convert both ways.
-"""
+"""MiniMind-3 checkpoints as transformers Qwen3 / Qwen3-MoE models, loaded strictly. Native ``.pth`` files are fp16
+with MiniMind's key names (per-expert weights, both tied keys); keys convert both ways."""
 
 from __future__ import annotations
 
@@ -146,8 +140,7 @@ def _meta_state(arch: MiniMindArch) -> dict[str, torch.Tensor]:
 
 
 def load_failure(error: Exception) -> str:
-    """Why ``torch.load`` refused a file, in one line: the safe loader's own reason (its message is mostly advice
-    about ``weights_only``), else the message's first sentence, else the error's type (an empty file: EOFError)."""
+    """Why ``torch.load`` refused a file, in one line (the safe loader's reason, else the first sentence)."""
     text = str(error)
     if reason := re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", text, re.DOTALL):
         return " ".join(reason.group(1).split())
@@ -231,11 +224,7 @@ def check_tokenizer_fits(tokenizer, model: PreTrainedModel, *, role: str = "mode
 
 
 def load_model(spec: ModelSpec, *, role: str = "model"):
-    """Load a model block: its model (fp32, CPU) and its tokenizer, checked against each other.
-
-    A native ``.pth`` needs the architecture flags and ``spec.tokenizer``; an HF folder / hub id uses its own
-    tokenizer unless ``spec.tokenizer`` is set.
-    """
+    """A model block's model (fp32, CPU) and tokenizer, checked against each other."""
     from common.minimind.tokenizer import load_tokenizer
 
     checkpoint, tokenizer_source = spec.checkpoint, spec.tokenizer
@@ -253,11 +242,8 @@ def load_model(spec: ModelSpec, *, role: str = "model"):
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
-    """The forward() keyword that takes a KV cache: ``cache`` (recent transformers) or ``past_key_values``.
-
-    The first class in the MRO that names one of them decides, so a subclass whose forward only passes
-    ``*args, **kwargs`` through still resolves to its base model's keyword.
-    """
+    """The forward() keyword that takes a KV cache (``cache`` or ``past_key_values``), from the first class in the
+    MRO that names one (a ``**kwargs`` wrapper resolves to its base's)."""
     for cls in type(model).__mro__:
         forward = vars(cls).get("forward")
         if forward is None:
@@ -271,12 +257,8 @@ def cache_keyword(model: torch.nn.Module) -> str:
 
 def prefill_shared_prefix(model: torch.nn.Module, prefix_ids: list[int], rows: int,
                           cache: DynamicCache | None = None) -> DynamicCache:
-    """A KV cache (``cache``, else a new ``DynamicCache``) holding ``prefix_ids`` for ``rows`` identical rows,
-    computed by one single-row forward.
-
-    The rows' later forwards on this cache compute what they would compute on their full sequences (under
-    autograd too: the repeated cache sums the rows' gradients back into the one prefix computation).
-    """
+    """A KV cache (``cache``, else a new ``DynamicCache``) holding ``prefix_ids`` for ``rows`` identical rows, from
+    one single-row forward; later forwards compute what full sequences would (gradients too)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     device = next(model.parameters()).device
     model(input_ids=torch.tensor([prefix_ids], device=device), use_cache=True, logits_to_keep=1,

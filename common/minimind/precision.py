@@ -1,9 +1,5 @@
-"""Device and precision choice: ``auto`` is CUDA with bfloat16 autocast when available, else CPU in float32.
-
-Master weights and optimizer state stay float32; ``bfloat16``/``float16`` run forwards under autocast
-(float16 with a gradient scaler, CUDA only). :func:`check_precision_names` checks the settings without importing
-torch (an entry refuses a typo before its slow imports); :func:`resolve_precision` also asks torch for CUDA.
-"""
+"""Device and precision: ``auto`` is CUDA with bfloat16 autocast, else CPU in float32. Weights and optimizer state
+stay float32; float16 (CUDA only) adds a gradient scaler. :func:`check_precision_names` is torch-free."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What a model config block describes, without loading anything: :class:`MiniMindArch` (the architecture flags)
-and :class:`ModelSpec` (a checkpoint, its tokenizer and those flags).
-
-Torch-free (transformers is imported only to build a model's config), so a settings schema that only describes a
-model (regen's ``server=local``, opd's ``teacher``/``student``) holds these without loading torch;
-``common.minimind.model`` builds and loads the models they describe.
-"""
+"""What a model config block describes, torch-free: :class:`MiniMindArch` (the architecture flags) and
+:class:`ModelSpec` (checkpoint, tokenizer and flags); ``common.minimind.model`` loads them."""
 
 from __future__ import annotations
 
@@ -92,11 +87,8 @@ class MiniMindArch:
 
 @dataclass
 class ModelSpec:
-    """A teacher / student / model config block: the checkpoint, its tokenizer and the architecture flags.
-
-    ``checkpoint`` is a native MiniMind ``.pth`` (built from the flags, loaded strictly) or an HF model
-    folder / hub id (the flags are then unused). Flags left out are MiniMind-3's (``MiniMindArch``).
-    """
+    """A teacher / student / model config block. ``checkpoint`` is a native MiniMind ``.pth`` (built from the flags,
+    loaded strictly) or an HF folder / hub id (flags unused)."""
 
     checkpoint: str
     name: str = "model"

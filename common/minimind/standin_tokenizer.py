@@ -1,9 +1,6 @@
-"""A MiniMind-3-shaped stand-in tokenizer for machines without the real one (tests, the demo, benchmarks).
-
-It keeps every special-token id of the real one (``<|endoftext|>``=0 pad, ``<|im_start|>``=1, ``<|im_end|>``=2
-eos, ``<tool_call>``..``</think>`` = 21..26), has the same vocabulary size (6400) and a chat template that renders
-the same format. Its ordinary-text ids differ from the real tokenizer's.
-"""
+"""A MiniMind-3-shaped stand-in tokenizer for machines without the real one: the same special-token ids (pad 0,
+``<|im_start|>`` 1, eos ``<|im_end|>`` 2, ``<tool_call>``..``</think>`` 21..26), vocabulary size and chat format;
+ordinary-text ids differ."""
 
 from __future__ import annotations
 
@@ -12,10 +9,7 @@ from pathlib import Path
 
 from common.minimind.tokenizer import MINIMIND_ADDED_TOKENS, MINIMIND_VOCAB_SIZE, byte_level_symbols
 
-# Same rendering rules as MiniMind-3's template (tools listed in the system turn, assistant turns as
-# "<think>\n...\n</think>\n\n..." with <tool_call> blocks, consecutive tool messages merged into one
-# user turn of <tool_response> blocks, generation prompt with an empty think block unless
-# open_thinking), written independently.
+# MiniMind-3's rendering rules, written independently (generation prompt: an empty think block unless open_thinking).
 STANDIN_CHAT_TEMPLATE = (
     "{%- set first_is_system = messages and messages[0].role == 'system' -%}"
     "{%- if tools -%}"

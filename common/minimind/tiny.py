@@ -2,17 +2,8 @@
 
     onpolicy-tiny [--out FOLDER] [--seed N]
 
-Writes, into the folder the ``tiny_teacher`` / ``tiny_student`` presets read (``common.package_files.tiny_dir``:
-``$ONPOLICY_TINY_DIR``, else ``out/tiny`` in a checkout, else ``~/.cache/onpolicy-research/tiny``):
-
-- ``tiny_teacher.pth``, ``tiny_student.pth``: random-init MiniMind-3-shaped models in native MiniMind format, of the
-  presets' architectures (``configs/model/tiny_*.yaml``); the same seed writes the same weights;
-- ``standin-tokenizer/``: a MiniMind-3-shaped tokenizer (``common.minimind.standin_tokenizer``), which the tiny
-  presets use when ``tokenizer`` is not set;
-- ``tool_prompts.jsonl`` (8 records), ``tool_heldout.jsonl`` (4) and ``tool_demonstrations.jsonl`` (8): agent data
-  in MiniMind's tool world (``opd/samples/``), to train, evaluate and fine-tune on.
-
-Then it prints the commands of a first run. Random models write random text: this proves the pipes, not a model.
+Writes into ``tiny_dir()`` (where the ``tiny_*`` presets read) random native MiniMind weights (the same for the same
+seed), ``standin-tokenizer/`` and the agent data of ``opd/samples/``; then prints a first run's commands.
 """
 
 from __future__ import annotations
@@ -52,8 +43,7 @@ def write_tiny_checkpoints(out_dir: str | Path, seed: int = 0) -> dict[str, Path
 
 
 def first_run_commands(folder: Path) -> list[str]:
-    """The commands of a first run on what ``onpolicy-tiny`` wrote to ``folder`` (their outputs under ``tiny-run/``
-    in the folder they are run from)."""
+    """The commands of a first run on what ``onpolicy-tiny`` wrote to ``folder`` (outputs under ``./tiny-run/``)."""
     data = {name: str(folder / name) for name in SAMPLES}
     return [
         "onpolicy-regen dataset=sample server=local max_tokens=48 output=tiny-run/regen.jsonl",
@@ -93,8 +83,7 @@ def main() -> None:
 
 
 def command() -> None:
-    """The console script: ``main`` under the start-up's handlers (Ctrl-C while torch imports, user errors: one
-    line)."""
+    """The console script: ``main`` with its errors and Ctrl-C as one line."""
     run_entry("common.minimind.tiny")
 
 

@@ -1,9 +1,5 @@
-"""Tokenizer loading and checks, and the ids MiniMind-3's tokenizer fixes.
-
-The real MiniMind-3 tokenizer is never shipped with this repo: users point ``tokenizer=`` at their
-MiniMind checkout's tokenizer folder or a hub id. Machines without it (tests, the demo) use the stand-in
-that ``common/minimind/standin_tokenizer.py`` writes.
-"""
+"""Tokenizer loading and checks, and the ids MiniMind-3's tokenizer fixes (the real tokenizer is not shipped:
+``tokenizer=`` names a MiniMind checkout's folder or a hub id)."""
 
 from __future__ import annotations
 
@@ -92,12 +88,10 @@ def byte_level_symbols() -> list[str]:
 
 
 def max_token_bytes(tokenizer) -> int:
-    """The UTF-8 length of the tokenizer's longest vocabulary entry: no token's text is longer (byte-level BPE,
-    SentencePiece, WordPiece), so a text of B bytes encodes to at least B / this many tokens (``token_floor``)."""
+    """The UTF-8 length of the tokenizer's longest vocabulary entry (no token's text is longer)."""
     return max(len(token.encode()) for token in tokenizer.get_vocab())
 
 
 def token_floor(text_bytes: int, longest: int) -> int:
-    """Fewer tokens than this a text of ``text_bytes`` UTF-8 bytes cannot encode to, for a tokenizer whose longest
-    entry is ``longest`` bytes: known without tokenizing it, which costs seconds per megabyte."""
+    """The fewest tokens ``text_bytes`` UTF-8 bytes can encode to, when the longest entry is ``longest`` bytes."""
     return -(-text_bytes // longest)
