@@ -1,25 +1,6 @@
-"""The settings of opd's entries (train, sft, evaluate) as one typed schema, validated once at start.
-
-``common.config_schema.parse_config(OPDConfig, cfg)`` merges the composed Hydra config into the dataclass schema
-— OmegaConf checks every value's type and refuses unknown or missing keys, naming the full key — and builds the
-objects, whose ``__post_init__`` checks ranges and choices with that module's helpers. Every problem is a
-``ConfigError`` naming the key; code deeper down takes these objects and does not check them again. Values come from the YAML files
-(``configs/``): the dataclasses hold no defaults of their own, except the model blocks' architecture flags
-(MiniMind-3's, from ``MiniMindArch``) and the sampling keys (null = not set).
-
-Blocks map one to one onto what uses them: ``rollout`` → ``opd.rollouts.rollout.AgentRollout``, ``sampling`` →
-``common.generation.sampler.TokenSampler``, ``guidance`` → ``opd.rollouts.guidance.BehaviourPolicy``, ``loss`` → ``opd.training.loss.token_divergence``, ``optim`` → ``opd.training.optimization.Optimization``,
-``logger`` → ``opd.training.metric_loggers.MetricLoggers``,
-``teacher``/``student``/``model``/``models.NAME`` (``common.minimind.spec.ModelSpec``) →
-``common.minimind.model.load_model``.
-
-Model presets live once, in ``configs/model/``; ``register_model_groups`` makes the same files opd's
-``teacher`` and ``student`` groups, so ``teacher=agent_768 student=full_sft_768`` picks from that folder.
-
-Sweeps (``-m``): importing this module registers the two resolvers the entries' configs use, ``per_sweep_job``
-(the default ``out_dir``, moved into each job's own sweep folder) and ``path_keys`` (the keys Hydra leaves out
-of sweep folder names); and ``common.package_files``' two, which the presets use to name the project's own files.
-"""
+"""The settings of opd's entries (train, sft, evaluate) as one typed schema, validated once at start; every problem
+is a ``ConfigError`` naming the key. Values come from ``configs/`` (no defaults here but the architecture flags and
+the sampling keys). Importing this module registers the configs' resolvers."""
 
 from __future__ import annotations
 
@@ -60,9 +41,8 @@ WANDB_MODES = ("offline", "online", "shared", "disabled")  # wandb.init's modes
 PATH_KEYS = ("data", "tokenizer", "out_dir", "resume", "checkpoint", "cache_dir")  # left out of sweep folder names
 
 def per_sweep_job(default: str) -> str:
-    """``out_dir: ${per_sweep_job:out/agent_opd}``: ``default`` in a single run; under ``-m``, a folder of the same
-    name inside the job's own sweep folder, so no two jobs of a sweep write one ``out_dir`` (a set ``out_dir=``
-    replaces the default, resolver and all)."""
+    """``out_dir: ${per_sweep_job:out/agent_opd}``: ``default`` in a single run; under ``-m``, a folder of that name in
+    the job's own sweep folder, so no two jobs share an ``out_dir``."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -72,9 +52,8 @@ def per_sweep_job(default: str) -> str:
 
 
 def path_keys(overrides) -> list[str]:
-    """``exclude_keys: ${path_keys:${hydra.overrides.task}}``: the keys of the command line's overrides that hold
-    paths (a last part in ``PATH_KEYS``, as in ``teacher.checkpoint`` or ``models.NAME.checkpoint``; ``models``
-    set whole), which sweep folder names leave out (a path's ``/`` would nest them)."""
+    """``exclude_keys: ${path_keys:${hydra.overrides.task}}``: the override keys that hold paths (last part in
+    ``PATH_KEYS``, or ``models``), left out of sweep folder names (a ``/`` would nest them)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     keys = [override.key_or_group for override in OverridesParser.create().parse_overrides(list(overrides))]
@@ -98,8 +77,7 @@ def register_model_groups() -> None:
 
 
 class _Precision:
-    """The ``device`` and ``dtype`` keys of an entry: checked by name when parsed (torch is not imported yet),
-    resolved by ``resolve_precision`` when the run asks (CUDA's availability)."""
+    """The ``device`` and ``dtype`` keys: checked by name when parsed (torch-free), resolved when the run asks."""
 
     def check_precision(self) -> None:
         try:
@@ -117,8 +95,7 @@ class _Precision:
 
 @dataclass
 class SamplingConfig:
-    """How the local rollout picks each token; null keys mean "not set": temperature 1, top_p 1, top_k 0 (off),
-    min_p 0, i.e. the model's own distribution; temperature 0 is greedy (argmax)."""
+    """How the local rollout picks each token; null keys are off; temperature 0 is greedy."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -165,8 +142,7 @@ class RolloutConfig:
 
 @dataclass
 class LossConfig:
-    """The distillation divergence between temperature-scaled softmaxes, times ``temperature``²: a KL in
-    ``kl_direction``, or (``jsd``) GKD's generalized Jensen-Shannon divergence with ``jsd_beta``."""
+    """The distillation divergence between temperature-scaled softmaxes, times ``temperature``²."""
 
     kl_direction: str
     temperature: float
@@ -181,8 +157,8 @@ class LossConfig:
                 "in (0, 1) (the limits are loss.kl_direction=forward_kl and reverse_kl)", self.jsd_beta)
 
     def resume_settings(self) -> dict:
-        """What a continuation must share (``common.resume_signature``): ``jsd_beta`` only with ``jsd``, and
-        ``mask_broken_turns`` only when on, so runs from before it existed still resume."""
+        """What a continuation must share: ``jsd_beta`` only with ``jsd``, ``mask_broken_turns`` only when on (older
+        runs still resume)."""
         settings = {"kl_direction": self.kl_direction, "temperature": self.temperature}
         if self.kl_direction == "jsd":
             settings["jsd_beta"] = self.jsd_beta
@@ -193,8 +169,8 @@ class LossConfig:
 
 @dataclass
 class GuidanceConfig:
-    """The behaviour policy of on-policy rollouts (``opd.rollouts.guidance``): null keys are off, and with all three off the
-    student writes every token. At most one of ``turn_share``, ``token_mix`` and ``top_k`` may be set."""
+    """The behaviour policy of on-policy rollouts (``opd.rollouts.guidance``): at most one of ``turn_share``,
+    ``token_mix`` and ``top_k``; all null: the student writes every token."""
 
     turn_share: float | None  # Guided-OPD: probability that the teacher writes an assistant turn
     turn_share_final: float | None  # turn_share at the schedule's last step (linear in between); null: turn_share
@@ -217,8 +193,7 @@ class GuidanceConfig:
 
     @property
     def active(self) -> bool:
-        """Whether the teacher runs in the rollout's decode loop (any option set, even to a value that never
-        lets it write: ``token_mix=0``, ``turn_share=0``, ``top_k`` = the vocabulary)."""
+        """Whether the teacher runs in the decode loop (any option set, even one that never lets it write)."""
         return any(getattr(self, key) is not None for key in GUIDANCE_OPTIONS)
 
 
@@ -243,8 +218,7 @@ class OptimConfig:
         require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", "null or > 0", self.grad_clip)
 
     def resume_settings(self) -> dict:
-        """What a continuation must share: all but ``lr_schedule_steps``, which the loop records resolved (its span
-        in steps) instead."""
+        """What a continuation must share: all but ``lr_schedule_steps`` (the loop records its resolved span)."""
         return {name: getattr(self, name) for name in
                 ("learning_rate", "weight_decay", "lr_scheduler", "warmup_steps", "grad_clip")}
 
@@ -270,9 +244,8 @@ def _endpoints(key: str, value) -> list | None:
 
 @dataclass
 class TeacherServerConfig:
-    """The teacher served by vLLM (``opd.training.served_teacher``): its log-probabilities of the student's exact
-    token ids, top ``top_logprobs`` per position, from the completions endpoint; null ``endpoints``: the teacher runs
-    in this process."""
+    """The teacher served by vLLM (``opd.training.served_teacher``): top ``top_logprobs`` log-probabilities of the
+    student's exact ids; null ``endpoints``: the teacher runs in this process."""
 
     endpoints: list | None = parsed_by(_endpoints)
     model: str | None  # the served model's name; null: the first the endpoints list
@@ -337,8 +310,7 @@ class WandbConfig:
 
 @dataclass
 class LoggerConfig:
-    """Where an entry's metrics go (``opd.training.metric_loggers``): ``metrics.jsonl`` always, and the other ``backends``
-    listed; a backend whose package is missing is refused here, before anything loads."""
+    """Where metrics go: ``metrics.jsonl`` plus ``backends``; a backend without its package is refused here."""
 
     backends: list[str]
     wandb: WandbConfig
@@ -356,9 +328,8 @@ class LoggerConfig:
 
 
 def _model_with_tokenizer(key: str, spec: ModelSpec, tokenizer: str | None) -> None:
-    """The model block ``key`` takes the entry's ``tokenizer`` unless it names its own. A MiniMind ``.pth`` holds no
-    tokenizer, so one must be set: refused naming ``tokenizer=``, the key a person types (each block takes it from
-    there), not the block's own key."""
+    """The model block ``key`` takes the entry's ``tokenizer`` unless it names its own; a MiniMind ``.pth`` holds none,
+    so a missing one is refused naming ``tokenizer=``, the key a person types."""
     if spec.tokenizer is None:
         spec.tokenizer = tokenizer
     if not spec.tokenizer and is_native_checkpoint(spec.checkpoint):
@@ -456,8 +427,7 @@ class OPDConfig(TrainingRunConfig):
         return self.mode == "offline" and self.offline.source == "regen_rows"
 
     def recipe_settings(self) -> dict:
-        """The recipe's part of the resume signature (the loop adds its own): what is off is left out (the mixture
-        at 0, guidance, the baseline's settings on-policy), so runs from before a setting existed still resume."""
+        """The recipe's part of the resume signature: what is off is left out, so older runs still resume."""
         on_policy = self.mode == "on_policy"
         settings = {"mode": self.mode, "rollout": self.rollout, "loss": self.loss, "sampling": self.sampling}
         if not on_policy:

@@ -1,14 +1,6 @@
 """``python -m opd.torchrun [torchrun's options] opd/train.py ...``: ``torchrun`` that ends a failed job with its
-``error:`` lines once, not with torchrun's ``ChildFailedError`` report and traceback.
-
-It runs ``torch.distributed.run`` itself, so every torchrun option and environment variable works as with
-``torchrun``. A rank that stops on a user error writes its lines to torchrun's error file and only rank 0 prints
-them (``common.user_errors``); when the job fails this prints, from those files, the lines of the other failed
-ranks that differ from rank 0's, one line for a rank killed by a signal (not for one torchrun stopped because
-another rank's error ended the job) or one that exited without writing any (its own output says why: a
-traceback), then exits with the status of the rank whose error ended the job
-(``job_status``; 128 + N for signal N).
-"""
+``error:`` lines once, not with torchrun's ``ChildFailedError`` report and traceback; it exits with the status of the
+rank whose error ended the job."""
 
 from __future__ import annotations
 
@@ -23,10 +15,8 @@ from common.user_errors import exit_on_user_error
 
 
 def failure_lines(failures: dict) -> list[str]:
-    """The lines that tell a person why the job failed, beyond what rank 0 printed: ``failures`` maps a global rank
-    to torchrun's ``ProcessFailure`` (its ``exitcode`` and ``error_file``); each text is shown once. A rank that
-    SIGTERM killed before it wrote anything, in a job that a rank's own error ended, is one torchrun stopped for that
-    error (a rank slower to reach it than torchrun's poll), and gets no line."""
+    """The lines beyond rank 0's that say why the job failed, each once; a rank SIGTERM killed before writing, in a job
+    a rank's own error ended, was stopped by torchrun and gets none."""
     shown, lines = {written_message(failures[0])} if 0 in failures else set(), []
     ended_by_an_error = any(failure.exitcode >= 0 and written_message(failure) is not None
                             for failure in failures.values())
@@ -57,11 +47,8 @@ def exit_status(failure) -> int:
 
 
 def job_status(failures: dict) -> int:
-    """The job's exit status: that of the rank whose error ended the job. torchrun stops the other ranks with
-    SIGTERM once one fails, so a stopped rank can be the first failure (its timestamps are whole seconds), and a rank
-    that had written its error lines can be stopped while it exits (CI saw 143 for a job that ended on a user error,
-    both times). So the first failure (by time, then rank) that wrote its lines and exited with a status of its own
-    gives it, else the first that wrote its lines, else the first failure."""
+    """The status of the rank whose error ended the job (torchrun SIGTERMs the rest): the first failure by (time, rank)
+    that wrote its lines and exited on its own, else the first that wrote its lines, else the first failure."""
     ordered = [failure for _, failure in sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))]
     written = [failure for failure in ordered if written_message(failure) is not None]
     return exit_status(next((failure for failure in written if failure.exitcode >= 0), (written or ordered)[0]))

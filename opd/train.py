@@ -3,13 +3,7 @@
     python opd/train.py teacher=agent_768 student=full_sft_768 data=agent_rl.jsonl tokenizer=PATH
     python opd/train.py ... mode=offline      # the fixed-data baseline: same loss, data order and steps
 
-A recipe of ``opd.training.loop``: each optimizer step rolls every micro-batch of its window out with the current
-student (``mode=on_policy``: batched multi-turn episodes in MiniMind's tool world) or takes its fixed sequences
-(``mode=offline``: the records' own demonstrations, or the teacher's rollouts generated once and cached), and
-minimizes the T²-scaled full-vocabulary KL from the frozen teacher on every generated token
-(``opd.training.loss.distill_loss_step``). ``mixture.teacher_share`` (GKD's mixture) takes that share of every on-policy
-micro-batch from the teacher's cached rollouts instead; ``guidance`` lets the teacher steer the student's rollouts
-(``opd.rollouts.guidance``). Settings: ``configs/opd.yaml`` (schema ``opd.config.OPDConfig``); reference: ``opd/README.md``.
+A recipe of ``opd.training.loop``; settings in ``configs/opd.yaml``, reference in ``opd/README.md``.
 """
 
 from __future__ import annotations
@@ -48,11 +42,8 @@ from opd.training.train_log import BrokenTurnWatch
 
 
 def train(cfg: OPDConfig) -> dict:
-    """Distil the teacher into the student as configured (continuing ``cfg.resume``); returns the run summary.
-
-    Under ``torchrun`` every process rolls out its share of each global micro-batch with its own sampler stream and
-    scores it with its own frozen teacher; the update is the one a single process makes on the whole global batch.
-    """
+    """Distil the teacher into the student as configured (continuing ``cfg.resume``); returns the run summary. Under
+    torchrun each rank rolls out and scores its share; the update is what one process makes on the global batch."""
     run = TrainingRun(cfg)
     torch.manual_seed(cfg.seed)
     # --- data and models, checked before any compute
@@ -107,9 +98,8 @@ def train(cfg: OPDConfig) -> dict:
 
 @dataclass
 class Distillation(Recipe):
-    """OPD's step. Of the positions of each micro-batch this rank holds, the first ``share`` of the micro-batch are
-    fixed episodes (the mixture's cached teacher rollouts, or every episode of the fixed-data baseline) and the rest
-    the current student's rollouts of their records, guided when ``guide`` is set; the teacher scores them all."""
+    """OPD's step: the first ``share`` of each micro-batch are fixed episodes (cached teacher rollouts, or all of the
+    baseline's), the rest the student's rollouts (guided when ``guide`` is set); the teacher scores them all."""
 
     name = "opd"
     loss_name = "kl"

@@ -1,23 +1,9 @@
 """Training checkpoints: MiniMind inference weights plus a full resume file, written so a run is never lost.
 
-In ``out_dir``: ``{prefix}_{hidden}{_moe}.pth`` (native MiniMind fp16 state dict, ``save_native``'s format)
-and ``{prefix}_{hidden}{_moe}_resume.pth`` holding the fp32 weights, optimizer / scheduler / grad-scaler
-state, the step, the next global data cursor, every RNG state the run consumes (one set per training process,
-in rank order; only rank 0 writes files), the run signature (the settings
-a continuation must share), the sha256 of the weights file written with it, and a sha256 over every other
-field it holds (each tensor's dtype, shape and bytes, each plain value's type and value: step, cursor,
-RNG states, signature, optimizer and scheduler state), so a damaged or hand-edited file is refused. The
-checksum finds damage and edits, not forgery (whoever edits the file can recompute it). A file of an older
-format (``opd-resume/3`` and before, whose checksum covered only the tensors) is refused as such; its
-inference weights beside it can start a new run.
-
-Both files are staged (written to temp files and fsynced) before either is renamed into place, the
-resume file last, so a crash leaves the previous pair or a new weights file next to the previous resume
-file, which ``restore`` sets aside (renamed, kept) and writes again from the resume file. A write that
-fails (a full disk) is one error naming the file, and leaves the previous pair as it was. A new run
-refuses an ``out_dir`` that already holds checkpoints of the same name unless it resumes exactly those or
-``overwrite=true``. With ``keep_saved_weights=true`` each save then also leaves its weights as
-``{stem}_step{N}.pth`` (a learning curve's checkpoints from one run).
+``{stem}.pth`` is native fp16; ``{stem}_resume.pth`` holds fp32 weights, optimizer state, step, data cursor, every
+rank's RNG states, the run signature, the weights file's sha256 and a sha256 over every other field (a damaged or
+edited file is refused). Both are staged before either is renamed, the resume file last: a crash leaves the previous
+pair, or new weights beside the previous resume file, which ``restore`` sets aside and rewrites.
 """
 
 from __future__ import annotations
@@ -105,9 +91,7 @@ def vocabulary_fingerprint(tokenizer) -> str:
 
 
 def run_signature(settings: Mapping, *, models: Mapping[str, torch.nn.Module], fingerprints: Mapping[str, str]) -> dict:
-    """Everything a continuation must share with the run that wrote the resume file, as flat dotted keys
-    (``common.resume_signature.flat_settings`` of ``settings``), with each model's architecture and the
-    ``fingerprints`` of files (data, teacher weights, tokenizer)."""
+    """Everything a continuation must share, as flat dotted keys: ``settings``, model architectures, ``fingerprints``."""
     signature = {**fingerprints, **flat_settings(settings)}
     for role, model in models.items():
         signature.update({f"{role}.{key}": value for key, value in architecture_of(model).items()})
@@ -124,9 +108,8 @@ def check_signature(saved: Mapping, current: Mapping, source: str | Path) -> Non
 
 
 def _content_sha256(value, digest=None) -> str:
-    """sha256 over a nested dict/list/tuple, in a fixed order: each tensor's dtype, shape and bytes, each other
-    value's type and ``repr`` (what a torch file stores: numbers, strings, booleans, None), each container's
-    kind and size."""
+    """sha256 over a nested dict/list/tuple in a fixed order: each tensor's dtype, shape and bytes, each other value's
+    type and ``repr``, each container's kind and size."""
     digest = digest or hashlib.sha256()
     if isinstance(value, torch.Tensor):
         tensor = value.detach().cpu().contiguous()
@@ -155,12 +138,8 @@ def rng_state(sampler) -> dict:
 def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, optimization, step: int,
                     cursor: DataCursor, rng_states: list[dict], signature: dict,
                     keep_weights: bool = False) -> tuple[Path, Path]:
-    """Write the inference weights and the resume file of ``step`` (see the module doc); returns both paths.
-    ``keep_weights``: also write the weights to ``step_weights_path``, after the pair, so a kept file exists
-    only for a step whose checkpoint was saved.
-
-    ``rng_states`` holds every training process's ``rng_state``, in rank order (one entry on one process).
-    """
+    """Write the weights and the resume file of ``step`` (``rng_states``: every rank's, in rank order); returns both
+    paths. ``keep_weights`` also writes ``step_weights_path``, after the pair."""
     weights_path, resume_path = checkpoint_paths(out_dir, stem)
     weights = io.BytesIO()
     torch.save(native_state_dict(model), weights)
@@ -185,8 +164,8 @@ def save_checkpoint(out_dir: str | Path, stem: str, model: torch.nn.Module, *, o
 
 
 def stage_checkpoint_file(path: Path, write: Callable, resume_path: Path) -> Path:
-    """``stage`` one file of a checkpoint; a write that fails (a full disk, which torch's zip writer reports as a
-    ``RuntimeError`` over the ``OSError``) raises ``CheckpointWriteError`` naming ``path`` instead."""
+    """``stage`` one checkpoint file; a failed write (torch reports a full disk as ``RuntimeError``) raises
+    ``CheckpointWriteError``."""
     try:
         return stage(path, write)
     except (OSError, RuntimeError) as error:
@@ -229,9 +208,8 @@ def load_resume(path: str | Path) -> dict:
 
 
 def restore_weights_file(weights_path: Path, model: torch.nn.Module, sha256: str, resume_path: Path) -> None:
-    """Make ``weights_path`` the weights written with the resume file again, from the model it restored. A crash
-    between the two renames leaves the next step's weights beside this resume file; those (or any other file found
-    there) are kept as ``{stem}.unmatched-{sha256[:12]}.pth``, never overwritten, with one warning line."""
+    """Make ``weights_path`` the weights written with the resume file again; a file found there that differs is kept as
+    ``{stem}.unmatched-{sha256[:12]}.pth``, never overwritten, with one warning line."""
     found = file_fingerprint(weights_path) if weights_path.is_file() else None
     if found == sha256:
         return
@@ -248,9 +226,8 @@ def restore_weights_file(weights_path: Path, model: torch.nn.Module, sha256: str
 
 def restore(path: str | Path, signature: dict, *, model: torch.nn.Module, optimization, sampler,
             rank: int = 0) -> tuple[int, DataCursor]:
-    """Load a verified resume file into the run's objects after checking its signature; rank 0 makes the weights
-    file beside it the one written with it again (``restore_weights_file``). This process takes the RNG states of its
-    ``rank``. Returns (step, next cursor)."""
+    """Load a verified resume file into the run's objects after checking its signature, taking this ``rank``'s RNG
+    states (rank 0 restores the weights file). Returns (step, next cursor)."""
     state = load_resume(path)
     path = Path(path).expanduser()
     weights_path = path.with_name(path.name.removesuffix("_resume.pth") + ".pth")

@@ -1,10 +1,7 @@
-"""Which records each optimizer step uses: a seeded shuffle per epoch, micro-batches, accumulation windows.
-
-Epoch ``e`` visits the records in ``randperm(n)`` seeded with ``seed + e``, cut into micro-batches of
-``batch_size`` (the last one may be short) and windows of ``accumulation_steps`` micro-batches (the last
-window of an epoch may be partial); one window is one optimizer step. ``max_steps``, when set, is the run's steps
-(resumed ones included) and overrides ``epochs``, as in transformers' Trainer: the order goes on into further epochs. A ``DataCursor`` (epoch, next micro-batch) is all a resume needs.
-"""
+"""Which records each optimizer step uses: epoch ``e`` visits them in ``randperm(n)`` seeded with ``seed + e``, cut
+into micro-batches of ``batch_size`` and windows of ``accumulation_steps`` (either may be short at an epoch's end);
+one window is one step. ``max_steps`` (resumed steps included) overrides ``epochs``. A ``DataCursor`` (epoch, next
+micro-batch) is all a resume needs."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ class DataCursor:
 
 @dataclass(frozen=True)
 class Window:
-    """One optimizer step's data: its step number (1-based), the record indices of each micro-batch, and the
-    cursor after it."""
+    """One optimizer step's data: its 1-based step, each micro-batch's record indices, and the cursor after it."""
 
     step: int
     epoch: int
@@ -69,6 +65,5 @@ class DataOrder:
 
 
 def teacher_count(batch: list[int], share: float) -> int:
-    """How many episodes of a micro-batch come from the teacher's rollouts (GKD's mixture, the fixed-data baseline):
-    the first ``share`` of it, rounded down."""
+    """How many episodes of a micro-batch come from the teacher's rollouts: the first ``share``, rounded down."""
     return math.floor(share * len(batch) + 1e-9)  # 0.29 * 100 is 28.999...: still 29

@@ -1,10 +1,7 @@
-"""Data parallelism over the processes ``torchrun`` starts (``torch.distributed``); one process needs none of it.
+"""Data parallelism over the processes ``torchrun`` starts; a plain ``python opd/train.py`` has no process group.
 
-``torchrun --nproc_per_node N opd/train.py ...`` (``--nnodes`` for several nodes) sets ``WORLD_SIZE``,
-``RANK`` and ``LOCAL_RANK``; ``start`` then joins the process group — NCCL on CUDA (each process on the GPU
-of its local rank), gloo on CPU — and a plain ``python opd/train.py`` stays a single process with no
-process group at all. Every global micro-batch of record indices is split into equal contiguous shares, one
-per rank, in rank order, so the ranks together hold exactly the micro-batch one process would hold.
+``start`` joins the group (NCCL on CUDA, each process on its local rank's GPU; gloo on CPU). Every global micro-batch
+is split into equal contiguous shares in rank order, so the ranks together hold what one process would.
 """
 
 from __future__ import annotations
@@ -102,12 +99,8 @@ def start(device: torch.device) -> Ranks:
 
 
 def stop(ranks: Ranks) -> None:
-    """Leave the process group (a no-op on one process).
-
-    Delete the ``DistributedDataParallel`` wrapper first: its reducer holds the process group and frees it
-    holding the GIL, while gloo's worker thread may still need the GIL to release the tensors of the last
-    collective, and the process hangs in ``~ProcessGroupGloo`` forever. Freed here, with the reducer gone,
-    the group is destroyed with the GIL released."""
+    """Leave the process group (a no-op on one process). Delete the DDP wrapper first: its reducer frees the group
+    holding the GIL, which gloo's worker may need, and the process hangs in ``~ProcessGroupGloo``."""
     if ranks.distributed and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -139,8 +132,7 @@ def gradient_sync(forward: torch.nn.Module, *, last: bool):
 
 
 def idle_loss(forward: torch.nn.Module, pad_token_id: int, device: torch.device) -> torch.Tensor:
-    """A zero loss through the whole model, for a rank whose share of a short micro-batch is empty: its backward
-    joins the other ranks' gradient sum with zeros, so every rank runs the same collectives."""
+    """A zero loss through the whole model for a rank with an empty share, so every rank runs the same collectives."""
     ids = torch.full((1, 1), pad_token_id, dtype=torch.long, device=device)
     logits, _ = forward(ids, torch.ones_like(ids), torch.zeros((1, 0), dtype=torch.bool, device=device))
     return logits.sum() * 0.0

@@ -1,22 +1,9 @@
-"""The training loop of every trainer: ``opd/train.py`` (on-policy distillation and its fixed-data baseline) and
-``opd/sft.py`` (fine-tuning on demonstrations) are recipes that supply only their step.
+"""The training loop of every trainer: ``opd/train.py`` and ``opd/sft.py`` are recipes that supply only their step.
 
-A recipe (``Recipe``) says which episodes each micro-batch of a window trains on (``collect``: the student's
-rollouts, fixed episodes, demonstrations) and the loss of one packed micro-batch (``loss``: summed over its targets,
-plus a MoE model's router loss). ``TrainingRun`` does the rest, the same for every recipe, in this order:
-
-1. ``TrainingRun(cfg)``: joins the torchrun process group if there is one (``opd.training.distributed``) and picks this
-   process's device; the recipe then loads its data and models and builds its resume signature.
-2. ``claim``: refuses another run's checkpoints in ``out_dir``, then marks the run's checks passed (from here on a
-   failure keeps the run's folders).
-3. ``fit``: the model on its device, ``DistributedDataParallel`` under torchrun, AdamW and its schedule
-   (``opd.training.optimization``), the resume file restored (``opd.training.checkpoints``); then one optimizer step per window of
-   ``opd.training.data_order``: ``collect``; per micro-batch the loss averaged over every target of the global window (the
-   ranks' gradients summed on the last micro-batch only, a rank with nothing to train joining with a zero loss);
-   one clipped step; the step's metrics, summed over the ranks, to the loggers and the run log
-   (``opd.training.train_log.TrainLog``); a checkpoint every ``save_interval`` steps and at the end; then the run summary.
-   Only rank 0 logs and writes files. Ctrl-C or SIGTERM (``opd.training.stop_and_save``): the step in progress finishes and is
-   saved, then the run stops with the resume file's name.
+A ``Recipe`` gives each window's episodes (``collect``) and one packed micro-batch's loss (summed over its targets).
+Per window ``fit`` collects, averages the loss over every target of the global window (gradients synced on the last
+micro-batch only), takes one clipped step, logs, and saves every ``save_interval`` steps and at the end. Only rank 0
+logs and writes files.
 """
 
 from __future__ import annotations
@@ -76,8 +63,7 @@ class Recipe(ABC):
 
     @abstractmethod
     def loss(self, forward: torch.nn.Module, episodes: list[Episode], batch: PackedBatch):
-        """One micro-batch, ``batch`` on the device: (the loss summed over its targets, the weighted router loss or
-        None). ``forward`` is the trained model's ``TargetLogits``, DDP-wrapped under torchrun."""
+        """One micro-batch on the device: (loss summed over its targets, weighted router loss or None)."""
 
     def metrics(self, step: int) -> dict:
         """The recipe's own figures of step ``step`` for its metrics line."""
@@ -90,8 +76,8 @@ class Recipe(ABC):
 
 @dataclass(frozen=True)
 class Update:
-    """What one optimizer step did: this rank's part of the window's mean loss and router loss (the ranks' parts add
-    up to the window's), the window's targets over every rank, the learning rate, the gradient norm."""
+    """What one optimizer step did: this rank's part of the window's mean loss and router loss (the parts add up),
+    the window's targets over every rank, the learning rate, the gradient norm."""
 
     loss: float
     aux: float
@@ -160,10 +146,8 @@ class TrainingRun:
         return self.cfg.optim.lr_schedule_steps or order.total_steps
 
     def signature(self, order: DataOrder, settings: dict, *, models: dict, fingerprints: dict) -> dict:
-        """What a resumed run must share with the one it continues (``opd.training.checkpoints.run_signature``): the loop's
-        settings (seed, batch, accumulation, the number of processes, dtype, optimizer, the schedule's span compared
-        resolved) and the recipe's ``settings``, ``models`` and ``fingerprints``. The rest (e.g. ``max_steps``, ``epochs``,
-        ``save_interval``, ``out_dir``, ``device``, ``gradient_checkpointing``, ``logger``) may change."""
+        """What a resumed run must share: the loop's settings (seed, batch, accumulation, world size, dtype, optimizer,
+        resolved schedule span) and the recipe's ``settings``, ``models`` and ``fingerprints``; the rest may change."""
         cfg = self.cfg
         return run_signature(
             {"seed": cfg.seed, "batch_size": cfg.batch_size, "accumulation_steps": cfg.accumulation_steps,
@@ -172,16 +156,15 @@ class TrainingRun:
             models=models, fingerprints=fingerprints)
 
     def claim(self, model: torch.nn.Module, prefix: str, signature: dict) -> None:
-        """Name the run's checkpoints (``prefix`` and ``model``'s size), refuse another run's in ``out_dir``, keep
-        ``signature`` for its resume files; the run's checks have passed."""
+        """Name the run's checkpoints, refuse another run's in ``out_dir``, keep ``signature``; checks have passed."""
         cfg = self.cfg
         self.stem, self.resume_signature = checkpoint_stem(model, prefix), signature
         check_out_dir(cfg.out_dir, self.stem, resume=cfg.resume, overwrite=cfg.overwrite)
         checks_passed()  # data, models and out_dir are checked: from here on a failure keeps the run's folders
 
     def fit(self, model: torch.nn.Module, order: DataOrder, recipe: Recipe, *, summary: dict | None = None) -> dict:
-        """Train ``model`` over ``order``'s windows with ``recipe``'s step, continuing ``cfg.resume``; returns the run
-        summary (plus ``summary``), written by rank 0. Leaves the process group."""
+        """Train ``model`` over ``order``'s windows, continuing ``cfg.resume``; returns the run summary. Leaves the
+        process group."""
         cfg, ranks = self.cfg, self.ranks
         if self.stem is None:
             raise RuntimeError("TrainingRun.claim checks out_dir before fit")
@@ -231,8 +214,7 @@ class TrainingRun:
 
     def step_metrics(self, window: Window, update: Update, micro_batches: list[list[Episode]], recipe: Recipe, *,
                      times: tuple[float, float]) -> dict:
-        """The step's line of ``metrics.jsonl``, summed over every rank; ``times`` are when the step began and when
-        its episodes were collected (``time.perf_counter``)."""
+        """The step's line of ``metrics.jsonl``, summed over every rank (``times``: ``perf_counter`` readings)."""
         began, collected = times
         counts = episode_counts([episode for episodes in micro_batches for episode in episodes], recipe.chat_format)
         totals = dict(zip([*counts, "loss", "aux"], self.ranks.sum([*counts.values(), update.loss, update.aux]),

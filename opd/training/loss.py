@@ -1,22 +1,12 @@
 """The training losses on packed episodes: full-vocabulary distillation divergence, cross-entropy, a MoE router loss.
 
-Logits are computed only at the targets (each row's own, not every position where some row trains) and always in
-fp32: the model body may run under bf16/fp16 autocast, but the output projection, the softmaxes and the divergence
-are fp32.
-
-``token_divergence``: ``forward_kl`` is T²·KL(teacher_T ‖ student_T), ``reverse_kl`` is T²·KL(student_T ‖ teacher_T),
-both at the same (rollout-sampled) prefixes, where ``p_T = softmax(logits / T)`` (GKD-style). ``jsd`` is GKD's
-generalized Jensen-Shannon divergence (Agarwal et al. 2024, eq. 1), T²-scaled the same way::
+Logits only at the targets, always fp32. With ``p_T = softmax(logits / T)``, ``forward_kl`` is T²·KL(teacher_T ‖
+student_T), ``reverse_kl`` T²·KL(student_T ‖ teacher_T), ``jsd`` GKD's generalized JSD (T²-scaled, β in (0, 1),
+mixed in probability space)::
 
     JSD(β) = β·KL(teacher ‖ M) + (1 - β)·KL(student ‖ M),   M = β·teacher + (1 - β)·student
 
-mixed in probability space (not in log space). For β in (0, 1) this is the paper's and TRL's formula alike; its
-value vanishes at both ends: JSD(β)/β → KL(teacher ‖ student) (forward) as β → 0 and JSD(β)/(1 - β) →
-KL(student ‖ teacher) (reverse) as β → 1. TRL's ``generalized_jsd_loss`` instead returns the unscaled forward KL
-at β = 0 and reverse KL at β = 1 (a jump at each end), and TRL before its PR #3043 weighted the mixture the other
-way round (M = β·student + (1 - β)·teacher), so its β meant 1 - β. Here β is limited to (0, 1): the ends are
-``forward_kl`` and ``reverse_kl``. The teacher side is detached: gradients flow only into the student logits
-(sampled tokens are data: a semi-gradient).
+The teacher side is detached.
 """
 
 from __future__ import annotations
@@ -33,15 +23,12 @@ from opd.training.distributed import unwrap
 
 
 def logits_at_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 0, *, router_logits: bool = False):
-    """fp32 logits at the batch's targets, ``[targets, vocab]``, and the model body's output.
-
-    With ``prefix`` > 0 the first ``prefix`` ids (identical in every row, before any target) run once.
-    ``router_logits`` asks a MoE body for its per-layer router logits (``output.router_logits``).
-    """
+    """fp32 logits at the batch's targets, ``[targets, vocab]``, and the model body's output. With ``prefix`` > 0 the
+    first ``prefix`` ids (identical in every row, before any target) run once."""
     if prefix and batch.target_mask[:, :prefix].any():
         raise ValueError(f"a shared prefix of {prefix} ids reaches a target")
     # rows are right-padded: under the causal mask no real token sees a pad, so the padding mask changes nothing
-    # and, left out, lets the attention run its plain causal kernel (the body 1.2x faster on a CPU, unshared prompts)
+    # and, left out, lets the attention run its plain causal kernel
     extra = {"output_router_logits": True} if router_logits else {}
     if not prefix:
         output = model.model(input_ids=batch.input_ids, use_cache=False, **extra)
@@ -59,9 +46,7 @@ def logits_at_targets(model: torch.nn.Module, batch: PackedBatch, prefix: int = 
 
 
 class TargetLogits(torch.nn.Module):
-    """A trained model's forward as its gradients see it — fp32 logits at the targets (``logits_at_targets``)
-    — as one module, so that ``DistributedDataParallel`` can wrap the whole computation (shared-prefix
-    prefill included) and synchronize the gradients of its one backward."""
+    """``logits_at_targets`` as one module, so DDP wraps the whole computation and syncs its one backward."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
@@ -74,8 +59,7 @@ class TargetLogits(torch.nn.Module):
 
 
 def token_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, settings: LossConfig) -> torch.Tensor:
-    """Per-position T²-scaled divergence (``settings.kl_direction``) for ``[..., vocab]`` logits; returns ``[...]``
-    in fp32 (fp64 for fp64 logits)."""
+    """Per-position T²-scaled divergence for ``[..., vocab]`` logits; ``[...]`` in fp32 (fp64 for fp64 logits)."""
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"student logits {tuple(student_logits.shape)} and teacher logits "
                          f"{tuple(teacher_logits.shape)} differ in shape (vocabularies must match)")
@@ -95,9 +79,8 @@ def token_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
 
 
 def topk_forward_kl(student_logits: torch.Tensor, top: TopLogprobs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-target KL(teacher ‖ student) on the teacher's top-k ids plus one tail bucket holding the rest of each
-    side's mass (verl's truncated forward KL made a true KL), at temperature 1; and the teacher's mass in its top-k.
-    With every id in the top-k it is ``token_divergence``'s forward KL."""
+    """Per-target KL(teacher ‖ student) at temperature 1 on the teacher's top-k ids plus one tail bucket with the rest
+    of each side's mass (equal to the full forward KL when the top-k holds every id); and the teacher's top-k mass."""
     student = torch.log_softmax(student_logits.float(), dim=-1)
     valid = top.ids >= 0
     ids = top.ids.clamp(min=0).to(student.device)
@@ -117,9 +100,8 @@ def topk_forward_kl(student_logits: torch.Tensor, top: TopLogprobs) -> tuple[tor
 
 def sampled_token_reverse_kl(student_logits: torch.Tensor, labels: torch.Tensor,
                              teacher_next: torch.Tensor) -> torch.Tensor:
-    """Per-target estimate of KL(student ‖ teacher) from the sampled token alone (tinker's estimator): its value is
-    log p_student(y) - log p_teacher(y), its gradient that difference times ∇ log p_student(y), whose expectation
-    over y ~ p_student is the full reverse KL's gradient. Only the student's own samples at temperature 1 make it so."""
+    """Per-target estimate of KL(student ‖ teacher) from the sampled token: value log p_student(y) - log p_teacher(y),
+    gradient that times ∇ log p_student(y). Unbiased only on the student's own samples at temperature 1."""
     student = torch.log_softmax(student_logits.float(), dim=-1).gather(-1, labels[:, None])[:, 0]
     estimate = (student - teacher_next.to(student.device, torch.float32)).detach()
     return estimate + estimate * (student - student.detach())
@@ -138,14 +120,8 @@ def router_aux_coef(model: torch.nn.Module) -> float | None:
 
 
 def router_loss(model: torch.nn.Module, output, attention_mask: torch.Tensor) -> torch.Tensor:
-    """MiniMind's router load-balancing loss of one forward of a MoE model, over its non-padding tokens.
-
-    Per MoE layer, as MiniMind-3's ``MOEFeedForward`` computes it: ``num_experts · Σ_e load_e · score_e ·
-    router_aux_loss_coef``, where ``score_e`` is the mean softmax router probability of expert ``e`` and
-    ``load_e`` the share of tokens whose top-k choice (per choice slot) is ``e``; summed over layers.
-    MiniMind averages over every token it is given (it trains on unpadded rows); here padding positions
-    (``attention_mask`` 0) are left out, so a padded batch gives what its unpadded rows would.
-    """
+    """MiniMind-3's router load-balancing loss of one MoE forward, ``num_experts · Σ_e load_e · score_e · coef`` per
+    layer, summed; padding positions are left out, so a padded batch gives what its unpadded rows would."""
     config = model.config
     experts, top_k = config.num_experts, config.num_experts_per_tok
     real = attention_mask.reshape(-1).bool()
@@ -160,10 +136,8 @@ def router_loss(model: torch.nn.Module, output, attention_mask: torch.Tensor) ->
 
 def trained_logits(forward: torch.nn.Module, episodes: list[Episode], batch: PackedBatch, precision: Precision, *,
                    share_prefix: bool = True):
-    """The trained model's fp32 logits at the batch's targets (``forward``: its ``TargetLogits``, DDP-wrapped under
-    torchrun) and its weighted router loss, or None for a dense model. A prompt prefix every episode shares runs once
-    for a dense model unless ``share_prefix`` is off (as under gradient checkpointing); a MoE model runs every token
-    (its router loss averages over all of them)."""
+    """The trained model's fp32 logits at the targets and its weighted router loss (None for a dense model). A shared
+    prompt prefix runs once unless ``share_prefix`` is off or the model is MoE (its router loss needs every token)."""
     model = unwrap(forward)
     moe = router_aux_coef(model) is not None
     prefix = shared_prefix_length(episodes) if share_prefix and not moe else 0
@@ -174,13 +148,8 @@ def trained_logits(forward: torch.nn.Module, episodes: list[Episode], batch: Pac
 
 def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module | None, episodes: list[Episode],
                       batch: PackedBatch, settings: LossConfig, precision: Precision, *, share_prefix: bool = True):
-    """One micro-batch of distillation: returns (the T²-scaled divergence of the student (``trained_logits``) from the
-    frozen teacher summed over the episodes' targets, the student's weighted router loss or None).
-
-    The teacher's scores, in the packed target order (row by row, position by position), are a served teacher's
-    top-k (``Episode.teacher_top``: ``topk_forward_kl``, or ``sampled_token_reverse_kl``), the logits its guided
-    rollouts kept (``Episode.teacher_logits``), or else its logits on the batch, a shared prompt prefix run once.
-    """
+    """One micro-batch of distillation: (the T²-scaled divergence summed over the targets, the router loss or None),
+    against a served teacher's top-k, the logits guided rollouts kept, or the teacher's logits on the batch."""
     if all(episode.teacher_top is not None for episode in episodes):
         student_logits, router = trained_logits(student_forward, episodes, batch, precision, share_prefix=share_prefix)
         top = TopLogprobs.cat([episode.teacher_top for episode in episodes])
@@ -199,7 +168,6 @@ def distill_loss_step(student_forward: torch.nn.Module, teacher: torch.nn.Module
 
 def sft_loss_step(forward: torch.nn.Module, episodes: list[Episode], batch: PackedBatch, precision: Precision, *,
                   share_prefix: bool = True):
-    """One micro-batch of fine-tuning: (the cross-entropy of ``trained_logits`` summed over the targets, the weighted
-    router loss of a MoE model or None)."""
+    """One micro-batch of fine-tuning: (cross-entropy summed over the targets, router loss or None)."""
     logits, router = trained_logits(forward, episodes, batch, precision, share_prefix=share_prefix)
     return target_cross_entropy(logits, batch), router

@@ -1,13 +1,7 @@
-"""Where an entry's metrics go, as TRL's ``report_to`` or torchtune's metric loggers: ``metrics.jsonl`` in the run
-folder always, and TensorBoard and W&B when ``logger.backends`` lists them (``opd.config.LoggerConfig``).
-
-One ``log`` call is one row at one step: the row as it is to ``metrics.jsonl``, its numbers as scalars named
-``{prefix}/{key}`` to the other backends, with the step as their x axis (``train/loss``, ``eval/student/accuracy``).
-TensorBoard's event files go to ``tensorboard/`` in the run folder, W&B's run to ``wandb/`` there. Only the process
-that logs makes one (rank 0 under torchrun), and a W&B run is finished with the run's exit status (``exit_status``),
-so one that an error or a signal ended shows as failed. The packages are imported here, when a backend is used: the
-config check (``LoggerConfig``) already refused a backend whose package is missing.
-"""
+"""Where an entry's metrics go: ``metrics.jsonl`` in the run folder always, and TensorBoard (``tensorboard/``) and W&B
+(``wandb/``) when ``logger.backends`` lists them. One ``log`` call is one row at one step; its numbers go to the other
+backends as ``{prefix}/{key}`` scalars. Only the logging process (rank 0) makes one; a W&B run ends with the run's exit
+status, so an error or signal shows it as failed."""
 
 from __future__ import annotations
 
@@ -22,8 +16,7 @@ from opd.config import LoggerConfig
 
 
 class MetricLoggers:
-    """Context manager: ``metrics.jsonl`` in ``run_dir`` and the backends ``settings`` choose; ``config`` (the run's
-    settings) is the W&B run's config."""
+    """Context manager over ``run_dir``'s loggers; ``config`` is the W&B run's config."""
 
     def __init__(self, settings: LoggerConfig, run_dir: Path, *, config: dict | None = None):
         self.settings = settings
@@ -48,8 +41,7 @@ class MetricLoggers:
         return self
 
     def locations(self) -> dict[str, str]:
-        """Where the backends write, for the run summary: ``tensorboard`` (the folder for ``tensorboard --logdir``)
-        and ``wandb`` (the run's folder), when listed."""
+        """Where the listed backends write (``tensorboard``, ``wandb``), for the run summary."""
         backends = self.settings.backends
         return {name: str(self.run_dir / name) for name in ("tensorboard", "wandb") if name in backends}
 
@@ -61,8 +53,8 @@ class MetricLoggers:
             self._wandb.finish(exit_code=exit_status(error))
 
     def _append(self, line: bytes) -> None:
-        """``line`` at the end of ``metrics.jsonl``; a full disk cuts off what it wrote of it (a resumed run appends
-        whole lines after the ones before) and is ``no_space`` naming the file."""
+        """``line`` at the end of ``metrics.jsonl``; a full disk truncates what it wrote of it (a resume appends after
+        whole lines) and raises ``no_space``."""
         end, written = self._jsonl.tell(), 0
         try:
             while written < len(line):
@@ -74,8 +66,7 @@ class MetricLoggers:
             raise no_space(self.metrics_path, len(line)) from None
 
     def log(self, row: dict, *, step: int, prefix: str) -> None:
-        """One row at ``step``: written whole to ``metrics.jsonl``; its numbers (not ``step``, booleans or None) as
-        ``{prefix}/{key}`` scalars to TensorBoard and W&B."""
+        """One row at ``step``, whole to ``metrics.jsonl``; its numbers as ``{prefix}/{key}`` scalars to the backends."""
         self._append(json.dumps(row).encode() + b"\n")
         scalars = {f"{prefix}/{key}": value for key, value in row.items()
                    if key != "step" and isinstance(value, int | float) and not isinstance(value, bool)}

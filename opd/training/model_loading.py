@@ -1,6 +1,5 @@
-"""The models a training entry starts from, loaded and checked before any compute: ``opd/sft.py``'s model (its
-checkpoint, or a seeded random init of its architecture) and ``opd/train.py``'s student and teacher (one tokenizer,
-one vocabulary, ``rollout.max_total_len`` within both models' positions)."""
+"""The models a training entry starts from, loaded and checked before any compute: sft's model and train's student
+and teacher (one tokenizer, one vocabulary, ``rollout.max_total_len`` within both models' positions)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from opd.config import OPDConfig, SFTConfig
 
 
 def initial_model(cfg: SFTConfig):
-    """The model to fine-tune and its tokenizer: ``cfg.model``'s checkpoint, or a seeded random init of its
-    architecture when ``from_scratch``."""
+    """The model to fine-tune and its tokenizer (a seeded random init when ``from_scratch``)."""
     if not cfg.from_scratch:
         return load_model(cfg.model, role="model")
     torch.manual_seed(cfg.seed)
@@ -25,9 +23,8 @@ def initial_model(cfg: SFTConfig):
 
 
 def load_student_and_teacher(cfg: OPDConfig):
-    """Both models and the shared tokenizer; they must agree on the vocabulary and fit ``max_total_len``. With a
-    served teacher (``teacher_server.endpoints``) the teacher is None: only the student loads (its tokenizer must be
-    the served model's; ``opd.training.served_teacher`` checks each scored id)."""
+    """Both models and the shared tokenizer, checked to agree and fit ``max_total_len``; with a served teacher only the
+    student loads (teacher None)."""
     student, tokenizer = load_model(cfg.student, role="student")
     teacher = None
     if not cfg.teacher_server.active:

@@ -1,9 +1,5 @@
 """AdamW with a warmup + constant / linear / cosine schedule, a grad scaler for float16, and the clipped step.
-
-Master weights and optimizer state are fp32. ``step`` unscales (float16), clips the gradient to
-``grad_clip`` (its norm before clipping is returned), steps optimizer, scaler and schedule, and clears the
-gradients. With float16 an overflowing step is skipped by the scaler instead of raising.
-"""
+Master weights and optimizer state are fp32; with float16 an overflowing step is skipped by the scaler."""
 
 from __future__ import annotations
 
@@ -54,9 +50,8 @@ class Optimization:
         return float(grad_norm)
 
     def skip(self) -> float:
-        """A step without an update (a window with no target left, ``loss.mask_broken_turns``): the schedule moves
-        on with the step count; returns the gradient norm, 0. No gradient was accumulated, so AdamW's step changes
-        no weight and no moment (it skips parameters without a gradient, weight decay included)."""
+        """A step without an update (no target left in the window): the schedule moves on; returns 0. With no gradient
+        accumulated, AdamW's step changes no weight and no moment (weight decay included)."""
         self.optimizer.step()
         self.scheduler.step()
         return 0.0

@@ -1,15 +1,6 @@
-"""One run per ``out_dir``: opd's entries make the folder and lock it before anything loads, for the whole run.
-
-``checked_run`` is every command's job (``opd.commands``): its settings parsed and checked, then its work with ``out_dir`` held.
-
-``hold_out_dir`` takes ``common.run_lock.OutputLock`` on ``{out_dir}/.lock``; the OS lets go when the process
-exits however it exits (``kill -9`` included), and a second run on the same folder (train, sft or evaluate) is
-refused at once with an ``error:`` naming the holder's pid. Making the folder and its lock file is also the check
-that ``out_dir`` can be written, before any compute: ``out_dir=/dev/null`` or a folder on a read-only disk stops
-the run there, not at its first save.
-
-Under ``torchrun`` only global rank 0 (``RANK``) takes the lock, since it alone writes files; the other ranks go
-on to join the process group, and if rank 0 is refused it exits before joining, so torchrun stops them.
+"""One run per ``out_dir``: opd's entries make the folder and lock it (``common.run_lock``) before anything loads, for
+the whole run; that is also the check that it can be written. A second run on it is refused at once. Under torchrun
+only global rank 0 takes the lock (it alone writes); if refused it exits before joining, so torchrun stops the rest.
 """
 
 from __future__ import annotations
@@ -32,8 +23,7 @@ LOCK_NAME = ".lock"
 
 @contextmanager
 def hold_out_dir(out_dir: str | Path) -> Iterator[None]:
-    """Hold ``out_dir`` (made if missing) for the block's whole run; raises ``UserError`` when it cannot be written
-    or another run holds it."""
+    """Hold ``out_dir`` (made if missing) for the block; ``UserError`` when unwritable or held by another run."""
     if int(os.environ.get("RANK", "0")) != 0:
         yield
         return
@@ -59,9 +49,8 @@ DISK_FULL_HINT = ("make room on that disk; a training run continues from its las
 
 
 def checked_run(schema: type, cfg: DictConfig, work: Callable) -> None:
-    """An entry's run: ``cfg`` parsed and checked as ``schema``, then ``work(settings)`` with ``out_dir`` held. An
-    error a user can fix ends it with one ``error:`` line (a full disk too: ``DISK_FULL_HINT``); a run stopped at its
-    checks leaves no folder behind. A signal from here on is no longer the start-up's (``common.start_up``)."""
+    """An entry's run: ``cfg`` parsed and checked as ``schema``, then ``work(settings)`` with ``out_dir`` held. User
+    errors (a full disk too) end it with ``error:`` lines; a run stopped at its checks leaves no folder behind."""
     started()
     with exit_on_user_error(), discard_unless_checked(), full_disk_is_one_error(DISK_FULL_HINT):
         settings = parse_config(schema, cfg)

@@ -1,10 +1,6 @@
 """The frozen teacher behind vLLM servers (``teacher_server.endpoints``): its top-k log-probabilities of the episodes'
-exact token ids.
-
-Each episode is one ``/v1/completions`` request: its ids as a token prompt, ``max_tokens`` 1 and ``prompt_logprobs``
-k. vLLM answers, for every position after the first, the top-k ids with their log-probabilities at temperature 1 and
-the prompt's own id there; the rows at the episode's targets become its ``TopLogprobs``. Requests run concurrently
-over the endpoints with ``common.endpoints``' retries, failover, bounded replies and redaction.
+exact token ids. Each episode is one ``/v1/completions`` request (its ids as the prompt, ``max_tokens`` 1,
+``prompt_logprobs`` k, temperature 1); the rows at its targets become its ``TopLogprobs``.
 """
 
 from __future__ import annotations
@@ -76,8 +72,8 @@ def top_logprobs(data, episode: Episode, k: int, vocab: int) -> TopLogprobs:
 
 
 class ServedTeacher:
-    """Scores episodes on the teacher servers; ``close`` when done. Built before any compute: it asks the endpoints
-    which model they serve and refuses one whose ``max_model_len`` is below ``max_total_len``."""
+    """Scores episodes on the teacher servers; ``close`` when done. Built before any compute: refuses a served model
+    whose ``max_model_len`` is below ``max_total_len``."""
 
     def __init__(self, settings: TeacherServerConfig, *, max_total_len: int, vocab: int):
         self.settings, self.vocab = settings, vocab
@@ -103,8 +99,7 @@ class ServedTeacher:
         return client_session(self.settings.api_key_env)
 
     def score(self, episodes: list[Episode]) -> list[Episode]:
-        """``episodes`` with their targets' ``teacher_top``, all requests in flight together (up to
-        ``teacher_server.concurrency``)."""
+        """``episodes`` with their targets' ``teacher_top``, up to ``teacher_server.concurrency`` requests at once."""
         return self.loop.run_until_complete(self._score_all(episodes))
 
     async def _score_all(self, episodes: list[Episode]) -> list[Episode]:

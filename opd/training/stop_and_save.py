@@ -1,23 +1,8 @@
-"""Ctrl-C and SIGTERM while a run trains (the step loop of ``opd.training.loop``): the step in progress finishes, the
-run saves it as it saves every ``save_interval`` steps, and ends with one line naming the file to resume from.
+"""Ctrl-C and SIGTERM while a run trains: the step in progress finishes and is saved, and the run ends with
+``error: interrupted (SIGTERM) after step 37 of 500; continue with resume=<file>``, status 128 + the signal.
 
-``stopping(ranks)`` holds the handler over the step loop (``common.stop_signals.handling``). The first signal is
-kept and said once in the run log. After every step the ranks agree on it (``StepStop.agreed``: the largest signal
-any rank kept, one all-reduce under torchrun, so every rank stops after the same step); unless that step was the
-last, the loop saves it and raises ``StepStop.interrupted``: ``error: interrupted (SIGTERM) after step 37 of 500;
-continue with resume=<its resume file>``, exit status 128 + the signal number (130, 143). The resumed run is the
-run that was never stopped, as from any resume file (``opd.training.checkpoints``).
-
-A second Ctrl-C stops at once: ``error: interrupted again; the steps since the last checkpoint are lost``. A second
-SIGTERM changes nothing: whoever sent the first follows it with SIGKILL after a grace period (a scheduler's, or
-torchrun's ``--shutdown_timeout``, 30 s by default), which is the time a step has to finish.
-
-Under torchrun the ranks get the signal from torchrun, which also stops the ranks of a job whose other rank failed
-with SIGTERM. Their step then cannot finish (a collective has lost a rank): a rank whose step fails while it keeps a
-signal ends by that signal, as it did before signals were handled, so the failed rank's error is the job's.
-
-Before the loop (loading, restoring a resume file) and after it (the summary), either signal ends the run at once
-(``common.start_up.started``): ``error: interrupted`` (130) or ``error: interrupted (SIGTERM)`` (143).
+Every rank stops after the same step (``StepStop.agreed``, a collective). A second Ctrl-C stops at once, unsaved; a
+second SIGTERM changes nothing. Under torchrun a rank whose step fails while it keeps a signal ends by that signal.
 """
 
 from __future__ import annotations

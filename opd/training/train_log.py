@@ -1,6 +1,5 @@
-"""What a training run logs and reports: each step's figures from its episodes (``episode_counts``,
-``episode_figures``), the step lines, loggers and progress bar (``TrainLog``), the warning that on-policy forward KL
-trains on broken turns (``BrokenTurnWatch``), and the run summary."""
+"""What a training run logs and reports: each step's figures from its episodes, the step lines, loggers and progress
+bar (``TrainLog``), the broken-turn warning (``BrokenTurnWatch``), and the run summary."""
 
 from __future__ import annotations
 
@@ -25,10 +24,8 @@ def run_dir_of(out_dir: str) -> Path:
 
 
 def episode_counts(episodes: list[Episode], chat_format: ChatFormat) -> dict[str, int]:
-    """Sums over a step's episodes (on one rank): episodes, turns, tool calls and errors, generated tokens (and how
-    many the teacher wrote), truncated episodes, those with ``gt`` graded by MiniMind's answer check
-    (``opd.episodes.scoring``), and the targets of trained turns, of broken turns (``Episode.broken``) and left out as
-    broken (``loss.mask_broken_turns``)."""
+    """Sums over a step's episodes on one rank: episodes, turns, tool calls and errors, generated and teacher tokens,
+    truncated, graded and correct, and the targets of trained, broken and masked turns."""
     graded = [score_episode(e, chat_format).correct for e in episodes if e.record.gt]
     targets = [e.target_counts() for e in episodes]  # (of trained turns, broken, left out) per episode
     return {"episodes": len(episodes), "turns": sum(len(e.turns) for e in episodes),
@@ -62,9 +59,7 @@ def run_summary(*, step: int, start_step: int, losses: list[float], tokens: int,
 
 
 class TrainLog:
-    """Context manager around the step loop: each step's metrics to the loggers (``opd.training.metric_loggers``:
-    ``metrics.jsonl`` in ``run_dir`` and the ``logger`` backends) and its line to the run log, under a progress bar;
-    ``summary`` then adds the training-curve PNG."""
+    """Context manager around the step loop: metrics to the loggers and lines to the run log, under a progress bar."""
 
     def __init__(self, run_dir: Path, logger: LoggerConfig, *, total_steps: int, start_step: int, label: str = "opd",
                  enabled: bool = True, config: dict | None = None):
@@ -111,8 +106,7 @@ class TrainLog:
             RUN_LOG.warning(line)
 
     def summary(self, summary: dict, paths: list[Path]) -> None:
-        """Write this run's training curves (``curves``: the PNG, or None without matplotlib or steps), show the
-        end-of-run summary as a two-column table and write it as JSON to each of ``paths``."""
+        """Write the training curves (``curves``: PNG or None), show the summary table, write it as JSON to ``paths``."""
         curves = write_training_curves(self.rows, self.run_dir / "training_curves.png", title=f"{self.label} training")
         summary["curves"] = str(curves) if curves else None
         summary.update(self.loggers.locations())  # tensorboard --logdir ..., the W&B run's folder
@@ -125,17 +119,9 @@ class TrainLog:
 
 
 class BrokenTurnWatch:
-    """One warning, once per run, when on-policy forward KL trains on a high or sharply rising share of targets in
-    broken turns (``Episode.broken``: unreadable tool calls, turns cut at ``rollout.max_gen_len``).
-
-    On such a turn the teacher is nearly sure of tokens that end an answer, and forward KL counts each position in
-    full where reverse KL weighs it by the student's own probability: in the study's full runs this broke 2 of 3
-    forward-KL students in each run and no reverse-KL one (``opd/README.md``, Recommended settings). The share is
-    the mean of the last ``WINDOW`` steps (one step of 8 episodes is noisy). ``LIMIT``: the study's warm students
-    wrote about 5 % of their calls as broken JSON at temperature 1 (the third full run's noise match, 16,066 calls)
-    and its broken students failed 71 % of their calls; 0.2 is four times the first and well below the second.
-    ``RISE``: three times the run's first ``BASELINE_STEPS`` steps and at least ``MIN_RISE`` above them, which a
-    student that starts clean and breaks crosses before the absolute limit."""
+    """One warning per run when on-policy forward KL trains on a high (``LIMIT``) or sharply rising (``RISE`` times the
+    first ``BASELINE_STEPS``, and ``MIN_RISE`` above them) share of targets in broken turns, averaged over the last
+    ``WINDOW`` steps. Forward KL counts such positions in full and broke students in the study (``opd/README.md``)."""
 
     LIMIT, RISE, MIN_RISE, BASELINE_STEPS, WINDOW = 0.2, 3.0, 0.1, 5, 3
 
