@@ -1,44 +1,9 @@
 """``concurrency=auto``: how many conversations each endpoint gets in flight, adjusted while the run goes.
 
-Every ``concurrency_interval_s`` (a quarter of it while the metrics rule climbs) one loop per endpoint
-(:func:`steer`) reads the server's ``/metrics`` (``regen.endpoints.vllm_metrics``) and asks the endpoint's rule for its
-next limit, within 1..``concurrency_max``. A limit only gates new conversations: one in flight keeps its
-endpoint to the end, so a lower limit takes effect as conversations finish. Past the first probe, both rules
-wait for a change to show before the next step up: "settled" means half the mean time a conversation stays on
-that endpoint has passed since the last change, or since the start (a conversation's KV footprint grows over
-its turns, so a raise shows in the server's KV use only that late).
-
-:class:`MetricsRule` (the server has vLLM's ``/metrics``):
-
-- lower when the server is overloaded: preemptions rose since the last reading, the KV cache is at least
-  ``KV_HIGH`` full, or more than a few requests (``waiting_allowance``) waited at readings an interval apart
-  (two in a row at the normal pace; between probe readings a queue is the last raise's prefills).
-  The new limit is the in-flight count scaled to bring KV use back to ``KV_TARGET`` (at most x0.9), and
-  no more than the requests the server actually runs plus that allowance when requests wait. It lowers
-  again only once the in-flight count has come down to the previous limit (no compounding while the
-  conversations already started drain);
-- raise when there is room: KV use below ``KV_TARGET`` - 0.05, nothing beyond the allowance waiting, no
-  new preemption, and the limit in use (``IN_USE`` of it in flight: conversations end and the next ones
-  start between readings). It climbs, reading four times an interval, until the first overload or the first
-  reading with KV use near the target. At first it probes: x2 on every reading (from 64, 1024 is 2 s away),
-  at most up to where KV use, scaled with the in-flight count, would reach ``PROBE_KV`` (the first
-  conversations are young: their KV still grows). After that it steps up once settled, and once KV use has
-  stopped rising (above ``KV_RISING`` x the previous reading: the first conversations to finish are the short
-  ones, so an early settle time is too short), by sqrt(target / KV use), half-way there in log (x1.41 from
-  40 %, x1.15 from 60 %), at least x1.15, and never past the target;
-- otherwise hold.
-
-The target is ``KV_TARGET``, below 1 on purpose: free KV blocks keep earlier turns' prefixes cached, and a
-server whose cache is full recomputes every conversation's history. Where the endpoint's conversations are one
-request each (at most ``ONE_REQUEST`` requests per finished conversation) there are no earlier turns to keep:
-the target is ``KV_TARGET_ONE_REQUEST``.
-
-:class:`ThroughputRule` (no ``/metrics``, e.g. another OpenAI-compatible server): hill climbing on the
-endpoint's generation rate as regen measures it (completion tokens per second). Once settled, the rate
-at the current limit is compared with the best level measured so far: if it is higher by at least a
-quarter of the proportional gain (limit x2 must bring +25 %), the current level becomes the best and the
-limit steps up (x2 at first, then x1.15); otherwise the limit goes back to the best level, whose rate is
-measured again before the next step up. It never goes below ``concurrency_start``.
+One :func:`steer` loop per endpoint reads the server's ``/metrics`` every ``concurrency_interval_s`` and sets the
+limit its rule gives, within 1..``concurrency_max``. A limit gates only new conversations (one in flight keeps its
+endpoint), so a lower limit takes effect as conversations finish. Past the first probe a rule raises only once
+"settled": half a conversation's mean stay since the last change (KV use grows over a conversation's turns).
 """
 
 from __future__ import annotations
@@ -84,7 +49,15 @@ def waiting_allowance(running: int) -> int:
 
 
 class MetricsRule:
-    """Keeps the endpoint's KV use near ``KV_TARGET`` and its waiting queue short (see the module doc)."""
+    """Keeps the endpoint's KV use near ``KV_TARGET`` (below 1: free blocks keep earlier turns' prefixes cached;
+    ``KV_TARGET_ONE_REQUEST`` when conversations are one request) and its waiting queue short.
+
+    Lower on overload (new preemptions, KV use at ``KV_HIGH``, a queue over ``waiting_allowance`` at readings an
+    interval apart): the in-flight count scaled towards the target (at most x0.9), not again until in-flight has
+    drained to the previous limit. Raise when KV use is below the target with the limit in use: first by probing (x2
+    per reading, up to ``PROBE_KV``), then once settled and KV no longer rising, by sqrt(target / KV use), at least
+    x1.15, never past the target. Reads every quarter interval until the first overload or KV use near the target.
+    """
 
     mode = "metrics"
 
@@ -103,8 +76,8 @@ class MetricsRule:
         return self.interval_s / PROBE_READINGS if self.climbing else self.interval_s
 
     def _settled(self, observation: Observation, rising: bool) -> bool:
-        """Half a conversation's stay since the last change, and KV use no longer rising (the mean stay of the
-        first conversations to finish is short: they are the short ones)."""
+        """Half a conversation's stay since the last change, and KV use no longer rising (the first conversations to
+        finish are the short ones)."""
         return (observation.settle_s is not None and observation.now_s - self.changed_s >= observation.settle_s
                 and not rising)
 
@@ -158,7 +131,9 @@ class MetricsRule:
 
 
 class ThroughputRule:
-    """Without ``/metrics``: climbs while more conversations in flight bring more tokens/s (module doc)."""
+    """Without ``/metrics``: hill climbing on the measured tokens/s. Once settled, a level at least a quarter of the
+    proportional gain better than the best so far becomes the best and the limit steps up (x2, then x1.15); otherwise
+    it goes back to the best level. Never below ``concurrency_start``."""
 
     mode = "throughput"
 
@@ -203,12 +178,9 @@ def _reading_failure(endpoint: Endpoint, error: Exception, warn: Callable[[str],
 
 async def steer(session: aiohttp.ClientSession, pool: EndpointPool, endpoint: Endpoint, maximum: int,
                 interval_s: float, warn: Callable[[str], None]) -> None:
-    """Forever: every ``interval_s`` (``MetricsRule.reading_interval_s``: a quarter of it while the rule probes),
-    read ``endpoint``'s load and set its limit in ``pool`` by its rule
-    (:class:`MetricsRule`; :class:`ThroughputRule` once the server shows it has no usable vLLM metrics, which is
-    announced through ``warn`` and recorded as ``endpoint.control_reason``). A reading that fails in any way is
-    skipped and counted (``endpoint.metrics_failures``); gauges declared without values (several vLLM API
-    servers before the engines report) are read again every ``interval_s``, until ``EMPTY_READINGS_ALLOWED``
+    """Forever: at each ``reading_interval_s`` read ``endpoint``'s load and set its limit in ``pool`` by its rule,
+    switching to :class:`ThroughputRule` (announced through ``warn``) once the server shows no usable vLLM metrics.
+    A failed reading is skipped and counted; gauges without values are read again, up to ``EMPTY_READINGS_ALLOWED``
     such readings after the endpoint answered requests."""
     rule: MetricsRule | ThroughputRule = MetricsRule(endpoint.limit, maximum, interval_s)
     endpoint.control = "pending"  # until the first reading tells metrics from throughput

@@ -1,20 +1,9 @@
-"""Reading a vLLM server's load from its Prometheus endpoint (``GET /metrics``, text exposition format).
+"""Reading a vLLM server's load from its Prometheus ``/metrics`` (text format, one sample per line).
 
-vLLM (V1) exports, per engine (labels ``model_name`` and ``engine``; a data-parallel server has one series
-per engine): ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (gauges),
-``vllm:kv_cache_usage_perc`` (gauge, 0..1; older servers: ``vllm:gpu_cache_usage_perc``) and the counter
-``vllm:num_preemptions``, which Prometheus' client exposes as ``vllm:num_preemptions_total``. A
-:class:`ServerLoad` sums the counts over engines and averages the KV usage. The format is simple enough
-for the small parser here (one sample per line: ``name{label="value",...} value [timestamp]``).
-
-With data parallelism vLLM starts several API-server processes by default (``--api-server-count`` defaults to
-the data-parallel size), and each engine's scheduler statistics go to one of them at a time. ``/metrics`` then
-comes from ``prometheus_client``'s multiprocess collector, and these gauges are declared with
-``multiprocess_mode="mostrecent"``: per engine, the value most recently written by any API-server process. A
-series no process has written yet has no sample at all, so until the engines first report (they do once they
-run requests) the page declares the gauges (``# TYPE vllm:num_requests_running gauge``) without values.
-:func:`parse_load` tells that (:class:`MetricsNotYet`, "read again later") from a page without vLLM's
-gauges (:class:`MetricsMissing`).
+Per engine vLLM exports ``vllm:num_requests_running`` / ``_waiting``, ``vllm:kv_cache_usage_perc`` (older:
+``gpu_cache_usage_perc``) and ``vllm:num_preemptions_total``; a :class:`ServerLoad` sums the counts and averages the
+KV use. With several API-server processes the gauges are declared without values until an engine first reports:
+:func:`parse_load` tells that (:class:`MetricsNotYet`) from a page without vLLM's gauges (:class:`MetricsMissing`).
 """
 
 from __future__ import annotations
@@ -93,9 +82,8 @@ def _count(values: list[float], name: str) -> int:
 
 
 def parse_load(text: str) -> ServerLoad:
-    """The :class:`ServerLoad` in a ``/metrics`` body. Raises :class:`MetricsMissing` without vLLM's gauges,
-    :class:`MetricsNotYet` when they are declared without values, ``ValueError`` for values that do not add up
-    to a count (a negative or non-finite value of a gauge it reads included: that reading fails)."""
+    """The :class:`ServerLoad` in a ``/metrics`` body; raises :class:`MetricsMissing`, :class:`MetricsNotYet`, or
+    ``ValueError`` for values that do not add up (a negative or non-finite gauge included)."""
     values: dict[str, list[float]] = defaultdict(list)
     declared = False
     for line in text.splitlines():
@@ -119,9 +107,8 @@ def parse_load(text: str) -> ServerLoad:
 
 async def read_load(session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
                     timeout_s: float) -> ServerLoad | None:
-    """The server's load now; ``None`` when it did not answer this time (slow, refused, 5xx). Raises
-    :class:`MetricsMissing` when it answers without vLLM metrics (404 included), and what :func:`parse_load`
-    raises for a page it cannot use this time."""
+    """The server's load now; ``None`` when it did not answer this time. Raises :class:`MetricsMissing` when it
+    answers without vLLM metrics (404 included), and what :func:`parse_load` raises."""
     try:
         async with session.get(base_url + "/metrics", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
