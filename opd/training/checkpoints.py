@@ -53,7 +53,8 @@ def step_weights_path(out_dir: str | Path, stem: str, step: int) -> Path:
 
 
 def check_out_dir(out_dir: str | Path, stem: str, *, resume: str | None, overwrite: bool) -> None:
-    """Refuse to write over another run's checkpoints (see the module doc), naming the files."""
+    """Refuse ``out_dir``'s checkpoints of ``stem`` (kept step weights included), naming the files, unless the run
+    resumes exactly them or ``overwrite``."""
     weights, resume_file = checkpoint_paths(out_dir, stem)
     existing = [path for path in (weights, resume_file) if path.exists()] + sorted(Path(out_dir).glob(f"{stem}_step*.pth"))
     if not existing or overwrite:
