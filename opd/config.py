@@ -279,10 +279,13 @@ class OfflineConfig:
     # regen_rows: onpolicy-regen's rows (input_ids, loss_mask) as they are
     cache_dir: str
     drop_too_long: bool  # source=dataset: leave out (and count) demonstrations over rollout.max_total_len
+    row_logprobs: bool  # source=regen_rows: the loss uses the top-k log-probabilities the rows carry; no teacher
     dataset_num_proc: int | str = parsed_by(_processes)  # source=dataset: processes that tokenize them, or auto
 
     def __post_init__(self) -> None:
         check_choice("offline.source", self.source, OFFLINE_SOURCES)
+        require(self.source == "regen_rows" or not self.row_logprobs, "offline.row_logprobs",
+                "false unless offline.source=regen_rows (onpolicy-regen top_logprobs=K stores them)", self.row_logprobs)
         require(self.source != "teacher_rollouts" or not self.drop_too_long, "offline.drop_too_long",
                 "false with offline.source=teacher_rollouts (it leaves out the data's fixed sequences)",
                 self.drop_too_long)
@@ -385,7 +388,13 @@ class OPDConfig(TrainingRunConfig):
         super().__post_init__()
         check_choice("mode", self.mode, MODES)
         if self.teacher_server.active:
-            self._check_served_teacher()
+            self._check_top_k_teacher("with teacher_server.endpoints set")
+        if self.offline.row_logprobs:
+            require(self.mode == "offline", "offline.row_logprobs", "false with mode=on_policy (the student's "
+                    "rollouts have no stored scores)", self.offline.row_logprobs)
+            require(not self.teacher_server.active, "teacher_server.endpoints", "null with offline.row_logprobs=true "
+                    "(the rows carry the teacher's scores)", self.teacher_server.endpoints)
+            self._check_top_k_teacher("with offline.row_logprobs=true")
         require(self.mode == "on_policy" or not self.guidance.active, "guidance",
                 "off (null keys) with mode=offline (it steers on-policy rollouts)",
                 {key: getattr(self.guidance, key) for key in GUIDANCE_OPTIONS if getattr(self.guidance, key) is not None})
@@ -394,12 +403,12 @@ class OPDConfig(TrainingRunConfig):
         for key in ("teacher", "student"):
             _model_with_tokenizer(key, getattr(self, key), self.tokenizer)
 
-    def _check_served_teacher(self) -> None:
+    def _check_top_k_teacher(self, served: str) -> None:
         """What a teacher known only by its top-k log-probabilities at temperature 1 can and cannot train."""
-        served, loss = "with teacher_server.endpoints set", self.loss
+        loss = self.loss
         require(loss.kl_direction != "jsd", "loss.kl_direction", f"forward_kl or reverse_kl {served} (JSD needs the "
                 "teacher's whole distribution; a server returns its top-k)", loss.kl_direction)
-        require(loss.temperature == 1, "loss.temperature", f"1 {served} (vLLM's prompt_logprobs are at temperature "
+        require(loss.temperature == 1, "loss.temperature", f"1 {served} (vLLM's log-probabilities are at temperature "
                 "1 whatever the request's temperature, and a top-k cannot be rescaled)", loss.temperature)
         require(not self.guidance.active, "guidance", f"off {served} (the teacher must decode beside the student)",
                 {key: getattr(self.guidance, key) for key in GUIDANCE_OPTIONS if getattr(self.guidance, key) is not None})
@@ -422,6 +431,11 @@ class OPDConfig(TrainingRunConfig):
         return self.mode == "offline" and self.offline.source == "dataset"
 
     @property
+    def local_teacher(self) -> bool:
+        """Whether the teacher runs in this process (not served, and its scores not stored in the rows)."""
+        return not (self.teacher_server.active or (self.token_rows and self.offline.row_logprobs))
+
+    @property
     def token_rows(self) -> bool:
         """The fixed-data baseline on onpolicy-regen's rows (``data`` holds token ids, not conversations)."""
         return self.mode == "offline" and self.offline.source == "regen_rows"
@@ -438,6 +452,8 @@ class OPDConfig(TrainingRunConfig):
             settings["mixture.teacher_share"] = self.mixture.teacher_share
         if on_policy and self.guidance.active:
             settings["guidance"] = self.guidance
+        if self.token_rows and self.offline.row_logprobs:
+            settings["offline.row_logprobs"] = True
         if self.teacher_server.active:
             settings["teacher_server"] = {"model": self.teacher_server.model,
                                           "top_logprobs": self.teacher_server.top_logprobs}

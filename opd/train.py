@@ -48,17 +48,17 @@ def train(cfg: OPDConfig) -> dict:
     torch.manual_seed(cfg.seed)
     # --- data and models, checked before any compute
     demonstrated = cfg.demonstrated  # the data file's own demonstrations
+    if not cfg.token_rows:  # regen's rows are read below, checked against the student's vocabulary
+        records, data_sha256, demonstrations = load_records(cfg.data, demonstrated=demonstrated)
     student, teacher, tokenizer = load_student_and_teacher(cfg)
     chat_format = ChatFormat(tokenizer, open_thinking=cfg.rollout.open_thinking)
     # record index -> its fixed episode (the dataset's demonstration, regen's row, or the teacher's cached rollout)
     fixed = {}
     if cfg.token_rows:
-        vocab = student.get_output_embeddings().weight.shape[0]
-        episodes, data_sha256 = load_token_rows(cfg.data, vocab=vocab, max_total_len=cfg.rollout.max_total_len,
-                                                drop_too_long=cfg.offline.drop_too_long)
+        episodes, data_sha256 = load_token_rows(
+            cfg.data, vocab=student.get_output_embeddings().weight.shape[0], max_total_len=cfg.rollout.max_total_len,
+            drop_too_long=cfg.offline.drop_too_long, with_logprobs=cfg.offline.row_logprobs)
         records, fixed = [episode.record for episode in episodes], dict(enumerate(episodes))
-    else:
-        records, data_sha256, demonstrations = load_records(cfg.data, demonstrated=demonstrated)
     if demonstrated:
         demonstrations, episodes = fitting_episodes(
             demonstrations, chat_format, cfg.rollout.max_total_len, drop_too_long=cfg.offline.drop_too_long,
@@ -68,14 +68,13 @@ def train(cfg: OPDConfig) -> dict:
         chat_format.prompt_ids(record, cfg.rollout.max_total_len)
     order = run.data_order(len(records))
     on_policy = cfg.mode == "on_policy"
-    served = cfg.teacher_server.active
     fingerprints = {"data.sha256": data_sha256, "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)}
-    if not served:
+    if cfg.local_teacher:
         fingerprints["teacher.checkpoint_sha256"] = file_fingerprint(cfg.teacher.checkpoint)
-    signature = run.signature(order, cfg.recipe_settings(), fingerprints=fingerprints,
-                              models={"student": student} if served else {"teacher": teacher, "student": student})
+    signature = run.signature(order, cfg.recipe_settings(), fingerprints=fingerprints, models={
+        "student": student, **({"teacher": teacher} if cfg.local_teacher else {})})
     scorer = ServedTeacher(cfg.teacher_server, max_total_len=cfg.rollout.max_total_len,
-                           vocab=student.get_output_embeddings().weight.shape[0]) if served else None
+                           vocab=student.get_output_embeddings().weight.shape[0]) if cfg.teacher_server.active else None
     run.claim(student, "agent_opd", signature)
     if teacher is not None:
         teacher.to(run.device).eval().requires_grad_(False)
@@ -138,7 +137,8 @@ class Distillation(Recipe):
         if self.served is not None:  # every micro-batch's episodes in one concurrent round of requests
             scored = iter(self.served.score([episode for episodes in micro_batches for episode in episodes]))
             micro_batches = [[next(scored) for _ in episodes] for episodes in micro_batches]
-            self.topk_mass = [episode.teacher_top.mass() for episodes in micro_batches for episode in episodes]
+        self.topk_mass = [episode.teacher_top.mass() for episodes in micro_batches for episode in episodes
+                          if episode.teacher_top is not None]
         return micro_batches
 
     def loss(self, forward: torch.nn.Module, episodes: list[Episode], batch):
@@ -147,7 +147,7 @@ class Distillation(Recipe):
 
     def metrics(self, step: int) -> dict:
         figures = {}
-        if self.served is not None and self.topk_mass:  # this rank's targets: the teacher's mass in its top-k
+        if self.topk_mass:  # a top-k teacher (served, or stored in the rows), this rank's targets: its top-k's mass
             masses = torch.cat(self.topk_mass)
             figures["teacher_topk_mass"] = masses.mean().item() if masses.numel() else float("nan")
         if self.guide is not None and self.cfg.guidance.turn_share is not None:

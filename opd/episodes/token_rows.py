@@ -9,11 +9,14 @@ length: 0 over the prompt, 1 over each generated span, which become the episode'
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+import torch
 
 from common.chat_records import AgentRecord, RecordError, read_rows
 from common.run_log import show
-from opd.episodes.episode import ANSWER, MAX_GEN_LEN, Episode, Turn
+from opd.episodes.episode import ANSWER, MAX_GEN_LEN, Episode, TopLogprobs, Turn
 
 
 def _ints(row: dict, key: str, source: str, low: int, high: int) -> list[int]:
@@ -26,8 +29,9 @@ def _ints(row: dict, key: str, source: str, low: int, high: int) -> list[int]:
     return values
 
 
-def row_episode(row, source: str, vocab: int) -> Episode:
-    """One regen row as an episode whose targets are exactly its ``loss_mask``'s ones."""
+def row_episode(row, source: str, vocab: int, *, with_logprobs: bool = False) -> Episode:
+    """One regen row as an episode whose targets are exactly its ``loss_mask``'s ones (``with_logprobs``: scored by
+    the top-k log-probabilities regen stored in the row)."""
     if not isinstance(row, dict):
         raise RecordError(f"{source}: expected a JSON object with input_ids and loss_mask, got {type(row).__name__}")
     ids = _ints(row, "input_ids", source, 0, vocab)
@@ -48,17 +52,53 @@ def row_episode(row, source: str, vocab: int) -> Episode:
     metadata = row.get("metadata")
     cut = isinstance(metadata, dict) and metadata.get("finish_reason") == "length"
     record = AgentRecord(messages=[], tools=None, source=source)
-    return Episode(record, turns[0].start, list(ids), turns, stop_reason=MAX_GEN_LEN if cut else ANSWER)
+    episode = Episode(record, turns[0].start, list(ids), turns, stop_reason=MAX_GEN_LEN if cut else ANSWER)
+    if with_logprobs:
+        episode.teacher_top = stored_logprobs(row, source, ids, mask, vocab)
+    return episode
 
 
-def load_token_rows(path: str | Path, *, vocab: int, max_total_len: int,
-                    drop_too_long: bool) -> tuple[list[Episode], str]:
+def stored_logprobs(row: dict, source: str, ids: list[int], mask: list[int], vocab: int) -> TopLogprobs:
+    """The row's ``top_logprobs`` (``onpolicy-regen top_logprobs=k``) as the teacher's scores of its targets."""
+    stored = row.get("top_logprobs")
+    if not isinstance(stored, dict):
+        raise RecordError(f"{source}: no top_logprobs (write the rows with onpolicy-regen top_logprobs=K, or set "
+                          "offline.row_logprobs=false to score them with a teacher)")
+    targets = [token for token, flag in zip(ids, mask, strict=True) if flag]
+    top_ids, top_logprobs, own = (stored.get(key) for key in ("ids", "logprobs", "token_logprobs"))
+    if not all(isinstance(value, list) and len(value) == len(targets) for value in (top_ids, top_logprobs, own)):
+        raise RecordError(f"{source}: top_logprobs.ids, .logprobs and .token_logprobs must hold one entry per "
+                          f"loss_mask 1 ({len(targets)})")
+    width = max(len(entry) if isinstance(entry, list) else 0 for entry in top_ids) + 1
+    rows_ids, rows_logprobs = [], []
+    for position, (token, entry_ids, entry_logprobs, logprob) in enumerate(zip(targets, top_ids, top_logprobs, own,
+                                                                              strict=True)):
+        where = f"{source}: top_logprobs entry {position}"
+        if not (isinstance(entry_ids, list) and isinstance(entry_logprobs, list) and entry_ids
+                and len(entry_ids) == len(entry_logprobs)):
+            raise RecordError(f"{where}: ids and logprobs must be lists of the same length")
+        numbers = [*entry_logprobs, logprob]
+        if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x <= 1e-4 for x in numbers):
+            raise RecordError(f"{where}: log-probabilities must be numbers <= 0")
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab for i in entry_ids):
+            raise RecordError(f"{where}: ids must be integers in [0, {vocab})")
+        extra = token not in entry_ids  # the sampled id outside the top-k: its own slot, as a server gives it
+        entry = [*entry_ids, token] if extra else list(entry_ids)
+        values = [*entry_logprobs, logprob] if extra else list(entry_logprobs)
+        rows_ids.append(entry + [-1] * (width - len(entry)))
+        rows_logprobs.append([float(x) for x in values] + [-math.inf] * (width - len(values)))
+    return TopLogprobs(torch.tensor(rows_ids, dtype=torch.long), torch.tensor(rows_logprobs, dtype=torch.float32),
+                       torch.tensor([float(x) for x in own], dtype=torch.float32))
+
+
+def load_token_rows(path: str | Path, *, vocab: int, max_total_len: int, drop_too_long: bool,
+                    with_logprobs: bool = False) -> tuple[list[Episode], str]:
     """The rows of ``path`` as episodes and the file's sha256. A row longer than ``max_total_len`` is an error, or
     with ``drop_too_long`` left out and counted in the run log."""
     rows, sha256 = read_rows(path)
     episodes, dropped = [], []
     for row, source in rows:
-        episode = row_episode(row, source, vocab)
+        episode = row_episode(row, source, vocab, with_logprobs=with_logprobs)
         if len(episode.ids) > max_total_len:
             if not drop_too_long:
                 raise RecordError(f"{source}: the row is {len(episode.ids)} tokens, over rollout.max_total_len="

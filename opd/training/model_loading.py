@@ -27,7 +27,7 @@ def load_student_and_teacher(cfg: OPDConfig):
     student loads (teacher None)."""
     student, tokenizer = load_model(cfg.student, role="student")
     teacher = None
-    if not cfg.teacher_server.active:
+    if cfg.local_teacher:
         teacher, teacher_tokenizer = load_model(cfg.teacher, role="teacher")
         check_same_tokenizer(teacher_tokenizer, tokenizer)
         sizes = [model.get_output_embeddings().weight.shape[0] for model in (teacher, student)]

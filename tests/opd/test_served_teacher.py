@@ -79,10 +79,10 @@ def test_a_run_with_a_served_teacher_trains_without_loading_one(tmp_path, tiny_p
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["loss.kl_direction=jsd"], "loss.kl_direction must be forward_kl or reverse_kl with teacher_server.endpoints"),
-    (["loss.temperature=2.0"], "loss.temperature must be 1 with teacher_server.endpoints set (vLLM's prompt_logprobs"),
+    (["loss.temperature=2.0"], "loss.temperature must be 1 with teacher_server.endpoints set (vLLM's log-probabilities"),
     (["guidance.token_mix=0.2"], "guidance must be off with teacher_server.endpoints set"),
     (["mixture.teacher_share=0.5"], "mixture.teacher_share must be 0 with teacher_server.endpoints set"),
-    (["mode=offline"], "offline.source must be dataset with teacher_server.endpoints set"),
+    (["mode=offline"], "offline.source must be dataset or regen_rows with teacher_server.endpoints set"),
     (["mode=offline", "offline.source=dataset", "loss.kl_direction=reverse_kl"],
      "loss.kl_direction must be forward_kl with mode=offline with teacher_server.endpoints set"),
     (["loss.kl_direction=reverse_kl", "sampling.temperature=0.7"], "sampling must be the student's own distribution"),

@@ -83,3 +83,62 @@ def test_an_offline_run_on_rows_regen_wrote_trains_without_loading_a_teacher(tmp
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     targets = sum(sum(row["loss_mask"][1:]) for row in rows)
     assert sum(line["target_tokens"] for line in lines) == targets  # every generated id of every row, nothing else
+
+
+def test_stored_top_logprobs_are_the_teachers_scores_of_the_targets():
+    row = {"input_ids": [1, 5, 6, 7], "loss_mask": [0, 0, 1, 1],
+           "top_logprobs": {"ids": [[6, 9], [3, 4]], "logprobs": [[-0.1, -2.5], [-0.7, -0.9]],
+                            "token_logprobs": [-0.1, -3.0]}}
+    top = row_episode(row, "rows.jsonl:1", vocab=64, with_logprobs=True).teacher_top
+    assert top.ids.tolist() == [[6, 9, -1], [3, 4, 7]]  # the sampled id 7, outside its top-2, in a slot of its own
+    assert top.next_token.tolist() == pytest.approx([-0.1, -3.0])
+    assert top.logprobs[1].tolist() == pytest.approx([-0.7, -0.9, -3.0])
+
+
+@pytest.mark.parametrize(("stored", "message"), [
+    (None, "rows.jsonl:1: no top_logprobs (write the rows with onpolicy-regen top_logprobs=K"),
+    ({"ids": [[6]], "logprobs": [[-0.1]], "token_logprobs": [-0.1]},
+     "top_logprobs.ids, .logprobs and .token_logprobs must hold one entry per loss_mask 1 (2)"),
+    ({"ids": [[6], [7, 8]], "logprobs": [[-0.1], [-0.2]], "token_logprobs": [-0.1, -0.2]},
+     "top_logprobs entry 1: ids and logprobs must be lists of the same length"),
+    ({"ids": [[6], [7]], "logprobs": [[-0.1], [0.5]], "token_logprobs": [-0.1, -0.2]},
+     "top_logprobs entry 1: log-probabilities must be numbers <= 0"),
+    ({"ids": [[6], [70]], "logprobs": [[-0.1], [-0.2]], "token_logprobs": [-0.1, -0.2]},
+     "top_logprobs entry 1: ids must be integers in [0, 64)"),
+])
+def test_malformed_stored_logprobs_are_refused_naming_the_row(stored, message):
+    row = {"input_ids": [1, 5, 6, 7], "loss_mask": [0, 0, 1, 1], **({"top_logprobs": stored} if stored else {})}
+    with pytest.raises(RecordError) as refused:
+        row_episode(row, "rows.jsonl:1", vocab=64, with_logprobs=True)
+    assert message in str(refused.value)
+
+
+def test_rows_with_stored_logprobs_train_with_no_teacher_at_all(tmp_path, serve, tiny_pair, tokenizer_path):
+    target = serve(SyntheticResponder(str(tokenizer_path / "tokenizer.json"), completion_words=12)).url
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [
+        {"id": f"p{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(4)])
+    regen_run(regen_config(tmp_path, [target], prompts, tokenizer_path, "max_tokens=64", "top_logprobs=5"))
+    cfg = entry_config("opd", [*tiny_pair, f"data={tmp_path / 'out.jsonl'}", "mode=offline",
+                               "offline.source=regen_rows", "offline.row_logprobs=true", "batch_size=2", "device=cpu",
+                               f"out_dir={tmp_path / 'run'}", "teacher.checkpoint=/nowhere/teacher.pth"])
+    assert train(cfg)["steps"] == 2
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the stand-in's made-up top-5 holds 1/2 + 1/4 + ... + 1/32 of the mass
+    assert all(line["teacher_topk_mass"] == pytest.approx(1 - 1 / 32, abs=1e-5) for line in lines)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["offline.row_logprobs=true"], "offline.row_logprobs must be false unless offline.source=regen_rows"),
+    (["offline.source=regen_rows", "offline.row_logprobs=true"],
+     "offline.row_logprobs must be false with mode=on_policy"),
+    (["mode=offline", "offline.source=regen_rows", "offline.row_logprobs=true",
+      "teacher_server.endpoints=[http://127.0.0.1:9]"], "teacher_server.endpoints must be null with offline.row_logpro"),
+    (["mode=offline", "offline.source=regen_rows", "offline.row_logprobs=true", "loss.kl_direction=reverse_kl"],
+     "loss.kl_direction must be forward_kl with mode=offline with offline.row_logprobs=true"),
+])
+def test_stored_logprobs_settings_that_cannot_work_are_refused(tiny_pair, overrides, message):
+    from common.config_schema import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        entry_config("opd", [*tiny_pair, "data=x.jsonl", *overrides])
+    assert message in str(refused.value)
