@@ -25,7 +25,7 @@ from tests.helpers.paths import CONFIG_DIR, REPO_ROOT
 from tests.helpers.standin_vllm_cli import free_port
 
 SCRIPTS = ("onpolicy-regen", "onpolicy-show-rows", "onpolicy-train", "onpolicy-sft", "onpolicy-evaluate",
-           "onpolicy-serve", "onpolicy-tiny", "onpolicy-torchrun")
+           "onpolicy-serve", "onpolicy-tiny", "onpolicy-torchrun", "onpolicy-export-hf")
 
 
 @pytest.fixture(scope="session")
@@ -161,6 +161,10 @@ def test_a_first_run_from_the_wheel_alone_needs_no_checkout_and_no_matplotlib(in
     evaluation = json.loads((elsewhere / "tiny-run" / "eval" / "evaluation.json").read_text())
     assert [result["name"] for result in evaluation["checkpoints"]] == ["before", "after"]
     assert not (elsewhere / "tiny-run" / "eval" / "evaluation.png").exists()
+    # the tiny teacher as a folder vLLM would serve, from the wheel's own preset and cache
+    exported = run_script(installed, "onpolicy-export-hf", "--model", "tiny_teacher", "--out", "tiny-run/teacher-hf",
+                          cwd=elsewhere)
+    assert exported.returncode == 0 and (elsewhere / "tiny-run" / "teacher-hf" / "model.safetensors").is_file()
     # nothing outside the named outputs and Hydra's run folders (before: out/servers/local-8011.log)
     assert sorted(path.name for path in elsewhere.iterdir()) == ["outputs", "tiny-run"]
 
