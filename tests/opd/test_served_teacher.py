@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from common.config_schema import ConfigError
+from common.endpoints.address import parse_endpoint
 from common.minimind.model import load_native
 from common.minimind.tiny import tiny_arch
 from common.user_errors import UserError
+from opd.config import TeacherServerConfig
 from opd.episodes.episode import TopLogprobs, pack_episodes
 from opd.train import train
 from opd.training.loss import logits_at_targets
@@ -36,7 +38,6 @@ def teacher_url(serve, local_teacher):
 
 def settings(url: str, **overrides):
     from common.endpoints.address import parse_endpoint
-    from opd.config import TeacherServerConfig
 
     values = {"endpoints": [parse_endpoint(url)], "model": None, "top_logprobs": 20, "api_key_env": None,
               "concurrency": 4, "request_timeout_s": 60.0, "max_retries": 0, **overrides}
@@ -119,3 +120,16 @@ def test_scores_without_the_prompts_own_id_name_the_record(serve, local_teacher,
             scorer.score(episodes[:1])
     finally:
         scorer.close()
+
+
+def test_a_dead_endpoint_is_taken_out_and_the_live_one_scores(teacher_url, episodes):  # noqa: F811
+    scorer = ServedTeacher(settings(teacher_url, endpoints=[parse_endpoint("http://127.0.0.1:9"),
+                                                            parse_endpoint(teacher_url)]), max_total_len=2048,
+                           vocab=6400)
+    try:
+        scored = scorer.score(episodes)
+        dead, live = scorer.pool.endpoints
+        assert not dead.live and live.live and live.requests == len(episodes)
+    finally:
+        scorer.close()
+    assert all(episode.teacher_top is not None for episode in scored)
