@@ -26,13 +26,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.opd_training import PAIRS, bench_tokenizer, write_native_pair
+from benchmarks.opd_training import PAIRS, bench_tokenizer, train_command, write_native_pair
 from common.atomic_write import atomic_write_json
 from common.generation.sampler import TokenSampler
 from common.minimind.hf_export import export
@@ -64,13 +65,9 @@ PEAK = ("import atexit, resource, runpy, sys; sys.argv = ['opd/train.py', *sys.a
 
 
 def train_overrides(size: str, paths: dict, out: Path, args, tokenizer: str) -> list[str]:
-    student, teacher = PAIRS[size]
-    return [*(f"{role}.{key}={getattr(arch, key)}" for role, arch in (("student", student), ("teacher", teacher))
-              for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")),
-            f"student.checkpoint={paths['student']}", f"teacher.checkpoint={paths['teacher']}", f"data={DATA}",
-            f"tokenizer={tokenizer}", "device=cpu", f"batch_size={args.batch_size}", f"max_steps={args.steps + 1}",
-            "rollout.max_turns=1", f"rollout.max_gen_len={args.gen_len}", "rollout.max_total_len=2048",
-            "loss.kl_direction=reverse_kl", f"out_dir={out}", f"hydra.run.dir={out / 'run'}", "save_interval=1000000"]
+    """``opd_training``'s run of the pair, at this benchmark's batch, with reverse KL."""
+    shape = SimpleNamespace(process_batch=args.batch_size, steps=args.steps, gen_len=args.gen_len)
+    return [*train_command(size, paths, DATA, out, shape, tokenizer), "loss.kl_direction=reverse_kl"]
 
 
 def timed_run(overrides: list[str], out: Path) -> dict:
@@ -99,7 +96,7 @@ def serve(model_dir: Path, port: int, k: int, work: Path) -> int:
     env = {**os.environ, "PATH": f"{VLLM_VENV / 'bin'}:{os.environ['PATH']}", "VLLM_CPU_KVCACHE_SPACE": "1"}
     pid_file = work / f"vllm-{port}.pid"
     started = subprocess.run(
-        [str(REPO_ROOT / "launch" / "vllm.sh"), str(model_dir), "--port", str(port), "--max-model-len", "2048",
+        [str(REPO_ROOT / "launch" / "vllm.sh"), str(model_dir), "--port", str(port), "--max-model-len", "4096",
          "--log-file", str(work / f"vllm-{port}.log"), "--pid-file", str(pid_file), "--ready-timeout", "900", "--",
          "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "16", "--max-logprobs", str(k),
          "--served-model-name", "teacher"], env=env, capture_output=True, text=True)
@@ -203,6 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="out/bench/served_teacher.json")
     args = parser.parse_args(argv)
     console = Console(width=120)
+    if args.size == "study" and not args.loss_only:
+        raise SystemExit("error: --size study is for --loss-only (with the study's trained checkpoints)")
     results = {"loss": loss_gap(args, console)}
     if not args.loss_only:
         results["runs"] = runs(args, console)
