@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,6 +261,9 @@ class TeacherServerConfig:
         check_integer("teacher_server.concurrency", self.concurrency, 1)
         check_integer("teacher_server.max_retries", self.max_retries, 0)
         check_positive("teacher_server.request_timeout_s", self.request_timeout_s)
+        if self.active and self.api_key_env is not None and not os.environ.get(self.api_key_env):
+            raise ConfigError(f"teacher_server.api_key_env={self.api_key_env}: that environment variable is not set",
+                              f"export {self.api_key_env}=<your key> first, or drop teacher_server.api_key_env")
 
     @property
     def active(self) -> bool:

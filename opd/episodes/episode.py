@@ -55,6 +55,16 @@ class TopLogprobs:
         top = torch.cat([top, torch.where(extra, logprobs.gather(-1, next_ids[:, None])[:, 0], -math.inf)[:, None]], -1)
         return TopLogprobs(ids, top, logprobs.gather(-1, next_ids[:, None])[:, 0])
 
+    @staticmethod
+    def from_rows(ids: list[list[int]], logprobs: list[list[float]], next_token: list[float]) -> TopLogprobs:
+        """Per-target lists of ids and their log-probabilities (of any lengths), padded to the widest row."""
+        width = max((len(row) for row in ids), default=1)
+        return TopLogprobs(
+            torch.tensor([row + [-1] * (width - len(row)) for row in ids], dtype=torch.long).reshape(-1, width),
+            torch.tensor([row + [-math.inf] * (width - len(row)) for row in logprobs],
+                         dtype=torch.float32).reshape(-1, width),
+            torch.tensor(next_token, dtype=torch.float32))
+
     def mass(self) -> torch.Tensor:
         """The teacher's probability mass inside each row's ids, ``[targets]``."""
         return self.logprobs.exp().sum(-1)

@@ -9,10 +9,7 @@ length: 0 over the prompt, 1 over each generated span, which become the episode'
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-
-import torch
 
 from common.chat_records import AgentRecord, RecordError, read_rows
 from common.run_log import show
@@ -69,7 +66,6 @@ def stored_logprobs(row: dict, source: str, ids: list[int], mask: list[int], voc
     if not all(isinstance(value, list) and len(value) == len(targets) for value in (top_ids, top_logprobs, own)):
         raise RecordError(f"{source}: top_logprobs.ids, .logprobs and .token_logprobs must hold one entry per "
                           f"loss_mask 1 ({len(targets)})")
-    width = max(len(entry) if isinstance(entry, list) else 0 for entry in top_ids) + 1
     rows_ids, rows_logprobs = [], []
     for position, (token, entry_ids, entry_logprobs, logprob) in enumerate(zip(targets, top_ids, top_logprobs, own,
                                                                               strict=True)):
@@ -83,12 +79,9 @@ def stored_logprobs(row: dict, source: str, ids: list[int], mask: list[int], voc
         if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab for i in entry_ids):
             raise RecordError(f"{where}: ids must be integers in [0, {vocab})")
         extra = token not in entry_ids  # the sampled id outside the top-k: its own slot, as a server gives it
-        entry = [*entry_ids, token] if extra else list(entry_ids)
-        values = [*entry_logprobs, logprob] if extra else list(entry_logprobs)
-        rows_ids.append(entry + [-1] * (width - len(entry)))
-        rows_logprobs.append([float(x) for x in values] + [-math.inf] * (width - len(values)))
-    return TopLogprobs(torch.tensor(rows_ids, dtype=torch.long), torch.tensor(rows_logprobs, dtype=torch.float32),
-                       torch.tensor([float(x) for x in own], dtype=torch.float32))
+        rows_ids.append([*entry_ids, token] if extra else list(entry_ids))
+        rows_logprobs.append([float(x) for x in ([*entry_logprobs, logprob] if extra else entry_logprobs)])
+    return TopLogprobs.from_rows(rows_ids, rows_logprobs, [float(x) for x in own])
 
 
 def load_token_rows(path: str | Path, *, vocab: int, max_total_len: int, drop_too_long: bool,

@@ -6,11 +6,8 @@ exact token ids. Each episode is one ``/v1/completions`` request (its ids as the
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 from dataclasses import replace
-
-import torch
 
 from common.endpoints.api_client import ApiClient, RequestFailedError, RetryPolicy, client_session
 from common.endpoints.endpoint_pool import EndpointPool
@@ -50,8 +47,6 @@ def top_logprobs(data, episode: Episode, k: int, vocab: int) -> TopLogprobs:
     """The ``TopLogprobs`` of ``episode``'s targets from a completions reply with ``prompt_logprobs``."""
     choices = data.get("choices") if isinstance(data, dict) else None
     rows = choices[0].get("prompt_logprobs") if choices and isinstance(choices[0], dict) else None
-    if rows is None and isinstance(data, dict):
-        rows = data.get("prompt_logprobs")
     if not isinstance(rows, list) or len(rows) != len(episode.ids):
         raise ValueError(f"prompt_logprobs has {len(rows) if isinstance(rows, list) else 'no'} positions for a "
                          f"prompt of {len(episode.ids)} ids")
@@ -64,11 +59,9 @@ def top_logprobs(data, episode: Episode, k: int, vocab: int) -> TopLogprobs:
         if token not in row_ids:
             raise ValueError(f"position {position}: the prompt's own id {token} is missing (another tokenizer?)")
         following.append(row_logprobs[row_ids.index(token)])
-        ids.append(row_ids + [-1] * (k + 1 - len(row_ids)))
-        logprobs.append(row_logprobs + [-math.inf] * (k + 1 - len(row_logprobs)))
-    return TopLogprobs(torch.tensor(ids, dtype=torch.long).reshape(-1, k + 1),
-                       torch.tensor(logprobs, dtype=torch.float32).reshape(-1, k + 1),
-                       torch.tensor(following, dtype=torch.float32))
+        ids.append(row_ids)
+        logprobs.append(row_logprobs)
+    return TopLogprobs.from_rows(ids, logprobs, following)
 
 
 class ServedTeacher:
@@ -78,17 +71,19 @@ class ServedTeacher:
     def __init__(self, settings: TeacherServerConfig, *, max_total_len: int, vocab: int):
         self.settings, self.vocab = settings, vocab
         self.loop = asyncio.new_event_loop()
-        api_key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
-        if settings.api_key_env and api_key is None:
-            raise UserError(f"teacher_server.api_key_env={settings.api_key_env}: no such environment variable")
+        api_key = os.environ.get(settings.api_key_env) if settings.api_key_env else None  # checked by the config
         self.secrets = Secrets(api_key, settings.endpoints)
         self.pool = EndpointPool(list(settings.endpoints), concurrency=settings.concurrency)
-        served = self.loop.run_until_complete(served_models(settings.api_key_env, self.pool, self.secrets, NAMES))
-        self.model = pick_model(served, settings.model, must_serve_wanted=True, names=NAMES)
-        limit = served.get(self.model)
-        if limit is not None and limit < max_total_len:
-            raise TeacherServerError(f"the teacher server's max_model_len {limit} is below rollout.max_total_len="
-                                     f"{max_total_len}", "serve it with a larger --max-model-len")
+        try:
+            served = self.loop.run_until_complete(served_models(settings.api_key_env, self.pool, self.secrets, NAMES))
+            self.model = pick_model(served, settings.model, must_serve_wanted=True, names=NAMES)
+            limit = served.get(self.model)
+            if limit is not None and limit < max_total_len:
+                raise TeacherServerError(f"the teacher server's max_model_len {limit} is below rollout.max_total_len="
+                                         f"{max_total_len}", "serve it with a larger --max-model-len")
+        except BaseException:
+            self.loop.close()
+            raise
         self.session = self.loop.run_until_complete(self._session())
         self.client = ApiClient(
             self.session, self.pool, RetryPolicy(settings.max_retries), settings.request_timeout_s, ALL_DOWN_WAIT_S,

@@ -89,6 +89,8 @@ def test_a_run_with_a_served_teacher_trains_without_loading_one(tmp_path, tiny_p
     (["loss.kl_direction=reverse_kl", "sampling.temperature=0.7"], "sampling must be the student's own distribution"),
     (["teacher_server.endpoints=[ftp://host]"], "teacher_server.endpoints: 'ftp://host' is not an http(s)://host:port URL"),
     (["teacher_server.top_logprobs=0"], "teacher_server.top_logprobs"),
+    (["teacher_server.api_key_env=NO_SUCH_KEY_SET"],
+     "teacher_server.api_key_env=NO_SUCH_KEY_SET: that environment variable is not set"),
 ])
 def test_what_a_top_k_cannot_compute_is_refused_naming_the_key(tiny_pair, overrides, message):
     served = [] if any(o.startswith("teacher_server.endpoints") for o in overrides) else [
