@@ -130,7 +130,7 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert noisy[noisy.index("--value-noise") + 1] == str(cfg.data.value_noise)
     assert "from_scratch=true" in gold.command and "from_scratch=true" not in robust_sft.command
     assert argument(robust_sft.command, "max_steps") == str(cfg.sft.robust_teacher_steps) == "900"
-    assert argument(robust.command, "max_steps") == str(cfg.sft.robust_anneal_steps) == "600"
+    assert argument(robust.command, "max_steps") == str(cfg.sft.robust_anneal_steps) == "1200"
     assert argument(robust_sft.command, "optim.learning_rate") == str(cfg.teacher.learning_rate)
     assert argument(robust.command, "optim.learning_rate") == str(cfg.sft.robust_anneal_learning_rate) == "0.001"
     # retries make a few noisy demonstrations longer than a rollout may grow: those SFTs leave them out
