@@ -16,9 +16,10 @@ BENCH_REGEN_ARGS ?=
 BENCH_CONCURRENCY_ARGS ?=
 RECIPE_ARGS ?=
 STUDY_ARGS ?=
+STUDY_MAX_WALL_S ?= null
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-standin test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd bench-tokenize bench-served-teacher gpu-check recipe study
+.PHONY: help setup test test-standin test-all test-vllm demo tiny lint bench bench-regen bench-concurrency bench-serve bench-opd bench-tokenize bench-served-teacher gpu-check recipe study study-fourth-run
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -87,6 +88,10 @@ recipe: tiny ## CPU recipe: task, SFT teacher, weaker student, OPD / KD / SFT ar
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[chart]'
 	$(PY) -m experiments.recipe.recipe tokenizer=$(TOKENIZER) $(RECIPE_ARGS)
 
-study: setup ## the study: OPD vs KD over horizons of recoverable tool calls, 3 seeds (out/study; STUDY_ARGS="'seeds=[0]' 'arms=[kd]'": the pilot gates)
+study: setup ## the study: OPD vs KD over horizons of recoverable tool calls, 5 seeds (out/study; STUDY_ARGS="'seeds=[0]' 'arms=[kd]'": the pilot gates)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[chart]'
 	$(PY) -m experiments.study.study tokenizer=$(TOKENIZER) $(STUDY_ARGS)
+
+study-fourth-run: setup ## continue the fourth full run in its committed folder (experiments/study/fourth_run), STUDY_MAX_WALL_S seconds of stages
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[chart]'
+	$(PY) -m experiments.study.study tokenizer=$(TOKENIZER) out_dir=experiments/study/fourth_run max_wall_s=$(STUDY_MAX_WALL_S) $(STUDY_ARGS)

@@ -3,6 +3,7 @@ and least-squares slopes (means with standard errors are the evaluation's own, `
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections import defaultdict
@@ -63,13 +64,25 @@ def slope(xs: list[float], ys: list[float]) -> float:
             / sum((x - x_mean) ** 2 for x in xs))
 
 
+def jsonl_rows(path: Path) -> list[dict]:
+    """The JSON lines of ``path``, gzipped (``*.gz``, as the study keeps episodes) or not."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def episodes_file(directory: Path, name: str) -> Path:
+    """An evaluation's ``episodes_{name}.jsonl`` in ``directory``, or its gzipped copy where only that is kept."""
+    plain = directory / f"episodes_{name}.jsonl"
+    return plain if plain.is_file() or not plain.with_suffix(".jsonl.gz").is_file() else plain.with_suffix(".jsonl.gz")
+
+
 def read_evaluation(directory: Path) -> dict:
     """``opd/evaluate.py``'s report in ``directory``, each checkpoint with ``correct``: source -> the share of its
     episodes that were correct (from ``episodes_{name}.jsonl``: one per sample, so 0 or 1 with one sample)."""
     report = json.loads((directory / "evaluation.json").read_text())
     for checkpoint in report["checkpoints"]:
         samples = defaultdict(list)
-        for row in map(json.loads, (directory / f"episodes_{checkpoint['name']}.jsonl").read_text().splitlines()):
+        for row in jsonl_rows(episodes_file(directory, checkpoint["name"])):
             samples[row["source"]].append(row["correct"])
         checkpoint["correct"] = {source: sum(correct) / len(correct) for source, correct in samples.items()}
     return report

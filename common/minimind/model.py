@@ -23,6 +23,7 @@ from common.user_errors import UserError
 _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
+TIED_METADATA = "tied"  # a native .safetensors file's metadata key naming the tied key left out (lm_head.weight)
 
 
 class CheckpointMismatchError(UserError):
@@ -149,13 +150,26 @@ def load_failure(error: Exception) -> str:
 
 
 def read_native_state_dict(path: str | Path, *, role: str = "model") -> dict[str, torch.Tensor]:
-    """Read a native MiniMind ``.pth`` (plain state dict, or a dict holding one under ``model``)."""
+    """Read a native MiniMind ``.pth`` (plain state dict, or a dict holding one under ``model``), or the same tensors
+    as one ``.safetensors`` file."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(
             f"{role} checkpoint not found: {path} (MiniMind writes inference weights as "
             "{save_dir}/{prefix}_{hidden}{_moe}.pth, e.g. out/agent_768.pth)"
         )
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as stream:
+                state = {key: stream.get_tensor(key) for key in stream.keys()}
+                tied = (stream.metadata() or {}).get(TIED_METADATA)
+        except (SafetensorError, OSError) as error:
+            raise UserError(f"{role} checkpoint {path} is not a readable safetensors file ({error})") from None
+        if tied == "lm_head.weight" and "model.embed_tokens.weight" in state:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        return state
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for corrupt / non-torch files
@@ -166,6 +180,21 @@ def read_native_state_dict(path: str | Path, *, role: str = "model") -> dict[str
     if not isinstance(state, Mapping):
         raise UserError(f"{role} checkpoint {path} holds a {type(state).__name__}, not a state dict")
     return dict(state)
+
+
+def save_native_safetensors(state: Mapping[str, torch.Tensor], path: str | Path) -> Path:
+    """Write a native state dict as one ``.safetensors`` file, atomically, in its own dtypes; a ``lm_head.weight``
+    equal to the embedding is stored once (``read_native_state_dict`` restores it, as MiniMind ties them)."""
+    from safetensors.torch import save
+
+    tensors = {key: tensor.detach().to("cpu").clone() for key, tensor in state.items()}  # no storage shared
+    metadata = {}
+    embed, head = tensors.get("model.embed_tokens.weight"), tensors.get("lm_head.weight")
+    if embed is not None and head is not None and head.dtype == embed.dtype and torch.equal(head, embed):
+        del tensors["lm_head.weight"]
+        metadata[TIED_METADATA] = "lm_head.weight"
+    payload = save(tensors, metadata=metadata)
+    return atomic_write(path, lambda stream: stream.write(payload))
 
 
 def load_native(path: str | Path, arch: MiniMindArch, *, role: str = "model") -> PreTrainedModel:

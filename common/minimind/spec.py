@@ -108,5 +108,6 @@ class ModelSpec:
 
 
 def is_native_checkpoint(checkpoint: str) -> bool:
-    """True for a MiniMind ``.pth`` file path; False for an HF model folder or hub id."""
-    return str(checkpoint).endswith((".pth", ".pt"))
+    """True for a MiniMind state-dict file (``.pth``/``.pt``, or the same tensors as ``.safetensors``); False for an
+    HF model folder or hub id."""
+    return str(checkpoint).endswith((".pth", ".pt", ".safetensors"))

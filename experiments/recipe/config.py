@@ -35,6 +35,9 @@ def check_staged_run(cfg) -> None:
             "a non-empty list of distinct integers", cfg.seeds)
     check_integer("threads", cfg.threads, 1)
     check_integer("jobs", cfg.jobs, 1)
+    if cfg.max_wall_s is not None:
+        require(isinstance(cfg.max_wall_s, int | float) and cfg.max_wall_s > 0, "max_wall_s",
+                "a positive number of seconds, or null", cfg.max_wall_s)
 
 
 @dataclass
@@ -151,7 +154,7 @@ class RecipeConfig:
     seeds: list[int]  # one student and one run of every arm per seed
     threads: int  # torch threads of each stage
     jobs: int  # stages running at once
-    rerun: bool  # run every stage again instead of skipping those done with the same command
+    max_wall_s: float | None  # start no stage whose projected end falls past this many seconds (experiments.stages)
     data: TaskSizes
     teacher: RecipeTeacher
     student: RecipeModel

@@ -18,9 +18,9 @@
    the chart (``curves.png``).
 
 Stages run ``jobs`` at a time, each once the stages it reads are done, with ``threads`` torch threads and
-its output in ``logs/{name}.log``. A stage is skipped when ``stages/{name}.json`` records the same command,
-its outputs exist and none of the stages it reads ran in this invocation; ``rerun=true`` runs everything
-again. ``recipe_summary.json`` holds every stage's command and wall time, the curves and the table.
+its output in ``logs/{name}.log``. A stage the run folder's ``manifest.jsonl`` records as finished with the same
+command, inputs and outputs is skipped (``experiments.stages``; other settings need a new ``out_dir``);
+``max_wall_s`` bounds one invocation. ``recipe_summary.json`` holds every stage's command and wall time, the curves and the table.
 Settings: ``configs/recipe.yaml`` (schema ``experiments.recipe.config.RecipeConfig``, checked once at start).
 """
 
@@ -294,7 +294,10 @@ def run(cfg: RecipeConfig) -> dict:
     out, console = Path(cfg.out_dir), Console()
     stages = recipe_stages(cfg)
     started = time.perf_counter()
-    results = run_stages(stages, out, jobs=cfg.jobs, threads=cfg.threads, rerun=cfg.rerun, console=console)
+    results = run_stages(stages, out, jobs=cfg.jobs, threads=cfg.threads, console=console,
+                         places={"tokenizer": Path(cfg.tokenizer)}, max_wall_s=cfg.max_wall_s)
+    if len(results) < len(stages):
+        return {}  # max_wall_s: the runner named the stages left; the report waits for them
     wall = time.perf_counter() - started
     report = curve_report(cfg)
     chart = write_curve_chart(report, out / "curves.png")

@@ -111,6 +111,7 @@ class StudyArm:
     data: str
     on_policy: bool
     overrides: list[str]
+    seeds: list[int] | None = None  # the seeds it runs on, a subset of the study's; None: every seed
 
 
 @dataclass
@@ -220,7 +221,7 @@ class StudyConfig:
     arms: list[str] | None  # the arms to run (the baseline always runs); None: every arm of ``arm_settings``
     threads: int
     jobs: int
-    rerun: bool
+    max_wall_s: float | None
     data: ChainData
     teacher: RecipeTeacher
     student: RecipeModel
@@ -254,8 +255,12 @@ class StudyConfig:
             require((arm.teacher == "none") == (arm.entry == "sft"), f"arm_settings.{name}.teacher",
                     "none for an sft arm and gold or robust for an opd arm", arm.teacher)
             check_choice(f"arm_settings.{name}.data", arm.data, TASK_FILES)
+            require(arm.seeds is None or (bool(arm.seeds) and len(set(arm.seeds)) == len(arm.seeds)),
+                    f"arm_settings.{name}.seeds", "null or a non-empty list of distinct seeds", arm.seeds)
         require(self.baseline_arm in self.arm_settings, "baseline_arm",
                 f"one of the arms ({', '.join(self.arm_settings)})", self.baseline_arm)
+        require(self.arm_settings[self.baseline_arm].seeds is None, f"arm_settings.{self.baseline_arm}.seeds",
+                "null: the baseline runs on every seed", self.arm_settings[self.baseline_arm].seeds)
         unknown = [name for name in self.arms or () if name not in self.arm_settings]
         require(not unknown, "arms", f"a list of arm names among {', '.join(self.arm_settings)}", self.arms)
         steps = self.distill.steps
@@ -286,6 +291,11 @@ class StudyConfig:
         """The arms this invocation runs, the baseline first."""
         chosen = list(self.arm_settings) if self.arms is None else list(self.arms)
         return [self.baseline_arm, *(name for name in chosen if name != self.baseline_arm)]
+
+    def arm_seeds(self, arm: str) -> list[int]:
+        """The seeds ``arm`` runs on: those of ``seeds`` its own ``seeds`` lists (null: all)."""
+        own = self.arm_settings[arm].seeds
+        return [seed for seed in self.seeds if own is None or seed in own]
 
     @property
     def teachers(self) -> list[str]:

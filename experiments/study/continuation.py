@@ -39,6 +39,7 @@ from common.atomic_write import atomic_write_json, atomic_write_text
 from common.chat_records import AgentRecord, load_agent_records
 from common.minimind.model import load_model
 from common.package_files import CONFIG_DIR
+from experiments.estimates import jsonl_rows
 from experiments.study.chain_task import RETRY_NOTE
 from experiments.study.divergence import model_spec
 from experiments.study.gates import gold_calls, misread_number
@@ -118,7 +119,7 @@ def _mean(values: list[float]) -> float | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", required=True, type=Path, help="an evaluation's episodes_{name}.jsonl")
+    parser.add_argument("--episodes", required=True, type=Path, help="an evaluation's episodes_{name}.jsonl (or .jsonl.gz)")
     parser.add_argument("--data", required=True, help="the evaluated prompts (the rows' sources)")
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--model", required=True, help="the continuing model's .pth (G4: the robust teacher)")
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     chat_format, sampling = ChatFormat(tokenizer), sampling_preset(args.sampling)
     records = {record.source: record for record in load_agent_records(args.data)[0]}
     prompts = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
-    rows = [json.loads(line) for line in args.episodes.read_text().splitlines() if line.strip()]
+    rows = jsonl_rows(args.episodes)
     by_budget, skipped = continuation_records(rows, records, args.max_turns, tokenizer.eos_token)
     continued, correct = Counter(), Counter()  # by first error type, and by "first_call" / "later_call"
     misread, misread_correct = Counter(), Counter()

@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from experiments.estimates import episodes_file, jsonl_rows
 from experiments.study.chain_task import GUARD_NUMBERS, guard_numbers_of, step_numbers
 from opd.episodes.scoring import (
     BROKEN_JSON,
@@ -65,7 +66,7 @@ GUARD_FAILED = "guard_failed"  # a checked task's failed call whose step reads b
 
 
 def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return jsonl_rows(path)
 
 
 def _gate(name: str, value: float | None, threshold: float, detail: str) -> dict:
@@ -170,7 +171,7 @@ def error_rates(prompts: list[dict], rows: Iterable[dict]) -> dict:
 
 def student_episodes(cfg, paths) -> list[Path]:
     """The warm students' temperature-1 held-out episodes, one file per seed."""
-    return [paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl" for seed in cfg.seeds]
+    return [episodes_file(paths.evaluation(seed, "student", "t1"), "student") for seed in cfg.seeds]
 
 
 def student_error_rates(cfg, paths) -> dict:

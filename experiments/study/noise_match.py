@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from common.atomic_write import atomic_write_json
+from experiments.estimates import jsonl_rows
 from experiments.study.chain_task import GUARD_NUMBERS
 from experiments.study.gates import error_rates
 
@@ -47,7 +48,7 @@ def noise_settings(measured: dict) -> dict:
 
 def _jsonl(path: Path, what: str) -> list[dict]:
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return jsonl_rows(path)
     except OSError as error:
         raise ValueError(f"{what} {path}: cannot read it ({error.strerror})") from error
     except json.JSONDecodeError as error:

@@ -40,7 +40,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from experiments.estimates import interval, paired_difference, slope
+from experiments.estimates import episodes_file, interval, jsonl_rows, paired_difference, slope
 from experiments.study.gates import ALL, continuation_counts, gate_values, source_line, student_error_rates
 from opd.episodes.scoring import aggregate, mean_and_se, score_from_row
 
@@ -59,7 +59,7 @@ def checkpoint_scores(directory: Path, name: str, horizons: dict[int, int]) -> d
     """One evaluated checkpoint's episodes grouped by horizon (and ``all``): ``correct`` (line -> the share of the
     problem's samples that ended correct: 0 or 1 with one sample per prompt) and the call figures of
     ``opd.episodes.scoring.aggregate`` (``CALL_FIGURES``)."""
-    rows = [json.loads(line) for line in (directory / f"episodes_{name}.jsonl").read_text().splitlines()]
+    rows = jsonl_rows(episodes_file(directory, name))
     groups: dict = {}
     for group in sorted({horizons[source_line(row["source"])] for row in rows}) + [ALL]:
         chosen = [row for row in rows if group == ALL or horizons[source_line(row["source"])] == group]

@@ -38,8 +38,11 @@
    training; the charts; ``study_summary.json``.
 
 Stages run ``jobs`` at a time with ``threads`` torch threads each, the robust teacher's SFT stages alone on all
-``jobs × threads`` (``experiments.stages``); a stage whose command, outputs and inputs are unchanged is skipped, so a
-rerun continues where the last one stopped.
+``jobs × threads`` (``experiments.stages``). ``out_dir`` is the run's folder: each finished stage goes into its
+``manifest.jsonl`` with the hashes of what it read and wrote, and is skipped by every later invocation, in any clone
+on any machine; what later stages read is kept (weights as safetensors, episodes gzipped), scratch (training runs,
+kept weights, logs) under ``scratch/`` and ``logs/`` stays out of git (the folder's ``.gitignore``). ``max_wall_s``
+bounds a sitting: no stage starts whose projected end falls past it.
 """
 
 from __future__ import annotations
@@ -50,9 +53,12 @@ if __name__ == "__main__":  # the script: the imports below happen once, inside 
     run_entry("experiments.study.study")
     raise SystemExit
 
+import json
 import math
+import re
 import sys
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -69,11 +75,12 @@ from experiments.charts import write_study_charts
 from experiments.recipe.config import RecipeModel
 from experiments.stages import Stage, replay, run_stages
 from experiments.study.config import StudyConfig
-from experiments.study.gates import student_episodes
 from experiments.study.report import print_report, study_report, summary_results
 from opd.reports.charts import require_matplotlib
 from opd.training.checkpoints import step_weights_path
 
+PILOT_TIMES = Path(__file__).parent / "fourth_run_pilots" / "pilot3_study_summary.json"
+REPORT_FILES = ("README.md", "study_summary.json", "accuracy_vs_horizon.png", "accuracy_vs_steps.png")
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 NO_INTERMEDIATE_SAVES = 1_000_000  # save_interval: only each run's final checkpoint
 DATA_FILES = ("train_demonstrations", "train_prompts", "warm_demonstrations", "distill_demonstrations",
@@ -97,8 +104,9 @@ class StudyPaths:
     """Where every stage of the study reads and writes, under ``out_dir``."""
 
     def __init__(self, cfg: StudyConfig) -> None:
-        self.cfg, self.out = cfg, Path(cfg.out_dir)
+        self.cfg, self.out = cfg, Path(cfg.out_dir).resolve()
         self.data = self.out / "data"
+        self.scratch = self.out / "scratch"  # what no later stage reads: training runs, kept weights, resume files
 
     def file(self, name: str) -> Path:
         return self.data / f"{name}.jsonl"
@@ -108,26 +116,26 @@ class StudyPaths:
         return self.data / "noise_rates.json"
 
     def teacher(self, kind: str) -> Path:
-        return self.out / "teachers" / kind / f"teacher_{kind}_{self.cfg.teacher.hidden_size}.pth"
+        return self.out / "teachers" / f"teacher_{kind}_{self.cfg.teacher.hidden_size}.safetensors"
 
-    def teacher_sft(self) -> Path:
-        """The gold teacher's SFT run (its final weights; the kept ones beside them)."""
-        return self.out / "teachers" / "gold_sft" / f"teacher_gold_sft_{self.cfg.teacher.hidden_size}.pth"
+    def teacher_run(self, kind: str) -> Path:
+        """The final weights of a teacher's SFT run (``gold_sft``, ``robust_sft``, ``robust``; the kept ones beside)."""
+        return self.scratch / "teachers" / kind / f"teacher_{kind}_{self.cfg.teacher.hidden_size}.pth"
 
     def robust_sft(self) -> Path:
         """The robust teacher before its anneal (``sft.robust_anneal_steps``)."""
-        return self.out / "teachers" / "robust_sft" / f"teacher_robust_sft_{self.cfg.teacher.hidden_size}.pth"
+        return self.teacher("robust_sft")
 
     def seed(self, seed: int) -> Path:
         return self.out / f"seed{seed}"
 
     def student_sft(self, seed: int) -> Path:
         """The student's SFT run (its final weights; the kept ones beside them)."""
-        return self.seed(seed) / "student_sft" / f"student_sft_{self.cfg.student.hidden_size}.pth"
+        return self.scratch / f"seed{seed}" / "student_sft" / f"student_sft_{self.cfg.student.hidden_size}.pth"
 
     def student(self, seed: int) -> Path:
-        """The warm student: the chosen SFT checkpoint (``experiments.study.warm_start``)."""
-        return self.seed(seed) / "student" / f"student_warm_{self.cfg.student.hidden_size}.pth"
+        """The warm student: the chosen SFT checkpoint (``experiments.study.warm_start``), its pick in ``.json``."""
+        return self.seed(seed) / f"student_warm_{self.cfg.student.hidden_size}.safetensors"
 
     def arm(self, seed: int, arm: str) -> Path:
         return self.seed(seed) / arm
@@ -147,6 +155,10 @@ class StudyPaths:
 
     def continuation_episodes(self, seed: int, name: str = "continuation") -> Path:
         return self.seed(seed) / f"{name}_episodes.jsonl"
+
+    def episodes(self, directory: Path, name: str) -> Path:
+        """An evaluation's episodes as the run keeps them: ``opd/evaluate.py``'s ``episodes_{name}.jsonl``, gzipped."""
+        return directory / f"episodes_{name}.jsonl.gz"
 
     def divergence(self, seed: int) -> Path:
         return self.seed(seed) / "divergence.json"
@@ -236,8 +248,20 @@ def _eval_stages(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int | Non
         out = paths.evaluation(seed, name, decoding)
         prefix = name if seed is None else f"seed{seed}-{name}"
         stages.append(Stage(f"{prefix}-eval-{decoding}", _evaluate_command(
-            cfg, paths.file("heldout_prompts"), decoding, models, out), [out / "evaluation.json"], needs))
+            cfg, paths.file("heldout_prompts"), decoding, models, out),
+            [out / "evaluation.json", *(paths.episodes(out, key) for key in models)], needs,
+            then=tuple(_gzip(paths.episodes(out, key)) for key in models)))
     return stages
+
+
+def _weights_copy(source: Path, target: Path, dtype: str | None = None) -> list[str]:
+    """The command that keeps a run's weights ``source`` as ``target`` (safetensors, ``experiments.weights``)."""
+    return [sys.executable, "-m", "experiments.weights", str(source), str(target), *(["--dtype", dtype] if dtype else [])]
+
+
+def _gzip(target: Path) -> list[str]:
+    """The command that writes ``target`` (``*.gz``) from the file beside it without the suffix (kept)."""
+    return [sys.executable, "-m", "gzip", "--best", str(target.with_suffix(""))]
 
 
 def _curve_stage(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int,
@@ -245,7 +269,9 @@ def _curve_stage(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int,
     """The learning-curve evaluation of ``models`` on the curve's problems under its decoding (``curve``)."""
     out = paths.curve(seed, name)
     return Stage(f"seed{seed}-{name}-curve", _evaluate_command(cfg, paths.curve_prompts(), cfg.curve.decoding, models,
-                                                               out), [out / "evaluation.json"], (*needs, "curve-data"))
+                                                               out),
+                 [out / "evaluation.json", *(paths.episodes(out, key) for key in models)], (*needs, "curve-data"),
+                 then=tuple(_gzip(paths.episodes(out, key)) for key in models))
 
 
 def _evaluate_command(cfg: StudyConfig, data: Path, decoding: str, models: dict[str, tuple[Path, RecipeModel]],
@@ -264,7 +290,7 @@ def _continuation_stage(cfg: StudyConfig, paths: StudyPaths, seed: int, name: st
                         needs: str) -> Stage:
     """``experiments.study.continuation``: ``model`` continues the seed's warm student's T=1 held-out episodes after
     their first recoverable call error (stage ``seed{seed}-{name}``, its report ``paths.continuation(seed, name)``)."""
-    e, episodes = cfg.evaluation, paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl"
+    e, episodes = cfg.evaluation, paths.episodes(paths.evaluation(seed, "student", "t1"), "student")
     out, continued = paths.continuation(seed, name), paths.continuation_episodes(seed, name)
     return Stage(f"seed{seed}-{name}", [
         sys.executable, "-m", "experiments.study.continuation", "--episodes", str(episodes),
@@ -272,7 +298,8 @@ def _continuation_stage(cfg: StudyConfig, paths: StudyPaths, seed: int, name: st
         "--arch", _arch_flag(block), "--sampling", e.decodings["t1"].sampling, "--seed", str(seed),
         "--batch-size", str(e.batch_size), "--max-turns", str(e.max_turns), "--max-gen-len", str(e.max_gen_len),
         "--max-total-len", str(e.max_total_len), "--out", str(out), "--episodes-out", str(continued)],
-        [out, continued], (f"seed{seed}-student-eval-t1", needs))
+        [out, continued.with_suffix(".jsonl.gz")], (f"seed{seed}-student-eval-t1", needs),
+        then=(_gzip(continued.with_suffix(".jsonl.gz")),))
 
 
 def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeModel, pick, out: Path,
@@ -290,6 +317,13 @@ def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeM
             *(["--best-if-none"] if pick.best_if_none else []), "--", *sft]
 
 
+def with_estimates(stages: list[Stage], times: Path = PILOT_TIMES) -> list[Stage]:
+    """``stages`` with the time each stage of the same kind took in the fourth run's third pilot (``max_wall_s``
+    projects from these until the run has measured its own)."""
+    pilot = {re.sub(r"^seed\d+-", "", name): wall for name, wall in json.loads(times.read_text())["stage_wall_s"].items()}
+    return [replace(stage, estimate_s=pilot.get(stage.kind)) for stage in stages]
+
+
 def study_stages(cfg: StudyConfig) -> list[Stage]:
     """The study's commands, each after the stages it reads (see the module doc). Training comes before
     evaluation: of the stages ready to start, the runner starts the first listed."""
@@ -303,23 +337,25 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
                   *(["--retry-names-input"] if data.retry_names_input else [])] if cfg.warm.noisy_share else []
     warm_files = ["warm_noisy_demonstrations"] if cfg.warm.noisy_share else []
     stages = [Stage("data", [*task, "--part", "task", *warm_noise],
-                    [paths.file(name) for name in (*DATA_FILES, *warm_files)]),
+                    [paths.file(name) for name in (*DATA_FILES, *warm_files)], rebuilt=True),
               Stage("curve-data", [python, "-m", "experiments.study.curve_problems", "--heldout",
                                    str(paths.file("heldout_prompts")), "--horizon", str(cfg.curve.horizon),
                                    "--problems", str(cfg.curve.problems), "--out", str(paths.curve_prompts())],
-                    [paths.curve_prompts()], ("data",))]
+                    [paths.curve_prompts()], ("data",), rebuilt=True)]
     if data.match_noise:  # the rates measured on every seed's warm student at T=1, then the files
         noise = ["--noise-rates", str(paths.noise_rates())]
         stages.append(Stage("noise-match", [
             python, "-m", "experiments.study.noise_match", "--heldout", str(paths.file("heldout_prompts")),
-            *(flag for path in student_episodes(cfg, paths) for flag in ("--episodes", str(path))),
+            *(flag for seed in cfg.seeds for flag in (
+                "--episodes", str(paths.episodes(paths.evaluation(seed, "student", "t1"), "student")))),
             "--out", str(paths.noise_rates())], [paths.noise_rates()],
             tuple(f"seed{seed}-student-eval-t1" for seed in cfg.seeds)))
     else:
         noise = _noise_flags(data)
     stages.append(Stage("noisy-data", [*task, "--part", "noisy", *noise,
                                        *(["--retry-names-input"] if data.retry_names_input else [])],
-                        [paths.file(name) for name in NOISY_FILES], ("noise-match",) if data.match_noise else ()))
+                        [paths.file(name) for name in NOISY_FILES], ("noise-match",) if data.match_noise else (),
+                        rebuilt=True))
     evaluations = []
     w, d = cfg.warm, cfg.distill
     # the students are listed before the gold teacher, so they start first: a seed's student may run to its cap
@@ -333,12 +369,13 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
                                    noisy=bool(w.noisy_share))
         stages.append(Stage(f"seed{seed}-student", _pick_command(cfg, paths, paths.student_sft(seed), cfg.student, w,
                                                                  paths.student(seed), student_sft),
-                            [paths.student(seed)], ("data",)))
+                            [paths.student(seed), paths.student(seed).with_suffix(".json")], ("data",)))
     gold_sft = _sft_command(cfg, cfg.teacher, "teacher", cfg.teacher.seed, paths.file("train_demonstrations"),
-                            paths.teacher_sft().parent, "teacher_gold_sft", keep_every=cfg.teacher_pick.check_every)
-    stages.append(Stage("teacher-gold", _pick_command(cfg, paths, paths.teacher_sft(), cfg.teacher, cfg.teacher_pick,
-                                                      paths.teacher("gold"), gold_sft), [paths.teacher("gold")],
-                        ("data",)))
+                            paths.teacher_run("gold_sft").parent, "teacher_gold_sft",
+                            keep_every=cfg.teacher_pick.check_every)
+    stages.append(Stage("teacher-gold", _pick_command(cfg, paths, paths.teacher_run("gold_sft"), cfg.teacher,
+                                                      cfg.teacher_pick, paths.teacher("gold"), gold_sft),
+                        [paths.teacher("gold"), paths.teacher("gold").with_suffix(".json")], ("data",)))
     noisy_sft = partial(_sft_command, cfg, cfg.teacher, "teacher", cfg.teacher.seed,
                         paths.file("train_noisy_demonstrations"), noisy=True)
     robust_start, robust_needs = paths.teacher("gold"), ("teacher-gold", "noisy-data")
@@ -347,15 +384,17 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
     # threads: identical checkpoints; sampled generation is not so, and keeps ``threads``)
     if cfg.sft.robust_anneal_steps:  # the robust teacher's SFT at the teacher's lr, then the anneal writes it
         stages.append(Stage("teacher-robust-sft", noisy_sft(
-            paths.robust_sft().parent, "teacher_robust_sft", start=robust_start, steps=cfg.sft.robust_teacher_steps),
-            [paths.robust_sft()], robust_needs, wide=True))
+            paths.teacher_run("robust_sft").parent, "teacher_robust_sft", start=robust_start,
+            steps=cfg.sft.robust_teacher_steps), [paths.robust_sft()], robust_needs, wide=True,
+            then=(_weights_copy(paths.teacher_run("robust_sft"), paths.robust_sft()),)))
         robust_start, robust_needs = paths.robust_sft(), ("teacher-robust-sft",)
         steps, learning_rate = cfg.sft.robust_anneal_steps, cfg.sft.robust_anneal_learning_rate
     else:
         steps, learning_rate = cfg.sft.robust_teacher_steps, cfg.teacher.learning_rate
-    stages.append(Stage("teacher-robust", noisy_sft(paths.teacher("robust").parent, "teacher_robust",
+    stages.append(Stage("teacher-robust", noisy_sft(paths.teacher_run("robust").parent, "teacher_robust",
                                                     start=robust_start, steps=steps, learning_rate=learning_rate),
-                        [paths.teacher("robust")], robust_needs, wide=True))
+                        [paths.teacher("robust")], robust_needs, wide=True,
+                        then=(_weights_copy(paths.teacher_run("robust"), paths.teacher("robust")),)))
     teachers = cfg.teachers
     for kind in teachers:
         evaluations += _eval_stages(cfg, paths, f"teacher_{kind}", None, {kind: (paths.teacher(kind), cfg.teacher)},
@@ -383,7 +422,7 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
                                                "teacher-robust"))
         evaluations.append(_continuation_stage(cfg, paths, seed, "student-continuation", paths.student(seed),
                                                cfg.student, f"{prefix}-student"))
-        for arm in cfg.running_arms:
+        for arm in [arm for arm in cfg.running_arms if seed in cfg.arm_seeds(arm)]:
             spec = cfg.arm_settings[arm]
             checkpoints = {f"step{step}": (paths.arm_checkpoint(seed, arm, step), cfg.student) for step in steps}
             needs = (f"{prefix}-student", *([f"teacher-{spec.teacher}"] if spec.entry == "opd" else []),
@@ -406,11 +445,16 @@ def main(cfg: DictConfig) -> None:
 def run(cfg: StudyConfig) -> dict:
     """Run (or continue) the study; returns the summary also written to ``study_summary.json``."""
     require_matplotlib()
-    out, console = Path(cfg.out_dir), Console()
-    stages = study_stages(cfg)
+    if Path(cfg.tokenizer).exists():  # one spelling of the tokenizer in every command ({tokenizer} in the manifest)
+        cfg = replace(cfg, tokenizer=str(Path(cfg.tokenizer).resolve()))
+    out, console = Path(cfg.out_dir).resolve(), Console()
+    stages = with_estimates(study_stages(cfg))
     started = time.perf_counter()
-    results = run_stages(stages, out, jobs=cfg.jobs, threads=cfg.threads, rerun=cfg.rerun, console=console)
+    results = run_stages(stages, out, jobs=cfg.jobs, threads=cfg.threads, console=console,
+                         places={"tokenizer": Path(cfg.tokenizer)}, max_wall_s=cfg.max_wall_s, keep=REPORT_FILES)
     wall = time.perf_counter() - started
+    if len(results) < len(stages):
+        return {}  # max_wall_s: the runner named the stages left; the report waits for them
     report = study_report(cfg, StudyPaths(cfg), curve_steps(cfg))
     charts = write_study_charts(report, out)
     print_report(report, console)

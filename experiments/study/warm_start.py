@@ -9,7 +9,7 @@ at a step that varies with the seed (and with the machine's float rounding). A f
 the arms from a cold student in one seed and a finished one in another. So the student's SFT keeps its weights
 every few steps (``{stem}_step{N}.pth``), and this picks, in step order, the first whose accuracy on the first
 ``--prompts`` validation prompts (the distillation split, never the held-out one) is at least ``--min-accuracy``;
-it copies those weights to ``--out`` and writes every accuracy it measured to ``{out}.json``. When none reaches the
+it copies those weights to ``--out`` (as safetensors when it ends so) and writes every accuracy it measured to ``{out}.json``. When none reaches the
 threshold it fails, naming the best step, or with ``--best-if-none`` picks the best (the earliest of equals) and
 says so (``"reached": false`` in its file): a seed that learns slowly still gets a student, the best its SFT made.
 
@@ -36,6 +36,7 @@ from common.chat_records import load_agent_records
 from common.generation.sampler import TokenSampler
 from common.minimind.model import load_model
 from experiments.study.divergence import model_spec
+from experiments.weights import copy_weights
 from opd.config import RolloutConfig, SamplingConfig
 from opd.episodes.chat_format import ChatFormat
 from opd.episodes.scoring import score_episode
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-turns", type=int, default=10)
     parser.add_argument("--max-gen-len", type=int, default=64)
     parser.add_argument("--max-total-len", type=int, default=1024)
-    parser.add_argument("--out", required=True, type=Path, help="where the chosen weights are copied")
+    parser.add_argument("--out", required=True, type=Path, help="where the chosen weights are copied (.pth, or .safetensors)")
     parser.add_argument("--role", default="student", help="the study's block the SFT belongs to (named in errors)")
     parser.add_argument("--best-if-none", action="store_true",
                         help="when no checkpoint reaches --min-accuracy, pick the best one instead of failing")
@@ -160,9 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     if chosen is None:
         sys.exit(f"error: no SFT checkpoint in {args.run_dir} reached validation accuracy {args.min_accuracy} "
                  f"(best: {best}); train the {args.role} longer ({args.role}.sft_steps)")
-    temporary = args.out.with_name(args.out.name + ".tmp")
-    shutil.copyfile(chosen["checkpoint"], temporary)
-    temporary.replace(args.out)
+    if args.out.suffix == ".safetensors":  # the study's run folder keeps the same tensors as safetensors
+        copy_weights(Path(chosen["checkpoint"]), args.out)
+    else:
+        temporary = args.out.with_name(args.out.name + ".tmp")
+        shutil.copyfile(chosen["checkpoint"], temporary)
+        temporary.replace(args.out)
 
 
 if __name__ == "__main__":

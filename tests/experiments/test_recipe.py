@@ -3,23 +3,17 @@
 
 from __future__ import annotations
 
-import io
 import json
-import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from common.config_schema import ConfigError, parse_config
-from common.user_errors import UserError
 from experiments.estimates import interval, paired_difference, slope, t_critical
 from experiments.recipe.config import Arm, RecipeConfig
 from experiments.recipe.recipe import curve_report, curve_steps, recipe_stages
-from experiments.stages import Stage, replay, run_stages, stages_to_start
 from opd.episodes.scoring import mean_and_se
 from tests.helpers.configs import compose_config
 from tests.helpers.paths import REPO_ROOT
@@ -123,102 +117,6 @@ def test_an_arm_may_set_its_own_learning_rate(tmp_path):
     stages = {stage.name: stage for stage in recipe_stages(cfg)}
     assert argument(stages["seed0-fast"].command, "optim.learning_rate") == "0.003"
     assert argument(stages["seed0-opd_forward_kl"].command, "optim.learning_rate") == str(cfg.distill.learning_rate)
-
-
-def script(body: str) -> list[str]:
-    return [sys.executable, "-c", body]
-
-
-def writer(path: Path, text: str = "x", sleep: float = 0.0) -> list[str]:
-    return script(f"import time, pathlib; time.sleep({sleep}); pathlib.Path({str(path)!r}).write_text({text!r})")
-
-
-def test_stages_run_after_what_they_read_two_at_a_time_and_are_skipped_when_done(tmp_path):
-    log = tmp_path / "order.txt"
-
-    def step(name: str, needs=(), sleep=0.3):
-        body = (f"import time, pathlib; p = pathlib.Path({str(log)!r}); "
-                f"p.open('a').write('start {name}\\n'); time.sleep({sleep}); p.open('a').write('end {name}\\n'); "
-                f"pathlib.Path({str(tmp_path / name)!r}).write_text('done')")
-        return Stage(name, script(body), [tmp_path / name], tuple(needs))
-
-    stages = [step("a"), step("b"), step("c", ["a"]), step("d", ["a", "b"])]
-    first = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=Console(quiet=True))
-    events = log.read_text().splitlines()
-    assert {name for name, result in first.items() if not result["reused"]} == {"a", "b", "c", "d"}
-    assert events.index("end a") < events.index("start c") and events.index("end b") < events.index("start d")
-    running, most = 0, 0
-    for event in events:
-        running += 1 if event.startswith("start") else -1
-        most = max(most, running)
-    assert most == 2  # a and b ran together, never three at once
-    again = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=Console(quiet=True))
-    assert all(result["reused"] for result in again.values())
-    (tmp_path / "stages" / "b.json").unlink()  # b runs again, so d (which reads it) does too; a and c are reused
-    shown = Console(file=io.StringIO(), width=200)
-    partly = run_stages(stages, tmp_path, jobs=2, threads=1, rerun=False, console=shown)
-    assert {name for name, result in partly.items() if not result["reused"]} == {"b", "d"}
-    # each stage that ends says how far the run is: stages done (the reused ones too) of all, time since the start
-    assert re.findall(r"(\w): done in \d+ s \((\d) of 4 stages done, \d\d:\d\d:\d\d since the start\)",
-                      shown.file.getvalue()) == [("b", "3"), ("d", "4")]
-    # stages start in listed order among all that can start, also behind skipped ones: with a reused, c (listed
-    # first, reading a) takes the one slot before e, which reads nothing
-    log.write_text("")
-    (tmp_path / "stages" / "c.json").unlink()
-    run_stages([stages[0], stages[2], step("e")], tmp_path, jobs=1, threads=1, rerun=False,
-               console=Console(quiet=True))
-    assert log.read_text().splitlines() == ["start c", "end c", "start e", "end e"]
-
-
-def test_a_wide_stage_starts_alone_and_the_stages_after_it_wait():
-    a, b, c, x = (Stage(name, [], []) for name in "abcx")
-    wide = Stage("w", [], [], wide=True)
-    assert stages_to_start([a, b, c], [], jobs=2) == [a, b]
-    assert stages_to_start([a, b], [x], jobs=2) == [a]
-    assert stages_to_start([a, wide, b], [], jobs=2) == [a]  # w is next: b, listed after it, does not pass it
-    assert stages_to_start([wide, b], [], jobs=2) == [wide]
-    assert stages_to_start([wide, b], [x], jobs=2) == []  # w waits for x, and b waits for w
-    assert stages_to_start([a, b], [wide], jobs=2) == []
-    assert stages_to_start([wide], [], jobs=1) == [wide]
-
-
-def test_replay_gives_the_wall_time_of_the_runners_start_rule():
-    def stages(wide: bool) -> list[Stage]:
-        return [Stage("a", [], []), Stage("b", [], []), Stage("c", [], [], ("a",)),
-                Stage("w", [], [], ("b",), wide), Stage("d", [], [], ("w",))]
-
-    wall = {"a": 3.0, "b": 1.0, "c": 2.0, "w": 4.0, "d": 1.0}
-    # a, b at 0; w ready at 1 but waits for a; at 3 c (listed first) starts, w waits for it; w 5-9 alone; d 9-10
-    assert replay(stages(True), wall, jobs=2) == 10.0
-    # narrow: w starts at 1 beside a, ends at 5 with c (3-5); d 5-6
-    assert replay(stages(False), wall, jobs=2) == 6.0
-    assert replay(stages(False), wall, jobs=1) == sum(wall.values())
-    with pytest.raises(RuntimeError, match="do not exist"):
-        replay([Stage("a", [], [], ("missing",))], {"a": 1.0}, jobs=2)
-
-
-def test_a_wide_stage_gets_every_thread_and_a_thread_change_reruns_nothing(tmp_path):
-    def threads_of(name: str, needs=(), wide=False):
-        body = (f"import os, pathlib; pathlib.Path({str(tmp_path / name)!r})"
-                ".write_text(os.environ['OMP_NUM_THREADS'] + ' ' + os.environ['MKL_NUM_THREADS'])")
-        return Stage(name, script(body), [tmp_path / name], tuple(needs), wide)
-
-    stages = [threads_of("a"), threads_of("w", ["a"], wide=True), threads_of("b", ["w"])]
-    run_stages(stages, tmp_path, jobs=2, threads=3, rerun=False, console=Console(quiet=True))
-    assert [(tmp_path / name).read_text() for name in "awb"] == ["3 3", "6 6", "3 3"]
-    assert [json.loads((tmp_path / "stages" / f"{name}.json").read_text())["threads"] for name in "awb"] == [3, 6, 3]
-    again = run_stages(stages, tmp_path, jobs=1, threads=1, rerun=False, console=Console(quiet=True))
-    assert all(result["reused"] for result in again.values())
-
-
-def test_a_failing_stage_stops_the_recipe_naming_its_log(tmp_path):
-    stages = [Stage("fine", writer(tmp_path / "fine"), [tmp_path / "fine"]),
-              Stage("broken", script("import sys; print('it broke'); sys.exit(3)"), [tmp_path / "never"]),
-              Stage("after", writer(tmp_path / "after"), [tmp_path / "after"], ("broken",))]
-    with pytest.raises(UserError, match=r"stage 'broken' failed \(exit 3\); its log: .*broken.log"):
-        run_stages(stages, tmp_path, jobs=1, threads=1, rerun=False, console=Console(quiet=True))
-    assert "it broke" in (tmp_path / "logs" / "broken.log").read_text()
-    assert not (tmp_path / "after").exists() and not (tmp_path / "stages" / "broken.json").exists()
 
 
 def test_mean_and_standard_error():
@@ -336,56 +234,6 @@ def test_the_report_pairs_every_arm_with_the_baseline_problem_by_problem(tmp_pat
     (tmp_path / "seed1" / "eval" / "kd2" / "evaluation.json").rename(tmp_path / "seed1" / "eval" / "kd" / "evaluation.json")
     with pytest.raises(RuntimeError, match="differ in decoding settings or held-out data"):
         curve_report(cfg)
-
-
-def _runner(tmp_path, stage: list[str]) -> subprocess.Popen:
-    """A process running ``stage`` as the only stage of a run in ``tmp_path``, as the recipe and study do."""
-    return subprocess.Popen([sys.executable, "-c", (
-        "from pathlib import Path; from rich.console import Console; "
-        "from experiments.stages import Stage, replay, run_stages, stages_to_start; from common.user_errors import exit_on_user_error\n"
-        f"with exit_on_user_error(): run_stages([Stage('stage', {stage!r}, [])], Path({str(tmp_path)!r}), jobs=1, "
-        "threads=1, rerun=False, console=Console(quiet=True))")], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
-
-
-def test_a_terminated_recipe_stops_the_stages_it_runs(tmp_path):
-    pid_file = tmp_path / "stage.pid"
-    stage = script(f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)")
-    runner = _runner(tmp_path, stage)
-    while not pid_file.exists() or not pid_file.read_text():
-        assert runner.poll() is None, runner.stderr.read()
-        time.sleep(0.05)
-    runner.terminate()
-    assert runner.wait(timeout=60) == 130 and "error: interrupted" in runner.stderr.read()
-    assert not Path(f"/proc/{int(pid_file.read_text())}").exists()  # the stage was stopped and reaped
-
-
-def _gone(pid: int) -> bool:
-    """The process has exited (reaped, or a zombie its new parent has not reaped yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-def test_a_terminated_recipe_stops_what_its_stages_started_too(tmp_path):
-    """A stage that runs a command of its own (warm_start runs the SFT it picks from) dies at SIGTERM without
-    stopping it: the runner stops the stage's whole process group, so no orphan keeps training."""
-    pid_file = tmp_path / "child.pid"
-    stage = script("import pathlib, subprocess, sys, time\n"
-                   "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                   f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\nchild.wait()")
-    runner = _runner(tmp_path, stage)
-    while not pid_file.exists() or not pid_file.read_text():
-        assert runner.poll() is None, runner.stderr.read()
-        time.sleep(0.05)
-    runner.terminate()
-    assert runner.wait(timeout=60) == 130
-    child = int(pid_file.read_text())
-    for _ in range(600):  # the signal is sent before the runner exits; the child's exit may lag on a loaded machine
-        if _gone(child):
-            break
-        time.sleep(0.1)
-    assert _gone(child)
 
 
 def test_read_evaluation_averages_a_prompts_samples(tmp_path):

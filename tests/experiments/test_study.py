@@ -61,7 +61,8 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
             # every kept checkpoint on the curve; the last one alone on every problem under every decoding
             curve = stages[f"seed{seed}-{arm}-curve"]
             assert curve.needs == (f"seed{seed}-{arm}", "curve-data") and curve.outputs == [
-                paths.curve(seed, arm) / "evaluation.json"]
+                paths.curve(seed, arm) / "evaluation.json",
+                *(paths.curve(seed, arm) / f"episodes_step{step}.jsonl.gz" for step in (40, 80, 100))]
             assert [argument(curve.command, key) for key in ("data", "sampling")] == [str(paths.curve_prompts()),
                                                                                       "opd_rollout"]
             assert all(f"step{step}: " in argument(curve.command, "models") for step in (40, 80, 100))
@@ -96,9 +97,20 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
     assert argument(gold.command, "data") == str(paths.file("train_demonstrations"))
     assert argument(gold.command, "save_interval") == str(cfg.teacher_pick.check_every)
     assert pick[pick.index("--min-accuracy") + 1] == str(cfg.teacher_pick.min_accuracy) == "0.95"
-    assert pick[pick.index("--run-dir") + 1] == str(paths.teacher_sft().parent)
-    assert argument(gold.command, "out_dir") == str(paths.teacher_sft().parent)
-    assert stages["teacher-gold"].outputs == [paths.teacher("gold")] and stages["teacher-gold"].needs == ("data",)
+    assert pick[pick.index("--run-dir") + 1] == str(paths.teacher_run("gold_sft").parent)
+    assert argument(gold.command, "out_dir") == str(paths.teacher_run("gold_sft").parent)
+    # what later stages read is kept in the run folder (weights as safetensors, the pick's report beside them); the
+    # SFT runs are scratch
+    assert stages["teacher-gold"].outputs == [paths.teacher("gold"), paths.out / "teachers" / "teacher_gold_128.json"]
+    assert stages["teacher-gold"].needs == ("data",) and paths.teacher("gold").suffix == ".safetensors"
+    assert paths.teacher_run("gold_sft").is_relative_to(paths.scratch)
+    assert stages["seed1-student"].outputs == [paths.out / "seed1" / "student_warm_64.safetensors",
+                                               paths.out / "seed1" / "student_warm_64.json"]
+    assert [stages[name].then for name in ("teacher-robust-sft", "teacher-robust")] == [
+        ([sys.executable, "-m", "experiments.weights", str(paths.teacher_run(kind)), str(paths.teacher(kind))],)
+        for kind in ("robust_sft", "robust")]
+    assert all(stages[name].rebuilt for name in ("data", "curve-data", "noisy-data"))
+    assert not any(stage.rebuilt for name, stage in stages.items() if "data" not in name)
     student = stages["seed1-student"].command
     # the warm start: half of its demonstrations noise-injected, written by the data stage at data's noise settings
     assert argument(student[student.index("--") + 1:], "data") == str(paths.file("warm_noisy_demonstrations"))
@@ -171,9 +183,26 @@ def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_setti
         assert all(argument(stage.command, "rollout.max_turns") == "14" for stage in evaluations)
     continuation = next(stage for stage in stages if stage.name == "seed1-continuation")
     assert continuation.needs == ("seed1-student-eval-t1", "teacher-robust")
-    assert continuation.outputs == [StudyPaths(cfg).continuation(1), StudyPaths(cfg).continuation_episodes(1)]
+    assert continuation.outputs == [StudyPaths(cfg).continuation(1),
+                                    StudyPaths(cfg).continuation_episodes(1).with_suffix(".jsonl.gz")]
+    assert continuation.then == ([sys.executable, "-m", "gzip", "--best",
+                                  str(StudyPaths(cfg).continuation_episodes(1))],)
     flag = continuation.command.index("--episodes-out")
     assert continuation.command[flag + 1] == str(StudyPaths(cfg).continuation_episodes(1))
+
+
+def test_the_primary_arms_run_on_every_seed_and_the_secondary_ones_on_their_own(tmp_path):
+    """The fourth run's amendment: kd, kd_rkl and opd_rkl on seeds 0-4, opd_fkl_masked and kd_dart on 0-2."""
+    cfg = study_config(tmp_path)
+    names = {stage.name for stage in study_stages(cfg)}
+    assert cfg.seeds == [0, 1, 2, 3, 4]
+    runs = {arm: [seed for seed in cfg.seeds if f"seed{seed}-{arm}" in names] for arm in cfg.arm_settings}
+    assert runs == {"kd": [0, 1, 2, 3, 4], "kd_rkl": [0, 1, 2, 3, 4], "opd_rkl": [0, 1, 2, 3, 4],
+                    "opd_fkl_masked": [0, 1, 2], "kd_dart": [0, 1, 2]}
+    assert {seed for seed in cfg.seeds if f"seed{seed}-student" in names} == set(cfg.seeds)
+    assert "seed3-kd_dart-eval-t1" not in names and "seed3-kd-eval-t1" in names
+    with pytest.raises(ConfigError, match=r"arm_settings.kd.seeds must be null: the baseline runs on every seed"):
+        study_config(tmp_path, "+arm_settings.kd.seeds=[0]")
 
 
 def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_path):
@@ -769,7 +798,7 @@ def test_matched_noise_is_measured_on_every_seeds_warm_student_before_the_noisy_
     match, noisy = stages["noise-match"], stages["noisy-data"]
     assert match.needs == ("seed0-student-eval-t1", "seed1-student-eval-t1") and match.outputs == [paths.noise_rates()]
     episodes = [match.command[i + 1] for i, part in enumerate(match.command) if part == "--episodes"]
-    assert episodes == [str(stages[f"seed{seed}-student-eval-t1"].outputs[0].parent / "episodes_student.jsonl")
+    assert episodes == [str(stages[f"seed{seed}-student-eval-t1"].outputs[0].parent / "episodes_student.jsonl.gz")
                         for seed in (0, 1)]  # beside the evaluation.json the stage it needs writes
     assert noisy.needs == ("noise-match",)
     assert noisy.command[noisy.command.index("--noise-rates") + 1] == str(paths.noise_rates())
