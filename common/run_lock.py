@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from common.user_errors import UserError
@@ -28,7 +29,18 @@ class OutputLock:
     def acquire(self) -> OutputLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:  # never through a planted link: a symlink is refused, a file with other names is not written
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            except OSError as error:
+                if error.errno != errno.ELOOP:
+                    raise
+                raise UserError(f"lock file {self.path} is a symbolic link; refusing to follow it",
+                                "remove the link, then run again") from None
+            held = os.fstat(fd)
+            if not stat.S_ISREG(held.st_mode) or held.st_nlink > 1:  # 0: removed meanwhile (locked anew below)
+                os.close(fd)
+                raise UserError(f"lock file {self.path} is not a plain file of its own (a hard link or a special "
+                                "file); refusing to write to it", "remove it, then run again")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as error:

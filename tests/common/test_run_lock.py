@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from common.run_lock import OutputLock, OutputLockedError
+from common.user_errors import UserError
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.standin_vllm_cli import wait_for_file
 
@@ -86,3 +87,17 @@ def test_a_lock_file_removed_between_open_and_flock_is_not_held_twice(tmp_path, 
     assert lock.read_text() == f"{os.getpid()}\n"
     second.release()
     assert not lock.exists()
+
+
+def test_a_planted_link_as_lock_file_is_refused_and_its_target_left_alone(tmp_path):
+    """A symlink (or a hard link) planted where the lock goes would have been truncated and written with the pid."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "out.lock").symlink_to(victim)
+    with pytest.raises(UserError, match=r"lock file .*out.lock is a symbolic link; refusing to follow it"):
+        OutputLock(tmp_path / "out.lock", tmp_path / "out.jsonl", **ROLE).acquire()
+    (tmp_path / "out.lock").unlink()
+    os.link(victim, tmp_path / "out.lock")
+    with pytest.raises(UserError, match=r"is not a plain file of its own \(a hard link"):
+        OutputLock(tmp_path / "out.lock", tmp_path / "out.jsonl", **ROLE).acquire()
+    assert victim.read_text() == "precious"
