@@ -49,9 +49,16 @@ def export(spec, out: Path, *, dtype: str = "float16", overwrite: bool = False) 
 
     if not is_native_checkpoint(spec.checkpoint):
         raise UserError(f"--checkpoint {spec.checkpoint} is not a native MiniMind .pth: an HF folder needs no export")
-    out = Path(out).expanduser().absolute()
+    out = Path(out).expanduser().resolve()
     if out.exists() and not overwrite:
         raise UserError(f"--out {out} exists", "choose another folder, or add --overwrite to replace it")
+    if out.exists():  # --overwrite replaces an earlier export only, never a folder holding this run or its inputs
+        inside = [str(path) for path in (Path.cwd(), Path(spec.checkpoint), Path(spec.tokenizer or out))
+                  if path.expanduser().resolve().is_relative_to(out) and path.expanduser().resolve() != out]
+        if not out.is_dir() or not (out / "config.json").is_file() or inside or Path.cwd().resolve() == out:
+            raise UserError(f"--out {out} is not an HF model folder this command wrote (no config.json), or it holds "
+                            f"the working folder or an input{f' ({inside[0]})' if inside else ''}; --overwrite "
+                            "replaces only an earlier export", "choose another --out")
     model, tokenizer = load_model(spec, role="model")
     model.to(getattr(torch, dtype))
     staging = out.with_name(f".{out.name}.partial-{os.getpid()}")

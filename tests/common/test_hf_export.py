@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.minimind.hf_export import command, export, preset_spec
 from common.minimind.model import build_model, load_model, save_native
+from common.user_errors import UserError
 from tests.helpers.entries import run_main
 
 
@@ -68,5 +69,31 @@ def test_an_existing_folder_is_replaced_only_when_asked(tmp_path, tokenizer_path
                    str(tokenizer_path), "--out", str(tmp_path / "hf"), cwd=tmp_path,
                    hydra=False)
     assert ran.returncode == 1 and "exists" in ran.stderr and (tmp_path / "hf" / "keep").read_text() == "mine"
-    export(spec, tmp_path / "hf", overwrite=True)
-    assert not (tmp_path / "hf" / "keep").exists() and (tmp_path / "hf" / "config.json").is_file()
+    with pytest.raises(UserError, match=r"is not an HF model folder this command wrote \(no config.json\)"):
+        export(spec, tmp_path / "hf", overwrite=True)  # a folder of the user's, not an export: kept
+    assert (tmp_path / "hf" / "keep").read_text() == "mine"
+    (tmp_path / "hf" / "keep").unlink()
+    (tmp_path / "hf").rmdir()
+    export(spec, tmp_path / "hf")
+    (tmp_path / "hf" / "stale").write_text("old")
+    export(spec, tmp_path / "hf", overwrite=True)  # an earlier export is replaced
+    assert not (tmp_path / "hf" / "stale").exists() and (tmp_path / "hf" / "config.json").is_file()
+
+
+def test_overwrite_never_replaces_a_folder_holding_the_working_folder_or_an_input(tmp_path, tokenizer_path):
+    """``--out .. --overwrite`` from deep/inner once deleted all of deep/, the working folder with it."""
+    deep = tmp_path / "deep"
+    (deep / "inner").mkdir(parents=True)
+    (deep / "config.json").write_text("{}")  # even a folder that looks like an export
+    (deep / "notes.txt").write_text("mine")
+    spec = preset_spec("tiny_teacher", str(tmp_path / "teacher.pth"), str(tokenizer_path))
+    save_native(build_model(spec.arch), spec.checkpoint)
+    ran = run_main(command, "--model", "tiny_teacher", "--checkpoint", spec.checkpoint, "--tokenizer",
+                   str(tokenizer_path), "--out", "..", "--overwrite", cwd=deep / "inner", hydra=False)
+    assert ran.returncode == 1 and "holds the working folder or an input" in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr and (deep / "notes.txt").read_text() == "mine" and (deep / "inner").is_dir()
+    spec.checkpoint = str(deep / "teacher.pth")
+    save_native(build_model(spec.arch), spec.checkpoint)
+    with pytest.raises(UserError, match=r"holds the working folder or an input \(.*teacher.pth\)"):
+        export(spec, deep, overwrite=True)
+    assert (deep / "teacher.pth").is_file()
