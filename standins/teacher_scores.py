@@ -18,9 +18,11 @@ from standins.vllm_server import Reply
 class PromptLogprobs:
     """Scores prompts with ``model`` (a transformers causal LM); ``calls`` counts the requests."""
 
-    def __init__(self, model: torch.nn.Module, *, drop_prompt_id: bool = False):
+    def __init__(self, model: torch.nn.Module, *, drop_prompt_id: bool = False, forged: float | None = None):
+        """``forged``: every log-probability answered is this value instead (0.0: no distribution; -1e39: -inf in
+        float32), as a hostile or broken server might."""
         self.model = model.eval()
-        self.drop_prompt_id = drop_prompt_id
+        self.drop_prompt_id, self.forged = drop_prompt_id, forged
         self.calls = 0
 
     def __call__(self, payload: dict) -> Reply:
@@ -39,8 +41,8 @@ class PromptLogprobs:
                 entries.pop(ids[position], None)
             else:
                 entries[ids[position]] = float(row[ids[position]])
-            rows.append({str(i): {"logprob": v if math.isfinite(v) else -9999.0, "rank": 1, "decoded_token": "x"}
-                         for i, v in entries.items()})
+            rows.append({str(i): {"logprob": self.forged if self.forged is not None else v if math.isfinite(v)
+                                  else -9999.0, "rank": 1, "decoded_token": "x"} for i, v in entries.items()})
         return Reply({"id": "cmpl-standin", "object": "text_completion", "model": payload.get("model"),
                       "choices": [{"index": 0, "text": "x", "logprobs": None, "finish_reason": "length",
                                    "prompt_logprobs": rows}],

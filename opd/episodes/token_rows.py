@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.chat_records import AgentRecord, RecordError, read_rows
+from common.logprobs import distribution_problem
 from common.run_log import show
 from opd.episodes.episode import ANSWER, MAX_GEN_LEN, Episode, TopLogprobs, Turn
 
@@ -81,6 +82,9 @@ def stored_logprobs(row: dict, source: str, ids: list[int], mask: list[int], voc
         extra = token not in entry_ids  # the sampled id outside the top-k: its own slot, as a server gives it
         rows_ids.append([*entry_ids, token] if extra else list(entry_ids))
         rows_logprobs.append([float(x) for x in ([*entry_logprobs, logprob] if extra else entry_logprobs)])
+        problem = distribution_problem(rows_ids[-1], rows_logprobs[-1])
+        if problem:
+            raise RecordError(f"{where}: {problem}")
     return TopLogprobs.from_rows(rows_ids, rows_logprobs, [float(x) for x in own])
 
 

@@ -13,6 +13,7 @@ from common.endpoints.api_client import ApiClient, RequestFailedError, RetryPoli
 from common.endpoints.endpoint_pool import EndpointPool
 from common.endpoints.secrets import Secrets
 from common.endpoints.served_models import SettingNames, pick_model, served_models
+from common.logprobs import distribution_problem
 from common.user_errors import UserError
 from opd.config import TeacherServerConfig
 from opd.episodes.episode import Episode, TopLogprobs
@@ -36,10 +37,14 @@ def _row(entry, position: int, width: int, vocab: int) -> tuple[list[int], list[
     for key, value in entry.items():
         token = int(key)
         logprob = value.get("logprob") if isinstance(value, dict) else None
-        if not 0 <= token < vocab or not isinstance(logprob, (int, float)) or not logprob <= 1e-4:
+        if (not 0 <= token < vocab or isinstance(logprob, bool) or not isinstance(logprob, (int, float))
+                or not logprob <= 1e-4):
             raise ValueError(f"position {position}: id {key} with log-probability {logprob!r}")
         ids.append(token)
         logprobs.append(float(logprob))
+    problem = distribution_problem(ids, logprobs)
+    if problem:
+        raise ValueError(f"position {position}: {problem}")
     return ids, logprobs
 
 

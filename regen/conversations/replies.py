@@ -6,6 +6,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from common.logprobs import distribution_problem
+
 REASONING_FIELDS = ("reasoning", "reasoning_content")  # vLLM's name now, then older servers'
 # finish reasons vLLM and the OpenAI API send; any other value (null, a number, another string) is recorded as UNKNOWN
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "function_call", "abort")
@@ -73,6 +75,10 @@ def _top_logprobs(choice: dict, generated_ids: list[int], k: int) -> dict:
         if not isinstance(top, list) or not 0 < len(top) <= k:
             raise ReplyError(f"reply logprobs.content[{position}].top_logprobs must list 1 to {k} entries")
         pairs = [_token_id(item, f"logprobs.content[{position}].top_logprobs") for item in top]
+        extra = [] if token in {pair[0] for pair in pairs} else [(token, logprob)]  # the sampled id, outside the top
+        problem = distribution_problem(*zip(*[*pairs, *extra], strict=True))
+        if problem:
+            raise ReplyError(f"reply logprobs.content[{position}].top_logprobs: {problem}")
         ids.append([pair[0] for pair in pairs])
         logprobs.append([pair[1] for pair in pairs])
         token_logprobs.append(logprob)

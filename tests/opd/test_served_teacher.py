@@ -124,6 +124,23 @@ def test_scores_without_the_prompts_own_id_name_the_record(serve, local_teacher,
         scorer.close()
 
 
+@pytest.mark.parametrize(("forged", "problem"), [
+    (0.0, r"its probabilities sum to \d+, more than 1"),
+    (-1e39, r"log-probability -1e\+39 is not a finite float32 at most 0"),
+])
+def test_scores_that_cannot_be_probabilities_are_refused_naming_the_record(serve, local_teacher, episodes, forged,  # noqa: F811
+                                                                           problem):
+    """Issue 67: all-zero log-probabilities trained at loss 183, and -1e39 (-inf in float32) ended in a NaN loss."""
+    url = serve(completions=PromptLogprobs(local_teacher, forged=forged)).url
+    scorer = ServedTeacher(settings(url), max_total_len=2048, vocab=6400)
+    try:
+        with pytest.raises(TeacherServerError, match=r"answered loss.jsonl:1 with unusable prompt_logprobs: position "
+                                                      rf"\d+: {problem}"):
+            scorer.score(episodes[:1])
+    finally:
+        scorer.close()
+
+
 def test_a_dead_endpoint_is_taken_out_and_the_live_one_scores(teacher_url, episodes):  # noqa: F811
     scorer = ServedTeacher(settings(teacher_url, endpoints=[parse_endpoint("http://127.0.0.1:9"),
                                                             parse_endpoint(teacher_url)]), max_total_len=2048,

@@ -38,6 +38,13 @@ def _broken(change) -> dict:
     (lambda content: content[2].update(token="token_id:7"), "logprobs.content[2] is id 7, but token_ids has 2"),
     (lambda content: content[0].update(logprob=0.5), "logprobs.content[0].logprob is 0.5, not a log-probability"),
     (lambda content: content[0].update(top_logprobs=[]), "top_logprobs must list 1 to 3 entries"),
+    # log-probabilities that cannot be a distribution (issue 67): a row would train a student on them
+    (lambda content: content[1]["top_logprobs"][2].update(token="token_id:41"),
+     "logprobs.content[1].top_logprobs: id 41 appears twice"),
+    (lambda content: [item.update(logprob=0.0) for item in content[0]["top_logprobs"]],
+     "logprobs.content[0].top_logprobs: its probabilities sum to 3, more than 1"),
+    (lambda content: content[2]["top_logprobs"][1].update(logprob=-1e39),
+     "logprobs.content[2].top_logprobs: log-probability -1e+39 is not a finite float32 at most 0"),
 ])
 def test_top_logprobs_that_do_not_match_the_ids_are_a_reply_error(change, message):
     with pytest.raises(ReplyError) as refused:
