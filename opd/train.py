@@ -71,10 +71,12 @@ def train(cfg: OPDConfig) -> dict:
     fingerprints = {"data.sha256": data_sha256, "tokenizer.vocab_sha256": vocabulary_fingerprint(tokenizer)}
     if cfg.local_teacher:
         fingerprints["teacher.checkpoint_sha256"] = file_fingerprint(cfg.teacher.checkpoint)
-    signature = run.signature(order, cfg.recipe_settings(), fingerprints=fingerprints, models={
-        "student": student, **({"teacher": teacher} if cfg.local_teacher else {})})
     scorer = ServedTeacher(cfg.teacher_server, max_total_len=cfg.rollout.max_total_len,
                            vocab=student.get_output_embeddings().weight.shape[0]) if cfg.teacher_server.active else None
+    if scorer is not None:  # the model the servers answer with, whatever teacher_server.model named (null: the one)
+        fingerprints["teacher_server.served_model"] = scorer.model
+    signature = run.signature(order, cfg.recipe_settings(), fingerprints=fingerprints, models={
+        "student": student, **({"teacher": teacher} if cfg.local_teacher else {})})
     run.claim(student, "agent_opd", signature)
     if teacher is not None:
         teacher.to(run.device).eval().requires_grad_(False)

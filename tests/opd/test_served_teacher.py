@@ -78,6 +78,25 @@ def test_a_run_with_a_served_teacher_trains_without_loading_one(tmp_path, tiny_p
     assert all(0 < line["teacher_topk_mass"] <= 1 + 1e-5 and math.isfinite(line["kl"]) for line in lines)
 
 
+def test_a_resume_against_another_served_model_is_refused(tmp_path, tiny_pair, serve, local_teacher):
+    """Issue 67: with teacher_server.model=null the resume file kept null, and a resume after the server switched
+    to another model finished with no word. The model the servers answered with is part of the run's signature."""
+    data = write_agent_data(tmp_path / "agent.jsonl", 4)
+    common = [*tiny_pair, f"data={data}", "batch_size=2", "rollout.max_turns=2", "rollout.max_gen_len=6",
+              "rollout.max_total_len=1024", "device=cpu", f"out_dir={tmp_path / 'run'}",
+              "teacher.checkpoint=/nowhere/teacher.pth", "save_interval=1"]
+    first = serve(completions=PromptLogprobs(local_teacher), model="teacher-a").url
+    assert train(entry_config("opd", [*common, "max_steps=2", f"teacher_server.endpoints=[{first}]"]))["steps"] == 2
+    other = serve(completions=PromptLogprobs(local_teacher), model="teacher-b").url
+    resume = f"resume={tmp_path / 'run' / 'agent_opd_64_resume.pth'}"
+    with pytest.raises(UserError) as refused:
+        train(entry_config("opd", [*common, "max_steps=2", f"teacher_server.endpoints=[{other}]", resume]))
+    assert "teacher_server.served_model: saved 'teacher-a', now 'teacher-b'" in str(refused.value)
+    assert len(str(refused.value).splitlines()) == 3  # nothing else differs
+    assert train(entry_config("opd", [*common, "max_steps=2", f"teacher_server.endpoints=[{first}]", resume]))[
+        "steps"] == 2  # the same model resumes
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["loss.kl_direction=jsd"], "loss.kl_direction must be forward_kl or reverse_kl with teacher_server.endpoints"),
     (["loss.temperature=2.0"], "loss.temperature must be 1 with teacher_server.endpoints set (vLLM's log-probabilities"),
