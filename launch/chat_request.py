@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,14 +63,17 @@ def _finite_float(text: str) -> float | _NonFinite:
     return value if math.isfinite(value) else _NonFinite(text)
 
 
-def decode_body(raw: bytes) -> Any:
-    """The JSON value of a request body; raises ``RequestError`` for bad JSON, non-finite numbers, deep nesting."""
+def decode_body(raw: bytes, check: Callable[[Any], None] | None = None) -> Any:
+    """The JSON value of a request body; raises ``RequestError`` for bad JSON, non-finite numbers, deep nesting.
+    ``check`` sees the parsed value first, before any per-value work (the server's bound on what it renders)."""
     try:
         body = json.loads(raw, parse_constant=_NonFinite, parse_float=_finite_float)
     except RecursionError:
         raise RequestError(f"the request body is nested more than {MAX_DEPTH} levels deep") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RequestError(f"the request body is not valid JSON: {error}") from None
+    if check is not None:
+        check(body)
     stack: list[tuple[str, Any, int]] = [("", body, 0)]
     while stack:
         where, value, depth = stack.pop()

@@ -61,18 +61,17 @@ class ChatService:
     sampling_defaults: dict | None = None
     created: int = 0
     api_key: str | None = None  # requests must carry it as a bearer token (vLLM's --api-key); None: open
-    longest_token: int | None = None  # UTF-8 bytes of the longest vocabulary entry (check_text_fits), read once
+    longest_token: int | None = None  # UTF-8 bytes of the longest vocabulary entry (check_body_fits), read once
     body_timeout_s: float = 30.0  # a body not read whole by then is a 408 and the connection is closed
     listener: CappedListener | None = None  # the listening socket, with its connection cap's counters
     preparer: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="prepare"))
 
     def prepare(self, raw: bytes) -> tuple[ChatRequest, list[int], SamplingParams]:
         """Decode, check and tokenize one request body (on the ``preparer`` thread); raises ``RequestError``."""
-        chat = parse_chat_request(decode_body(raw), sampling_defaults=self.sampling_defaults,
+        chat = parse_chat_request(decode_body(raw, self.check_body_fits), sampling_defaults=self.sampling_defaults,
                                   tool_parser=self.tool_call_parser)
         if chat.model is not None and chat.model != self.model_name:
             raise RequestError(f"The model `{chat.model}` does not exist.", status=404, param="model")
-        self.check_text_fits(chat)
         prompt_ids = self.prompt_ids(chat)
         return chat, prompt_ids, chat.sampling_params(self.check_length(len(prompt_ids), chat.max_tokens))
 
@@ -92,18 +91,32 @@ class ChatService:
                                param="chat_template_kwargs")
         return ids
 
-    def check_text_fits(self, request: ChatRequest) -> None:
-        """A 400 before tokenizing when the text must hold more tokens than the context (``token_floor``): a huge
-        body would take minutes and gigabytes to tokenize."""
-        text_bytes = sum(len(message["content"].encode()) for message in request.messages
-                         if isinstance(message.get("content"), str))
+    def check_body_fits(self, body) -> None:
+        """A 400 before any per-message work when what the template renders must hold more tokens than the context
+        (``token_floor`` of its bytes, plus a token per message): every message's content, tool calls and reasoning,
+        and the tools, counted, so no field of a huge body is validated, rendered or tokenized."""
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return  # parse_chat_request names what is wrong
+        messages, text_bytes = body["messages"], _rendered_bytes(body.get("tools"))
+        for message in messages:
+            if isinstance(message, dict):
+                text_bytes += sum(_rendered_bytes(message.get(key)) for key in RENDERED_KEYS if key != "content")
+                content = message.get("content")  # a string, or parts whose text the template joins
+                text_bytes += sum(_rendered_bytes(part.get("text")) for part in content if isinstance(part, dict)) if (
+                    isinstance(content, list)) else _rendered_bytes(content)
+                calls = message.get("tool_calls")
+                for call in calls if isinstance(calls, list) else []:  # the template renders name and arguments
+                    function = call.get("function") if isinstance(call, dict) else None
+                    if isinstance(function, dict):
+                        text_bytes += _rendered_bytes(function.get("name")) + _rendered_bytes(function.get("arguments"))
         if self.longest_token is None:
             self.longest_token = max_token_bytes(self.tokenizer)
-        floor = token_floor(text_bytes, self.longest_token)
+        floor = token_floor(text_bytes, self.longest_token) + len(messages)
         if floor >= self.max_model_len:
             raise RequestError(f"This model's maximum context length is {self.max_model_len} tokens. However, your "
-                               f"messages hold {text_bytes} bytes of text, at least {floor} tokens. Please reduce the "
-                               "length of the input messages.", param="messages")
+                               f"request holds {len(messages)} messages and {text_bytes} bytes of text (messages, "
+                               f"tool calls, tools), at least {floor} tokens. Please reduce the length of the input "
+                               "messages.", param="messages")
 
     def check_length(self, prompt_len: int, max_tokens: int | None) -> int:
         """The completion budget for a prompt, or a 400 like vLLM's when the context is too small."""
@@ -119,6 +132,21 @@ class ChatService:
                 f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
                 "Please reduce the length of the messages or completion.", param="max_tokens")
         return max_tokens
+
+
+RENDERED_KEYS = ("content", "reasoning", "reasoning_content", "name")  # a message's fields the template writes out
+
+
+def _rendered_bytes(value) -> int:
+    """UTF-8 bytes of a string, or of a JSON value written compactly (the least the template can render of it)."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return len(value.encode())
+    try:  # a non-finite number or a too-deep value: decode_body's walk names it next
+        return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode())
+    except RecursionError:
+        return 0
 
 
 def _error(message: str, status: int, param: str | None = None) -> web.Response:

@@ -287,10 +287,40 @@ async def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized_while_
     (got_huge, refused), (got_small, answered) = await asyncio.gather(post(serve.session, base, huge),
                                                                       post(serve.session, base, small))
     assert got_huge == 400 and refused["error"]["param"] == "messages"
-    assert "maximum context length is 2048 tokens. However, your messages hold 62914560 bytes of text, at least" in (
-        refused["error"]["message"])
+    assert ("maximum context length is 2048 tokens. However, your request holds 1 messages and 62914560 bytes of "
+            "text (messages, tool calls, tools), at least") in refused["error"]["message"]
     assert got_small == 200 and answered["usage"]["completion_tokens"] == 2
     assert service.engine.stats()["prompt_tokens"] == answered["usage"]["prompt_tokens"]  # nothing else went in
+
+
+TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("body", [
+    {"messages": USER, "tools": [{**TOOL, "function": {**TOOL["function"], "description": "x" * (8 << 20)}}]},
+    {"messages": [{"role": "user", "content": ""}] * 200_000},
+    {"messages": [*USER, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{" + "1" * (8 << 20) + "}"}}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "word " * (2 << 20)}]}]},
+], ids=["tools", "empty-messages", "tool-calls", "content-parts"])
+async def test_every_field_a_template_renders_counts_against_the_context_before_any_work(serve, body):
+    """Issue 67: the size check counted message text only. The same 63 MiB as tools took the server past 10 GB and
+    blocked every other client; 2.2 million empty messages took 112 s."""
+    base, service = await serve()
+    small = {"messages": USER, "max_tokens": 2, "temperature": 0}
+    (got, refused), (got_small, answered) = await asyncio.gather(post(serve.session, base, {**body, "max_tokens": 4}),
+                                                                 post(serve.session, base, small))
+    assert got == 400 and refused["error"]["param"] == "messages", refused
+    assert "maximum context length is 2048 tokens. However, your request holds" in refused["error"]["message"]
+    assert got_small == 200 and service.engine.stats()["prompt_tokens"] == answered["usage"]["prompt_tokens"]
+
+
+@pytest.mark.asyncio
+async def test_a_request_with_tools_that_fits_is_answered(serve):
+    base, _ = await serve()
+    got, reply = await post(serve.session, base, {"messages": USER, "tools": [TOOL], "max_tokens": 2})
+    assert got == 200 and reply["usage"]["prompt_tokens"] > 0
 
 
 @pytest.mark.asyncio
