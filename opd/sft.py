@@ -19,6 +19,7 @@ if __name__ == "__main__":  # the script: the imports below happen once, inside 
     run("sft")
     raise SystemExit
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -68,7 +69,7 @@ class FineTuning(Recipe):
     chat_format: ChatFormat
     episodes: list[Episode]
 
-    def collect(self, window: Window) -> list[list[Episode]]:
+    def collect(self, window: Window, stop: Callable[[], bool]) -> list[list[Episode]]:
         return [[self.episodes[i] for i in self.ranks.share(batch)] for batch in window.batches]
 
     def loss(self, forward: torch.nn.Module, episodes: list[Episode], batch):

@@ -17,6 +17,7 @@ if __name__ == "__main__":  # the script: the imports below happen once, inside 
     run("train")
     raise SystemExit
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -123,7 +124,7 @@ class Distillation(Recipe):
         self.watch = BrokenTurnWatch() if watched else None
         self.topk_mass: list[torch.Tensor] = []
 
-    def collect(self, window: Window) -> list[list[Episode]]:
+    def collect(self, window: Window, stop: Callable[[], bool]) -> list[list[Episode]]:
         micro_batches = []
         for index, batch in enumerate(window.batches):
             taken = teacher_count(batch, self.share)
@@ -137,7 +138,7 @@ class Distillation(Recipe):
                 episodes = [episode.without_broken_turns() for episode in episodes]
             micro_batches.append(episodes)
         if self.served is not None:  # every micro-batch's episodes in one concurrent round of requests
-            scored = iter(self.served.score([episode for episodes in micro_batches for episode in episodes]))
+            scored = iter(self.served.score([episode for episodes in micro_batches for episode in episodes], stop))
             micro_batches = [[next(scored) for _ in episodes] for episodes in micro_batches]
         self.topk_mass = [episode.teacher_top.mass() for episodes in micro_batches for episode in episodes
                           if episode.teacher_top is not None]

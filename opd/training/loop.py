@@ -18,6 +18,7 @@ import torch
 
 from common.minimind.model import enable_activation_checkpointing
 from common.run_folders import checks_passed
+from common.user_errors import UserError
 from opd.config import TrainingRunConfig
 from opd.episodes.chat_format import ChatFormat
 from opd.episodes.episode import Episode, PackedBatch, pack_episodes
@@ -42,7 +43,7 @@ from opd.training.distributed import (
 )
 from opd.training.loss import TargetLogits
 from opd.training.optimization import Optimization
-from opd.training.stop_and_save import stopping
+from opd.training.stop_and_save import StepAbandoned, stopping
 from opd.training.train_log import TrainLog, episode_counts, episode_figures, run_dir_of, run_summary
 
 LossStep = Callable[[torch.nn.Module, list[Episode], PackedBatch], tuple[torch.Tensor, torch.Tensor | None]]
@@ -58,8 +59,9 @@ class Recipe(ABC):
     chat_format: ChatFormat  # the episodes' chat template (scoring, the pad token)
 
     @abstractmethod
-    def collect(self, window: Window) -> list[list[Episode]]:
-        """This rank's episodes of each micro-batch of ``window`` (its ``Ranks.share`` of the global micro-batch)."""
+    def collect(self, window: Window, stop: Callable[[], bool]) -> list[list[Episode]]:
+        """This rank's episodes of each micro-batch of ``window`` (its ``Ranks.share`` of the global micro-batch);
+        a wait on a server raises ``StepAbandoned`` once ``stop()`` is true."""
 
     @abstractmethod
     def loss(self, forward: torch.nn.Module, episodes: list[Episode], batch: PackedBatch):
@@ -178,12 +180,27 @@ class TrainingRun:
             step, cursor = restore(cfg.resume, self.resume_signature, model=model, optimization=learner.optimization,
                                    sampler=recipe.sampler, rank=ranks.rank)
         run_dir, start_step, paths, losses, tokens, seen = run_dir_of(cfg.out_dir), step, (None, None), [], 0, 0
-        started = time.perf_counter()
+        started, saved = time.perf_counter(), step
+        alone = not ranks.distributed  # one process: a step may stop waiting, and a failed one saves the one before
         with TrainLog(run_dir, cfg.logger, total_steps=order.total_steps, start_step=step, label=recipe.name,
                       enabled=ranks.is_main, config=asdict(cfg)) as log, stopping(ranks) as signals:
             for window in order.windows(cursor, step):
                 began = time.perf_counter()
-                micro_batches = recipe.collect(window)
+                before = rng_state(recipe.sampler) if alone else None  # what a resume after the last step reads
+                try:
+                    micro_batches = recipe.collect(window, signals.requested if alone else lambda: False)
+                except (StepAbandoned, UserError) as error:
+                    if not alone:
+                        raise
+                    if saved < step:  # the last finished step, with the RNG states it ended with
+                        paths = save_checkpoint(cfg.out_dir, self.stem, model, optimization=learner.optimization,
+                                                step=step, cursor=cursor, rng_states=[before],
+                                                signature=self.resume_signature, keep_weights=cfg.keep_saved_weights)
+                    resume = paths[1] or cfg.resume
+                    if isinstance(error, StepAbandoned):
+                        raise signals.interrupted(signals.caught, step, order.total_steps, resume) from None
+                    kept = f"step {step} is saved: continue with resume={resume}" if resume else None
+                    raise UserError(error.message, "; ".join(filter(None, (kept, error.hint))), error.details) from None
                 collected = time.perf_counter()
                 update = learner.update(micro_batches, recipe.loss, recipe.chat_format.pad_token_id)
                 step, cursor = window.step, window.next_cursor
@@ -201,6 +218,7 @@ class TrainingRun:
                         paths = save_checkpoint(cfg.out_dir, self.stem, model, optimization=learner.optimization,
                                                 step=step, cursor=cursor, rng_states=rng_states,
                                                 signature=self.resume_signature, keep_weights=cfg.keep_saved_weights)
+                    saved = step
                 if signum and step < order.total_steps:
                     raise signals.interrupted(signum, step, order.total_steps, paths[1])
         result = run_summary(step=step, start_step=start_step, losses=losses, tokens=tokens,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import replace
 
 from common.endpoints.api_client import ApiClient, RequestFailedError, RetryPolicy, client_session
@@ -17,11 +18,13 @@ from common.logprobs import distribution_problem
 from common.user_errors import UserError
 from opd.config import TeacherServerConfig
 from opd.episodes.episode import Episode, TopLogprobs
+from opd.training.stop_and_save import StepAbandoned
 
 NAMES = SettingNames("teacher_server.endpoints", "teacher_server.model", "teacher_server.api_key_env")
 REPLY_BYTES_PER_LOGPROB = 160  # one {"id": {"logprob": x, "rank": r, "decoded_token": "..."}} entry, generously
 ALL_DOWN_WAIT_S = 60.0
 REPROBE_S = 10.0
+STOP_POLL_S = 0.25  # how soon a waiting step sees a stop request
 
 
 class TeacherServerError(UserError):
@@ -98,17 +101,23 @@ class ServedTeacher:
     async def _session(self):
         return client_session(self.settings.api_key_env)
 
-    def score(self, episodes: list[Episode]) -> list[Episode]:
-        """``episodes`` with their targets' ``teacher_top``, up to ``teacher_server.concurrency`` requests at once."""
-        return self.loop.run_until_complete(self._score_all(episodes))
+    def score(self, episodes: list[Episode], stop: Callable[[], bool] = lambda: False) -> list[Episode]:
+        """``episodes`` with their targets' ``teacher_top``, up to ``teacher_server.concurrency`` requests at once;
+        raises ``StepAbandoned`` within ``STOP_POLL_S`` once ``stop()`` is true (a signal while a server hangs)."""
+        return self.loop.run_until_complete(self._score_all(episodes, stop))
 
-    async def _score_all(self, episodes: list[Episode]) -> list[Episode]:
+    async def _score_all(self, episodes: list[Episode], stop: Callable[[], bool]) -> list[Episode]:
         probe = asyncio.ensure_future(self.pool.probe_dead(self.session, REPROBE_S))
+        scoring = asyncio.ensure_future(asyncio.gather(*(self._score(episode) for episode in episodes)))
         try:
-            return list(await asyncio.gather(*(self._score(episode) for episode in episodes)))
+            while not (await asyncio.wait({scoring}, timeout=STOP_POLL_S))[0]:
+                if stop():
+                    raise StepAbandoned("stopped while the teacher servers had not answered")
+            return list(scoring.result())
         finally:
-            probe.cancel()
-            await asyncio.gather(probe, return_exceptions=True)
+            for task in (probe, scoring):
+                task.cancel()
+            await asyncio.gather(probe, scoring, return_exceptions=True)
 
     async def _score(self, episode: Episode) -> Episode:
         k = self.settings.top_logprobs

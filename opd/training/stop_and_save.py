@@ -3,6 +3,8 @@
 
 Every rank stops after the same step (``StepStop.agreed``, a collective). A second Ctrl-C stops at once, unsaved; a
 second SIGTERM changes nothing. Under torchrun a rank whose step fails while it keeps a signal ends by that signal.
+In one process, a step that waits on a server stops waiting at the signal (``StepAbandoned``), and one that fails
+(a server gone, say) ends the run with a ``UserError``: either way the last finished step is saved first.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from opd.training.distributed import Ranks
 AGAIN = "error: interrupted again; the steps since the last checkpoint are lost"
 
 
+class StepAbandoned(Exception):
+    """The step in progress cannot finish before the run stops (a signal while it waited on a server): it is
+    dropped, and the last finished step is what the run saves."""
+
+
 class StepStop:
     """The loop's handler: keeps the first signal; a second Ctrl-C raises ``Interrupted`` at once."""
 
@@ -39,6 +46,10 @@ class StepStop:
         elif signum == signal.SIGINT:
             quiet_finalizers()
             raise Interrupted(signum, AGAIN)
+
+    def requested(self) -> bool:
+        """Whether this rank has kept a signal (the step in progress may stop waiting)."""
+        return self.caught is not None
 
     def agreed(self) -> int:
         """The signal the run stops on (0: none): the largest any rank kept. A collective: every rank calls it."""

@@ -4,8 +4,14 @@ what a top-k cannot compute is refused; a server's faults are one error naming t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -21,8 +27,10 @@ from opd.train import train
 from opd.training.loss import logits_at_targets
 from opd.training.served_teacher import ServedTeacher, TeacherServerError
 from standins.teacher_scores import PromptLogprobs
+from standins.vllm_server import Reply
 from tests.helpers.configs import entry_config
 from tests.helpers.opd_support import write_agent_data
+from tests.helpers.paths import REPO_ROOT
 from tests.opd.test_loss import episodes  # noqa: F401  (a fixture)
 
 
@@ -76,6 +84,73 @@ def test_a_run_with_a_served_teacher_trains_without_loading_one(tmp_path, tiny_p
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
     assert all(0 < line["teacher_topk_mass"] <= 1 + 1e-5 and math.isfinite(line["kl"]) for line in lines)
+
+
+class AnswersThen:
+    """The first ``answered`` requests scored, then every one hung until ``release()`` (a 500 then), or answered
+    with a 500 at once."""
+
+    def __init__(self, scores: PromptLogprobs, answered: int, then: str):
+        self.scores, self.answered, self.then, self.calls = scores, answered, then, 0
+        self.released = threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def __call__(self, payload: dict):
+        self.calls += 1
+        if self.calls <= self.answered:
+            return self.scores(payload)
+        return self._hang() if self.then == "hang" else Reply({"error": {"message": "gone"}}, 500)
+
+    async def _hang(self) -> Reply:
+        while not self.released.is_set():
+            await asyncio.sleep(0.05)
+        return Reply({"error": {"message": "gone"}}, 500)
+
+
+def served_run(tmp_path, tiny_pair, url: str, name: str, *more: str) -> list[str]:
+    data = write_agent_data(tmp_path / "agent.jsonl", 6)
+    return [*tiny_pair, f"data={data}", "batch_size=2", "max_steps=3", "rollout.max_turns=2", "rollout.max_gen_len=6",
+            "rollout.max_total_len=1024", "device=cpu", f"out_dir={tmp_path / name}", "save_interval=100",
+            "teacher.checkpoint=/nowhere/teacher.pth", f"teacher_server.endpoints=[{url}]",
+            "teacher_server.max_retries=0", "loss.kl_direction=reverse_kl", *more]
+
+
+def test_sigterm_while_the_teacher_server_hangs_saves_the_last_step_and_resumes_exactly(tmp_path, tiny_pair, serve,
+                                                                                         local_teacher):
+    """Issue 67: SIGTERM while a step waited on a hung teacher server left the run alive for minutes (its wait is
+    bounded only by request_timeout_s x attempts), and a second Ctrl-C lost every step since the last save."""
+    hangs = AnswersThen(PromptLogprobs(local_teacher), answered=2, then="hang")
+    hanging = serve(completions=hangs)
+    run = subprocess.Popen([sys.executable, "opd/train.py", *served_run(tmp_path, tiny_pair, hanging.url, "stopped")],
+                           cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while hanging.server.request_count <= 2:  # step 1 scored (two episodes); step 2 now waits on the server
+        assert run.poll() is None, run.communicate()
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    _, stderr = run.communicate(timeout=600)  # request_timeout_s (600 s) x attempts otherwise
+    hangs.release()
+    resume = tmp_path / "stopped" / "agent_opd_64_resume.pth"
+    assert run.returncode == 128 + signal.SIGTERM
+    assert stderr.strip().splitlines()[-1] == f"error: interrupted (SIGTERM) after step 1 of 3; continue with resume={resume}"
+    working = serve(completions=PromptLogprobs(local_teacher)).url
+    assert train(entry_config("opd", served_run(tmp_path, tiny_pair, working, "stopped", f"resume={resume}")))[
+        "steps"] == 3
+    assert train(entry_config("opd", served_run(tmp_path, tiny_pair, working, "whole")))["steps"] == 3
+    resumed, whole = (torch.load(tmp_path / name / "agent_opd_64.pth") for name in ("stopped", "whole"))
+    assert all(torch.equal(resumed[key], whole[key]) for key in whole)  # the resume continued exactly
+
+
+def test_a_teacher_server_that_dies_saves_the_last_finished_step(tmp_path, tiny_pair, serve, local_teacher):
+    """Issue 67: with save_interval=100, every step before a teacher server's death was lost."""
+    dying = serve(completions=AnswersThen(PromptLogprobs(local_teacher), answered=4, then="fail")).url
+    with pytest.raises(UserError) as refused:
+        train(entry_config("opd", served_run(tmp_path, tiny_pair, dying, "run")))
+    resume = tmp_path / "run" / "agent_opd_64_resume.pth"
+    assert "the teacher server could not score" in refused.value.message
+    assert refused.value.hint.startswith(f"step 2 is saved: continue with resume={resume}")
+    assert torch.load(resume, weights_only=True)["step"] == 2
 
 
 def test_a_resume_against_another_served_model_is_refused(tmp_path, tiny_pair, serve, local_teacher):

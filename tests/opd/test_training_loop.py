@@ -79,7 +79,7 @@ class Probe(Recipe):
     def __init__(self, chat_format: ChatFormat, episodes: list) -> None:
         self.chat_format, self.episodes = chat_format, episodes
 
-    def collect(self, window: Window) -> list[list]:
+    def collect(self, window: Window, stop) -> list[list]:
         return [[self.episodes[i] for i in batch] for batch in window.batches]
 
     def loss(self, forward, episodes, batch):
