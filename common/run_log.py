@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import sys
 
 from rich.console import Console
@@ -44,9 +45,20 @@ class StdoutHandler(logging.StreamHandler):
         pass
 
 
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: each control character (newlines and escape sequences too) written as its escape, so
+    nothing from outside (a served model's name, a path) starts a line of its own or moves the cursor."""
+    return CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
 def show(renderable) -> None:
-    """A line or a rich renderable (a table) as plain text to the run log."""
-    if not isinstance(renderable, str):
+    """A line (``printable``) or a rich renderable (a table) as plain text to the run log."""
+    if isinstance(renderable, str):
+        renderable = printable(renderable)
+    else:
         console = Console(file=io.StringIO(), width=190, color_system=None)  # every column unabridged
         console.print(renderable)
         renderable = console.file.getvalue().rstrip("\n")

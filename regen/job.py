@@ -20,6 +20,7 @@ from common.endpoints.endpoint_pool import EndpointPool
 from common.endpoints.secrets import Secrets
 from common.endpoints.served_models import pick_model, served_models
 from common.run_folders import checks_passed
+from common.run_log import printable
 from common.user_errors import UserError, full_disk_is_one_error
 from regen.cancel_on_signal import StopSignals, stop_signals
 from regen.conversations.detokenizer import Detokenizer, load_detokenizer
@@ -180,8 +181,8 @@ def write_summary(state: RunState, endpoints: dict[str, dict[str, Any]], console
 def announce(state: RunState, pool: EndpointPool, console: Console) -> None:
     """The run's first line (model, endpoints, dataset, output), and what resume repaired."""
     settings, paths, resume = state.settings, state.output.paths, state.output.resume
-    console.print(f"regen: {escape(state.model)} on {', '.join(e.url for e in pool.endpoints)}; dataset "
-                  f"{escape(settings.dataset.label)}; output {escape(str(paths.output))}"
+    console.print(f"regen: {escape(printable(state.model))} on {', '.join(e.url for e in pool.endpoints)}; dataset "
+                  f"{escape(printable(settings.dataset.label))}; output {escape(printable(str(paths.output)))}"
                   + (f" (resuming: {len(resume.done_ids)} done)" if settings.resume else ""))
     if resume.removed_duplicate_blocks:
         warner(console)(f"removed {resume.removed_duplicate_blocks} duplicate conversation blocks "
@@ -200,7 +201,7 @@ def run_console(file=None) -> Console:
 
 def warner(console: Console):
     """``warn(message)``: a yellow ``warning:`` line on ``console``."""
-    return lambda message: console.print(f"[yellow]warning:[/] {escape(message)}")
+    return lambda message: console.print(f"[yellow]warning:[/] {escape(printable(message))}")
 
 
 def served_model(settings: RegenSettings, pool: EndpointPool, signals: StopSignals) -> str:

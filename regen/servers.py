@@ -18,6 +18,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from common.endpoints.address import EndpointAddress
+from common.run_log import printable
 from common.user_errors import exit_on_user_error
 from launch.server_process import (
     ServerStartError,
@@ -59,7 +60,7 @@ def _managed_server(server: VllmServer | LocalServer) -> Iterator[None]:
         if model not in served:
             raise ServerStartError(f"{base_url} already serves {served}, not {model!r}: stop that server or "
                                    "choose another server.port")
-        print(f"[server] reusing the server already answering at {base_url} ({model}); leaving it running",
+        print(f"[server] reusing the server already answering at {base_url} ({printable(model)}); leaving it running",
               file=sys.stderr)
         yield
         return

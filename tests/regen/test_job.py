@@ -137,6 +137,22 @@ def test_model_is_detected_and_checked(serve, regen):
     assert summary["model"] == "served/name"
 
 
+def test_a_model_id_with_control_characters_cannot_forge_a_console_line(serve, tmp_path, tokenizer_path,
+                                                                                   capsys):
+    """Issue 67: a served model id ``line1\nerror: forged line`` printed a fake ``error:`` line in a run that ended
+    well (a path holding a newline the same: ``common.run_log.printable`` writes both)."""
+    from regen.job import run
+
+    server = serve(Script({"Hi": [ok("x", [1, 5], [6, EOS])]}), model="line1\nerror: forged line\x1b[2K")
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "Hi"}])
+    summary = run(regen_config(tmp_path, [server.url], data, tokenizer_path))
+    assert summary["model"] == "line1\nerror: forged line\x1b[2K"  # kept as served in the files
+    said = capsys.readouterr()
+    lines = (said.out + said.err).splitlines()
+    assert not any(line.startswith("error:") for line in lines) and "\x1b" not in said.out + said.err
+    assert any("line1\\nerror: forged line\\x1b[2K" in line for line in lines)  # shown, escaped
+
+
 def test_a_model_id_holding_the_api_key_is_named_redacted(serve, regen, monkeypatch):
     """Before: the endpoints' model list went into the error as the server sent it."""
     monkeypatch.setenv("REGEN_TEST_KEY", "sk-secret-123")
