@@ -66,9 +66,11 @@ def export(spec, out: Path, *, dtype: str = "float16", overwrite: bool = False) 
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        if out.exists():
-            shutil.rmtree(out)
+        aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+        if out.exists():  # the earlier export goes only once the new one is complete, by renames
+            out.rename(aside)
         staging.rename(out)
+        shutil.rmtree(aside, ignore_errors=True)
     except OSError as error:
         raise UserError(f"cannot write {out} ({error.strerror or error})") from None
     finally:
