@@ -82,7 +82,7 @@ def stored_logprobs(row: dict, source: str, ids: list[int], mask: list[int], voc
         extra = token not in entry_ids  # the sampled id outside the top-k: its own slot, as a server gives it
         rows_ids.append([*entry_ids, token] if extra else list(entry_ids))
         rows_logprobs.append([float(x) for x in ([*entry_logprobs, logprob] if extra else entry_logprobs)])
-        problem = distribution_problem(rows_ids[-1], rows_logprobs[-1])
+        problem = distribution_problem(rows_ids[-1], rows_logprobs[-1], token, float(logprob))
         if problem:
             raise RecordError(f"{where}: {problem}")
     return TopLogprobs.from_rows(rows_ids, rows_logprobs, [float(x) for x in own])

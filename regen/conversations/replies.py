@@ -76,7 +76,7 @@ def _top_logprobs(choice: dict, generated_ids: list[int], k: int) -> dict:
             raise ReplyError(f"reply logprobs.content[{position}].top_logprobs must list 1 to {k} entries")
         pairs = [_token_id(item, f"logprobs.content[{position}].top_logprobs") for item in top]
         extra = [] if token in {pair[0] for pair in pairs} else [(token, logprob)]  # the sampled id, outside the top
-        problem = distribution_problem(*zip(*[*pairs, *extra], strict=True))
+        problem = distribution_problem(*zip(*[*pairs, *extra], strict=True), token, logprob)
         if problem:
             raise ReplyError(f"reply logprobs.content[{position}].top_logprobs: {problem}")
         ids.append([pair[0] for pair in pairs])

@@ -17,3 +17,10 @@ def test_a_distribution_passes_and_each_way_of_not_being_one_is_named():
     assert distribution_problem([7], [-1e39]) == "log-probability -1e+39 is not a finite float32 at most 0"
     assert distribution_problem([7], [float("nan")]) == "log-probability nan is not a finite float32 at most 0"
     assert distribution_problem([7], [-3e38]) is None  # still a float32
+
+
+def test_the_sampled_ids_log_probability_must_match_its_top_k_entry():
+    assert distribution_problem([3, 4], [-0.7, -1.2], 4, -1.2004) is None
+    assert distribution_problem([3, 4], [-0.7, -1.2], 4, -0.1) == (
+        "the sampled id 4 has log-probability -0.1, but -1.2 in the top-k")
+    assert distribution_problem([3, 4], [-0.7, -1.2], 9, -5.0) is None  # outside the top-k: its own slot

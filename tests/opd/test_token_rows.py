@@ -111,6 +111,8 @@ def test_stored_top_logprobs_are_the_teachers_scores_of_the_targets():
      "top_logprobs entry 0: its probabilities sum to 4, more than 1"),
     ({"ids": [[6], [7, 8]], "logprobs": [[-0.1], [-0.2, -1e39]], "token_logprobs": [-0.1, -0.2]},
      "top_logprobs entry 1: log-probability -1e+39 is not a finite float32 at most 0"),
+    ({"ids": [[6], [7]], "logprobs": [[-0.1], [-0.2]], "token_logprobs": [-0.5, -0.2]},
+     "top_logprobs entry 0: the sampled id 6 has log-probability -0.5, but -0.1 in the top-k"),
 ])
 def test_malformed_stored_logprobs_are_refused_naming_the_row(stored, message):
     row = {"input_ids": [1, 5, 6, 7], "loss_mask": [0, 0, 1, 1], **({"top_logprobs": stored} if stored else {})}

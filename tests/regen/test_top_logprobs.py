@@ -45,6 +45,8 @@ def _broken(change) -> dict:
      "logprobs.content[0].top_logprobs: its probabilities sum to 3, more than 1"),
     (lambda content: content[2]["top_logprobs"][1].update(logprob=-1e39),
      "logprobs.content[2].top_logprobs: log-probability -1e+39 is not a finite float32 at most 0"),
+    (lambda content: content[0].update(logprob=-3.0),
+     "logprobs.content[0].top_logprobs: the sampled id 40 has log-probability -3.0, but -0.69"),
 ])
 def test_top_logprobs_that_do_not_match_the_ids_are_a_reply_error(change, message):
     with pytest.raises(ReplyError) as refused:
