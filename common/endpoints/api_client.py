@@ -169,6 +169,7 @@ class ApiClient:
 
     async def _attempt(self, endpoint: Endpoint, body: bytes, completions: bool) -> Any:
         target = endpoint.completions_target if completions else endpoint.chat_target
+        where = str(target)  # the route asked (chat or completions), named in every message
         try:
             async with self.session.post(target, data=body, headers=endpoint.request_headers,
                                          timeout=self.timeout) as reply:
@@ -176,7 +177,7 @@ class ApiClient:
                 retry_after = reply.headers.get("Retry-After")
                 body = await (read_body(reply, self.max_reply_bytes) if status == 200 else read_head(reply))
         except BodyTooLarge as error:
-            raise RequestFailedError(f"reply from {endpoint.url} refused: {error} ({self.limit_hint})",
+            raise RequestFailedError(f"reply from {where} refused: {error} ({self.limit_hint})",
                                      endpoint.url) from None
         except ConnectTimeout as error:
             raise _Retryable(f"no connection within {self.timeout.sock_connect:g} s ({type(error).__name__})",
@@ -186,18 +187,18 @@ class ApiClient:
                              timed_out=True) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
             if out_of_descriptors(error):
-                raise OutOfFileDescriptorsError(f"connecting to {endpoint.url}") from None
+                raise OutOfFileDescriptorsError(f"connecting to {where}") from None
             raise _Retryable(self.secrets.redact(f"{type(error).__name__}: {error}".rstrip(": ")),
                              unreachable=True) from None
         if status != 200:
-            message = f"HTTP {status} from {endpoint.url}: {self.secrets.redact(_server_message(body))}"
+            message = f"HTTP {status} from {where}: {self.secrets.redact(_server_message(body))}"
             if status >= 500 or status in RETRYABLE_STATUSES:
                 raise _Retryable(message, parse_retry_after(retry_after))
             raise RequestFailedError(message, endpoint.url)
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise _Retryable(f"reply from {endpoint.url} is not JSON: {self.secrets.redact(repr(body[:200]))}") from None
+            raise _Retryable(f"reply from {where} is not JSON: {self.secrets.redact(repr(body[:200]))}") from None
 
     @property
     def gave_up_on_endpoints(self) -> bool:

@@ -11,8 +11,8 @@ class BodyTooLarge(Exception):
     """A reply body over the limit; nothing past the limit was read."""
 
     def __init__(self, limit: int, declared: int | None = None):
-        super().__init__(f"the reply body is {declared} bytes, over the {_size(limit)} regen reads" if declared is not None
-                         else f"the reply body went past the {_size(limit)} regen reads")
+        super().__init__(f"the reply body is {declared} bytes, over the {_size(limit)} this run reads" if declared is not None
+                         else f"the reply body went past the {_size(limit)} this run reads")
         self.limit = limit
 
 

@@ -188,7 +188,7 @@ def test_a_reply_over_the_limit_fails_its_request_without_being_read_whole(serve
                                  "max_reply_mib=1")
     assert [r["id"] for r in out] == ["S_gen0"] and summary["retries"] == 0
     [error] = errors
-    assert error["id"] == "H" and "the 1 MiB regen reads (max_reply_mib" in error["metadata"]["error"]
+    assert error["id"] == "H" and "the 1 MiB this run reads (max_reply_mib" in error["metadata"]["error"]
     assert server.server.streamed_bytes < 64 << 20  # the limit plus what the sockets' buffers took
 
 
