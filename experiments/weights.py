@@ -1,7 +1,7 @@
-"""A native MiniMind checkpoint copied into the ``.safetensors`` file a run folder keeps, optionally cast, and read
-back to check it (``read_native_state_dict`` of the copy equals the source's tensors, cast):
+"""A native MiniMind checkpoint copied into the ``.safetensors`` file a run folder keeps, in its own dtypes, and read
+back to check it (``read_native_state_dict`` of the copy equals the source's tensors):
 
-    python -m experiments.weights SOURCE.pth TARGET.safetensors [--dtype bfloat16]
+    python -m experiments.weights SOURCE.pth TARGET.safetensors
 """
 
 from __future__ import annotations
@@ -14,15 +14,10 @@ import torch
 from common.minimind.model import read_native_state_dict, save_native_safetensors
 from common.user_errors import exit_on_user_error
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-
-def copy_weights(source: Path, target: Path, dtype: str | None = None) -> dict[str, torch.Tensor]:
-    """Write ``source``'s tensors (floating ones cast to ``dtype``, if given) to ``target``, then check the copy."""
+def copy_weights(source: Path, target: Path) -> dict[str, torch.Tensor]:
+    """Write ``source``'s tensors to ``target``, then check the copy (removed if it differs)."""
     state = read_native_state_dict(source)
-    if dtype:
-        state = {key: tensor.to(DTYPES[dtype]) if tensor.is_floating_point() else tensor
-                 for key, tensor in state.items()}
     save_native_safetensors(state, target)
     copy = read_native_state_dict(target)
     differ = sorted(key for key in state.keys() | copy.keys()
@@ -37,10 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the floating tensors (default: as they are)")
     args = parser.parse_args(argv)
     with exit_on_user_error():
-        state = copy_weights(args.source, args.target, args.dtype)
+        state = copy_weights(args.source, args.target)
     dtypes = sorted({str(tensor.dtype).removeprefix("torch.") for tensor in state.values()})
     print(f"wrote {args.target} ({len(state)} tensors, {', '.join(dtypes)}), read back equal")
 

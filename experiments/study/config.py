@@ -193,6 +193,7 @@ class Endpoint:
     arm: str
     horizon: int
     decoding: str
+    versus: list[str]  # co-primary: the arm minus each of these too (the baseline is always compared)
 
 
 @dataclass
@@ -271,6 +272,9 @@ class StudyConfig:
                     "answer and a turn to spare)", turns)
         require(self.endpoint.arm in self.arm_settings and self.endpoint.arm != self.baseline_arm,
                 "endpoint.arm", f"an arm other than the baseline ({self.baseline_arm})", self.endpoint.arm)
+        for other in self.endpoint.versus:
+            require(other in self.arm_settings and other not in (self.endpoint.arm, self.baseline_arm),
+                    "endpoint.versus", "arms other than the endpoint's and the baseline", self.endpoint.versus)
         require(self.endpoint.horizon in self.horizons, "endpoint.horizon", f"one of {self.horizons}",
                 self.endpoint.horizon)
         require(self.endpoint.decoding in self.evaluation.decodings, "endpoint.decoding",

@@ -17,7 +17,8 @@ continues each prefix with the turns left (``--max-turns`` minus the prefix's), 
 ``configs/sampling/``) with the evaluation's per-record seeds (``opd.rollouts.sampling.sample_seed``), and its episode is scored
 by ``opd.episodes.scoring``. ``note_probability``: the mean over the continued prefixes of the model's probability of
 ``chain_task.RETRY_NOTE``'s first token as the first token of its next turn (teacher-forced on the prefix, one forward
-each), also by the erring call. Writes the counts by first error type, by the erring call (the first call, whose retry reads the
+each), also by the erring call. ``recovered`` counts the continuations that end correct with no call past the
+chain's (``extra_call``): the shared-set recovery of the study's arms. Writes the counts by first error type, by the erring call (the first call, whose retry reads the
 question, or a later one, whose retry reads the last correct call) and the share that ended correct; with
 ``--episodes-out``, also each continued episode (the prefix's source and first error, the teacher's turns and their
 call types), to read how the teacher failed. ``by_misread_number`` counts them by the number the student misread in
@@ -45,7 +46,7 @@ from experiments.study.divergence import model_spec
 from experiments.study.gates import gold_calls, misread_number
 from opd.config import RolloutConfig, SamplingConfig
 from opd.episodes.chat_format import ChatFormat
-from opd.episodes.scoring import BROKEN_JSON, CALL_ERRORS, FAILED_CALL, WRONG_VALUE, score_episode
+from opd.episodes.scoring import BROKEN_JSON, CALL_ERRORS, EXTRA_CALL, FAILED_CALL, WRONG_VALUE, score_episode
 from opd.rollouts.rollout import AgentRollout
 from opd.rollouts.sampling import record_sampler, sample_seed
 from tools.tool_calls import split_tool_calls
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = jsonl_rows(args.episodes)
     by_budget, skipped = continuation_records(rows, records, args.max_turns, tokenizer.eos_token)
     continued, correct = Counter(), Counter()  # by first error type, and by "first_call" / "later_call"
+    recovered = Counter()  # of the correct ones, those with no call past the chain's (no extra_call)
     misread, misread_correct = Counter(), Counter()
     notes = defaultdict(list)  # the note's probability, by "first_call" / "later_call"
     continued_rows = []
@@ -156,14 +158,17 @@ def main(argv: list[str] | None = None) -> None:
                     note_probability(model, chat_format, record, args.max_total_len))
                 score = score_episode(episode, chat_format)
                 ended_correct = score.correct
+                clean = ended_correct and EXTRA_CALL not in score.call_types
                 continued_rows.append({
                     "source": record.source, "first_error": kind, "error_call": call, "turns_left": budget,
-                    "correct": ended_correct, "final_answer": score.final_answer, "call_types": score.call_types,
+                    "correct": ended_correct, "recovered": clean, "final_answer": score.final_answer,
+                    "call_types": score.call_types,
                     "note_probability": notes["first_call" if call == 0 else "later_call"][-1],
                     "turn_texts": [tokenizer.decode(episode.turn_ids(i)) for i in range(len(episode.turns))]})
                 for key in (kind, "first_call" if call == 0 else "later_call"):
                     continued[key] += 1
                     correct[key] += ended_correct
+                    recovered[key] += clean
                 readable = kind in (WRONG_VALUE, FAILED_CALL)  # a wrong operation is no misread number
                 number = (misread_number(row, gold_calls(prompts, row), call) if readable else None) or "unread"
                 misread[number] += 1
@@ -171,11 +176,13 @@ def main(argv: list[str] | None = None) -> None:
                 continued_rows[-1]["misread_number"] = number
     positions = ("first_call", "later_call")
     total, ended_correct = sum(continued[key] for key in positions), sum(correct[key] for key in positions)
+    clean = sum(recovered[key] for key in positions)
     report = {"episodes": len(rows), "error_episodes": total + sum(skipped.values()), "continued": total,
               "not_continued": dict(skipped), "correct": ended_correct, "rate": ended_correct / total if total else None,
-              "by_first_error": {kind: {"continued": continued[kind], "correct": correct[kind]}
-                                 for kind in continued if kind not in positions},
-              "by_error_call": {key: {"continued": continued[key], "correct": correct[key]}
+              "recovered": clean, "recovered_rate": clean / total if total else None,
+              "by_first_error": {kind: {"continued": continued[kind], "correct": correct[kind],
+                                        "recovered": recovered[kind]} for kind in continued if kind not in positions},
+              "by_error_call": {key: {"continued": continued[key], "correct": correct[key], "recovered": recovered[key]}
                                 for key in positions if continued[key]},
               "by_misread_number": {key: {"continued": misread[key], "correct": misread_correct[key]}
                                     for key in sorted(misread)},

@@ -139,15 +139,24 @@ def _decoding_report(cfg, paths, steps: list[int], decoding: str, horizons: dict
     teachers = {kind: _evaluated(paths.evaluation(None, f"teacher_{kind}", decoding), horizons)[kind]
                 for kind in cfg.teachers}
     students = {seed: _evaluated(paths.evaluation(seed, "student", decoding), horizons)["student"] for seed in seeds}
-    runs = {arm: {seed: _evaluated(paths.evaluation(seed, arm, decoding), horizons) for seed in seeds} for arm in arms}
-    curves = {arm: {group: [_point(0, 0.0, [students[seed][group] for seed in seeds]),
-                            *(_point(step, wall, [runs[arm][seed][f"step{step}"][group] for seed in seeds])
+    own = {arm: cfg.arm_seeds(arm) for arm in arms}  # an arm's seeds; the baseline runs on every seed
+    runs = {arm: {seed: _evaluated(paths.evaluation(seed, arm, decoding), horizons) for seed in own[arm]}
+            for arm in arms}
+    curves = {arm: {group: [_point(0, 0.0, [students[seed][group] for seed in own[arm]]),
+                            *(_point(step, wall, [runs[arm][seed][f"step{step}"][group] for seed in own[arm]])
                               for step, wall in zip(steps, walls[arm], strict=True))]
                     for group in groups} for arm in arms}
-    paired = {arm: {group: [{"step": step, **paired_difference(
-        [runs[arm][seed][f"step{step}"][group]["correct"] for seed in seeds],
-        [runs[baseline][seed][f"step{step}"][group]["correct"] for seed in seeds])} for step in steps]
-        for group in groups} for arm in arms if arm != baseline}
+
+    def paired_to(arm: str, other: str, group, step: int) -> dict:
+        both = [seed for seed in own[arm] if seed in own[other]]
+        return paired_difference([runs[arm][seed][f"step{step}"][group]["correct"] for seed in both],
+                                 [runs[other][seed][f"step{step}"][group]["correct"] for seed in both])
+
+    paired = {arm: {group: [{"step": step, **paired_to(arm, baseline, group, step)} for step in steps]
+                    for group in groups} for arm in arms if arm != baseline}
+    e = cfg.endpoint  # the endpoint arm against each co-primary comparator (``endpoint.versus``)
+    versus = {other: {group: [{"step": step, **paired_to(e.arm, other, group, step)} for step in steps]
+                      for group in groups} for other in e.versus if e.arm in arms and other in arms}
     teacher_points = {kind: {group: {**_point(0, None, [scores[group]]),
                                      "se_problems": mean_and_se(list(scores[group]["correct"].values()))[1]}
                              for group in groups} for kind, scores in teachers.items()}
@@ -155,9 +164,9 @@ def _decoding_report(cfg, paths, steps: list[int], decoding: str, horizons: dict
                  "accuracy": _accuracy(students[seed][group]["correct"])} for seed in seeds for group in groups]
     per_seed += [{"seed": seed, "arm": arm, "horizon": group, "decoding": decoding, "step": step,
                   "accuracy": _accuracy(runs[arm][seed][f"step{step}"][group]["correct"])}
-                 for arm in arms for seed in seeds for step in steps for group in groups]
+                 for arm in arms for seed in own[arm] for step in steps for group in groups]
     return {"teachers": teacher_points, "student": curves[baseline], "curves": curves,
-            "paired_vs_baseline": paired}, per_seed
+            "paired_vs_baseline": paired, "endpoint_versus": versus}, per_seed
 
 
 def curve_report(cfg, paths, steps: list[int], walls: dict[str, list[float]]) -> dict:
@@ -168,27 +177,28 @@ def curve_report(cfg, paths, steps: list[int], walls: dict[str, list[float]]) ->
     c, seeds, baseline = cfg.curve, list(cfg.seeds), cfg.baseline_arm
     horizons = horizons_by_line(paths.curve_prompts())
     student = {seed: _evaluated(paths.curve(seed, "student"), horizons)["student"][c.horizon] for seed in seeds}
-    runs = {arm: {seed: _evaluated(paths.curve(seed, arm), horizons) for seed in seeds} for arm in cfg.running_arms}
+    runs = {arm: {seed: _evaluated(paths.curve(seed, arm), horizons) for seed in cfg.arm_seeds(arm)}
+            for arm in cfg.running_arms}
 
-    def scores(arm: str, step: int) -> list[dict]:
-        return [student[seed] if step == 0 else runs[arm][seed][f"step{step}"][c.horizon] for seed in seeds]
+    def scores(arm: str, step: int, on: list[int]) -> list[dict]:
+        return [student[seed] if step == 0 else runs[arm][seed][f"step{step}"][c.horizon] for seed in on]
 
     points, arms = [0, *steps], {}
     for arm in cfg.running_arms:
-        curve = []
+        curve, own = [], cfg.arm_seeds(arm)
         for step, wall in zip(points, [0.0, *walls[arm]], strict=True):
-            runs_at = scores(arm, step)
+            runs_at = scores(arm, step, own)
             point = {**_point(step, wall, runs_at), "per_seed": [_accuracy(run["correct"]) for run in runs_at]}
             if arm != baseline:
                 paired = paired_difference([run["correct"] for run in runs_at],
-                                           [run["correct"] for run in scores(baseline, step)])
+                                           [run["correct"] for run in scores(baseline, step, own)])
                 point.update(minus_baseline=paired["mean"], minus_baseline_se=paired["se_seeds"],
                              minus_baseline_per_seed=paired["per_seed"])
             curve.append(point)
         areas = [sum((b["step"] - a["step"]) * (a["per_seed"][i] + b["per_seed"][i]) / 2
-                     for a, b in zip(curve, curve[1:], strict=False)) / steps[-1] for i in range(len(seeds))]
+                     for a, b in zip(curve, curve[1:], strict=False)) / steps[-1] for i in range(len(own))]
         mean, se = mean_and_se(areas)
-        arms[arm] = {"points": curve, "area": {"mean": mean, "se": se, "per_seed": areas}}
+        arms[arm] = {"points": curve, "seeds": own, "area": {"mean": mean, "se": se, "per_seed": areas}}
     return {"horizon": c.horizon, "decoding": c.decoding, "problems": len(horizons),
             "samples_per_prompt": cfg.evaluation.decodings[c.decoding].samples_per_prompt, "steps": points,
             "baseline_arm": baseline, "arms": arms}
@@ -200,9 +210,9 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
     module doc)."""
     seeds, arms = list(cfg.seeds), cfg.running_arms
     horizons = horizons_by_line(paths.file("heldout_prompts"))
-    walls = {arm: [sum(column) / len(seeds) for column in zip(
-        *(training_seconds(paths.arm(seed, arm) / "run" / "metrics.jsonl", steps) for seed in seeds), strict=True)]
-        for arm in arms}
+    walls = {arm: [sum(column) / len(cfg.arm_seeds(arm)) for column in zip(
+        *(training_seconds(paths.arm(seed, arm) / "run" / "metrics.jsonl", steps) for seed in cfg.arm_seeds(arm)),
+        strict=True)] for arm in arms}
     decodings, per_seed, final = {}, [], steps[-1:]
     for decoding in cfg.evaluation.decodings:
         decodings[decoding], levels = _decoding_report(cfg, paths, final, decoding, horizons,
@@ -217,30 +227,106 @@ def study_report(cfg, paths, steps: list[int]) -> dict:
               "samples_per_prompt": {name: d.samples_per_prompt for name, d in cfg.evaluation.decodings.items()},
               "decodings": decodings, "per_seed": per_seed,
               "endpoint": _endpoint(cfg, decodings, steps[-1]),
+              "arm_seeds": {arm: cfg.arm_seeds(arm) for arm in arms},
+              "shared_recovery": shared_recovery(cfg, paths), "entropy": arm_entropy(cfg, paths),
               "ties": tied_runs(per_seed),
               "divergence": _divergence(paths, seeds), "pushes": pushes(paths, seeds),
               "warm_picks": warm_picks(paths, seeds)}
     report["gates"] = gate_values(cfg, paths, report)
+    report["reading"] = reading(report["endpoint"], report["gates"])
     report["noise_match"] = student_error_rates(cfg, paths)
     report["continuation"] = continuation_counts(cfg, paths)
     return report
 
 
-def _endpoint(cfg, decodings: dict, step: int) -> dict | None:
-    """The pre-registered comparison after ``step`` with its interval and the slope of its paired difference over
-    the horizons; None when its arm did not run."""
-    e, seeds = cfg.endpoint, len(cfg.seeds)
-    if e.arm not in cfg.running_arms:
-        return None
-    paired = decodings[e.decoding]["paired_vs_baseline"][e.arm]
-    final, trend = paired[e.horizon][-1], None
+def _comparison(cfg, paired: dict) -> dict:
+    """One endpoint comparison (paired differences by horizon group, per step): at the endpoint's horizon after the
+    last step, the mean of the per-seed differences ± SE with its 95 % t interval, and the slope over the horizons."""
+    e, final, trend = cfg.endpoint, paired[cfg.endpoint.horizon][-1], None
+    seeds = len(final["per_seed"])
     if len(cfg.horizons) > 1:
         slopes = [slope(list(cfg.horizons), [paired[h][-1]["per_seed"][i] for h in cfg.horizons]) for i in range(seeds)]
         mean, se = mean_and_se(slopes)
         trend = {"per_seed": slopes, "mean": mean, "se": se, "ci95": interval(mean, se, seeds)}
-    return {"arm": e.arm, "horizon": e.horizon, "decoding": e.decoding, "step": step, "minus_kd": final["mean"],
-            "minus_kd_se": final["se_seeds"], "minus_kd_per_seed": final["per_seed"], "seeds": seeds,
-            "minus_kd_ci95": interval(final["mean"], final["se_seeds"], seeds), "slope_over_horizons": trend}
+    return {"mean": final["mean"], "se": final["se_seeds"], "per_seed": final["per_seed"], "seeds": seeds,
+            "ci95": interval(final["mean"], final["se_seeds"], seeds), "slope_over_horizons": trend,
+            "horizon": e.horizon, "decoding": e.decoding}
+
+
+def _endpoint(cfg, decodings: dict, step: int) -> dict | None:
+    """The pre-registered comparisons after ``step``: the endpoint arm minus the baseline and minus each
+    ``endpoint.versus`` arm (co-primary), each with its interval and slope over the horizons; None when its arm did
+    not run."""
+    e = cfg.endpoint
+    if e.arm not in cfg.running_arms:
+        return None
+    figures = decodings[e.decoding]
+    primary = _comparison(cfg, figures["paired_vs_baseline"][e.arm])
+    return {"arm": e.arm, "horizon": e.horizon, "decoding": e.decoding, "step": step, "minus_kd": primary["mean"],
+            "minus_kd_se": primary["se"], "minus_kd_per_seed": primary["per_seed"], "seeds": primary["seeds"],
+            "minus_kd_ci95": primary["ci95"], "slope_over_horizons": primary["slope_over_horizons"],
+            "co_primary": {other: _comparison(cfg, paired) for other, paired in figures["endpoint_versus"].items()}}
+
+
+def reading(endpoint: dict | None, gates: dict, margin: float = 0.06) -> dict:
+    """The registered reading (study README, the amendment of 2026-12-07): with every gate passed, on-policy data
+    is supported when every co-primary interval (the baseline and each ``endpoint.versus``) lies above 0, refuted
+    when every upper bound lies below ``margin``, undecided otherwise; with a gate failed or not measured, no
+    answer."""
+    failed = [name for name, gate in gates.items() if gate["passed"] is not True]
+    if endpoint is None:
+        return {"verdict": "no answer", "why": "the endpoint arm did not run"}
+    intervals = {"baseline": endpoint["minus_kd_ci95"], **{other: c["ci95"] for other, c in endpoint["co_primary"].items()}}
+    if failed:
+        return {"verdict": "no answer", "why": f"gate(s) {', '.join(failed)} not passed", "intervals": intervals}
+    if any(bounds is None for bounds in intervals.values()):
+        return {"verdict": "no answer", "why": "an interval needs two seeds or more", "intervals": intervals}
+    if all(low > 0 for low, _ in intervals.values()):
+        verdict = "supported"
+    elif all(high < margin for _, high in intervals.values()):
+        verdict = "refuted"
+    else:
+        verdict = "undecided"
+    return {"verdict": verdict, "intervals": intervals, "margin": margin}
+
+
+def shared_recovery(cfg, paths) -> dict:
+    """Recovery on one set per seed: the warm student's recoverable T=1 error prefixes continued by each arm's last
+    checkpoint (``{arm}/recovery.json``), by the warm student itself (``student-continuation``) and by the robust
+    teacher (``continuation``), pooled over the seeds each ran on: continued prefixes, recovered ones (ended correct
+    with no call past the chain's) and their share, in all and by first error type."""
+    sources = {"warm_student": (cfg.seeds, "student-continuation"), "robust_teacher": (cfg.seeds, "continuation"),
+               **{arm: (cfg.arm_seeds(arm), f"{arm}/recovery") for arm in cfg.running_arms}}
+    pooled = {}
+    for name, (seeds, file) in sources.items():
+        found = [json.loads(paths.continuation(seed, file).read_text()) for seed in seeds
+                 if paths.continuation(seed, file).is_file()]
+        if not found:
+            continue
+        kinds = sorted({kind for f in found for kind in f.get("by_first_error", {})})
+        rows = {"all": [(f["continued"], f.get("recovered", f["correct"])) for f in found],
+                **{kind: [(f["by_first_error"][kind]["continued"], f["by_first_error"][kind].get(
+                    "recovered", f["by_first_error"][kind]["correct"])) for f in found
+                    if kind in f.get("by_first_error", {})]
+                   for kind in kinds}}
+        pooled[name] = {group: {"continued": sum(c for c, _ in counts), "recovered": sum(r for _, r in counts),
+                                "rate": sum(r for _, r in counts) / sum(c for c, _ in counts)
+                                if sum(c for c, _ in counts) else None} for group, counts in rows.items()}
+        pooled[name]["seeds"] = [seed for seed in seeds if paths.continuation(seed, file).is_file()]
+    return pooled
+
+
+def arm_entropy(cfg, paths) -> dict:
+    """Per arm, mean ± SE over its seeds of its last checkpoint's per-token entropy on its own held-out T=1 rollouts,
+    with its forward and reverse KL to the robust teacher there (``{arm}/divergence.json``)."""
+    found = {}
+    for arm in cfg.running_arms:
+        files = [paths.arm(seed, arm) / "divergence.json" for seed in cfg.arm_seeds(arm)]
+        reports = [json.loads(file.read_text())["teachers"]["robust"][ALL] for file in files if file.is_file()]
+        if reports:
+            found[arm] = {metric: dict(zip(("mean", "se"), mean_and_se([r[metric] for r in reports]), strict=True))
+                          for metric in ("student_entropy", "teacher_entropy", "forward_kl", "reverse_kl")}
+    return found
 
 
 def tied_runs(per_seed: list[dict]) -> list[dict]:
@@ -329,6 +415,28 @@ def print_report(report: dict, console: Console) -> None:
         if trend:
             console.print(f"  its slope over H, per unit of H: {_pm(trend['mean'], trend['se'])} (per seed "
                           f"{', '.join(f'{d:+.4f}' for d in trend['per_seed'])})")
+        for other, c in e["co_primary"].items():
+            console.print(f"co-primary: {e['arm']} minus {other}: {_pm(c['mean'], c['se'])} (SE over {c['seeds']} "
+                          f"seeds; per seed {', '.join(f'{d:+.3f}' for d in c['per_seed'])}"
+                          + ("" if c["ci95"] is None else f"; 95 % interval {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}")
+                          + ")")
+    r = report["reading"]
+    console.print(f"reading (registered rule): {r['verdict']}" + (f" ({r['why']})" if "why" in r else ""))
+    if report["shared_recovery"]:
+        shared = Table(title="recovery on the shared set: the warm students' recoverable T=1 error prefixes continued "
+                             "(ended correct, no call past the chain's)")
+        for header in ("model", "seeds", "recovered", "of", "rate", "by first error"):
+            shared.add_column(header, justify="left" if header in ("model", "by first error") else "right")
+        for name, groups in report["shared_recovery"].items():
+            kinds = ", ".join(f"{kind} {g['recovered']}/{g['continued']}" for kind, g in groups.items()
+                              if kind not in ("all", "seeds"))
+            shared.add_row(name, ",".join(map(str, groups["seeds"])), str(groups["all"]["recovered"]),
+                           str(groups["all"]["continued"]), _pm(groups["all"]["rate"], None), kinds)
+        console.print(shared)
+    for arm, figures in report["entropy"].items():
+        console.print(f"{arm}: per-token entropy on its held-out T=1 rollouts {_pm(**figures['student_entropy'])} "
+                      f"(the robust teacher there {_pm(**figures['teacher_entropy'])}; reverse KL "
+                      f"{_pm(**figures['reverse_kl'])})")
     for tie in report["ties"]:
         console.print(f"tie: seed {tie['seed']}, {tie['decoding']}, step {tie['step']}: every arm scored the same at "
                       f"every horizon ({tie['accuracy']:.3f} over all); its paired differences can only read 0")

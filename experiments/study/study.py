@@ -73,6 +73,7 @@ from common.start_up import started
 from common.user_errors import exit_on_user_error
 from experiments.charts import write_study_charts
 from experiments.recipe.config import RecipeModel
+from experiments.stage_manifest import Manifest
 from experiments.stages import Stage, replay, run_stages
 from experiments.study.config import StudyConfig
 from experiments.study.report import print_report, study_report, summary_results
@@ -80,7 +81,7 @@ from opd.reports.charts import require_matplotlib
 from opd.training.checkpoints import step_weights_path
 
 PILOT_TIMES = Path(__file__).parent / "fourth_run_pilots" / "pilot3_study_summary.json"
-REPORT_FILES = ("README.md", "study_summary.json", "accuracy_vs_horizon.png", "accuracy_vs_steps.png")
+REPORT_FILES = ("README.md", "gates.json", "study_summary.json", "accuracy_vs_horizon.png", "accuracy_vs_steps.png")
 ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 NO_INTERMEDIATE_SAVES = 1_000_000  # save_interval: only each run's final checkpoint
 DATA_FILES = ("train_demonstrations", "train_prompts", "warm_demonstrations", "distill_demonstrations",
@@ -145,6 +146,18 @@ class StudyPaths:
         entry = self.cfg.arm_settings[arm].entry
         stem = f"{'agent_opd' if entry == 'opd' else 'continued_sft'}_{self.cfg.student.hidden_size}"
         return step_weights_path(self.arm(seed, arm), stem, step)
+
+    def arm_metrics(self, seed: int, arm: str) -> Path:
+        """An arm's step log (``opd/train.py``'s ``metrics.jsonl``)."""
+        return self.arm(seed, arm) / "run" / "metrics.jsonl"
+
+    def arm_final(self, seed: int, arm: str) -> Path:
+        """An arm's last weights as the run keeps them (safetensors, MiniMind's fp16 as evaluated)."""
+        return self.arm(seed, arm) / f"student_final_{self.cfg.student.hidden_size}.safetensors"
+
+    def teacher_rollouts(self, seed: int) -> Path:
+        """The teacher's rollouts the seed's KD arms distil (``experiments.study.rollout_cache``)."""
+        return self.seed(seed) / "teacher_rollouts.jsonl.gz"
 
     def evaluation(self, seed: int | None, name: str, decoding: str) -> Path:
         return (self.out if seed is None else self.seed(seed)) / "eval" / name / decoding
@@ -254,9 +267,9 @@ def _eval_stages(cfg: StudyConfig, paths: StudyPaths, name: str, seed: int | Non
     return stages
 
 
-def _weights_copy(source: Path, target: Path, dtype: str | None = None) -> list[str]:
+def _weights_copy(source: Path, target: Path) -> list[str]:
     """The command that keeps a run's weights ``source`` as ``target`` (safetensors, ``experiments.weights``)."""
-    return [sys.executable, "-m", "experiments.weights", str(source), str(target), *(["--dtype", dtype] if dtype else [])]
+    return [sys.executable, "-m", "experiments.weights", str(source), str(target)]
 
 
 def _gzip(target: Path) -> list[str]:
@@ -317,11 +330,14 @@ def _pick_command(cfg: StudyConfig, paths: StudyPaths, run: Path, block: RecipeM
             *(["--best-if-none"] if pick.best_if_none else []), "--", *sft]
 
 
-def with_estimates(stages: list[Stage], times: Path = PILOT_TIMES) -> list[Stage]:
+def with_estimates(stages: list[Stage], arms: list[str], times: Path = PILOT_TIMES) -> list[Stage]:
     """``stages`` with the time each stage of the same kind took in the fourth run's third pilot (``max_wall_s``
-    projects from these until the run has measured its own)."""
+    projects from these until the run has measured its own); an arm's stage (of ``arms``), whose parts were stages
+    of their own then, by the pilot's ``kd``: its run, curve, evaluations and the two probes it now holds."""
     pilot = {re.sub(r"^seed\d+-", "", name): wall for name, wall in json.loads(times.read_text())["stage_wall_s"].items()}
-    return [replace(stage, estimate_s=pilot.get(stage.kind)) for stage in stages]
+    arm = sum(pilot.get(part, 0.0) for part in ("kd", "kd-curve", "kd-eval-t1", "kd-eval-greedy", "continuation",
+                                                "divergence"))
+    return [replace(stage, estimate_s=arm if stage.kind in arms else pilot.get(stage.kind)) for stage in stages]
 
 
 def study_stages(cfg: StudyConfig) -> list[Stage]:
@@ -357,7 +373,7 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
                         [paths.file(name) for name in NOISY_FILES], ("noise-match",) if data.match_noise else (),
                         rebuilt=True))
     evaluations = []
-    w, d = cfg.warm, cfg.distill
+    w = cfg.warm
     # the students are listed before the gold teacher, so they start first: a seed's student may run to its cap
     # (the third full run's seed 1: 3,089 s, against 1,366 s for the gold teacher), and the robust teacher waits for
     # every student's T=1 evaluation (noise-match) as for the gold teacher. On that run's stage times the study takes
@@ -405,16 +421,8 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
         warm = {"student": (paths.student(seed), cfg.student)}
         evaluations += _eval_stages(cfg, paths, "student", seed, warm, (f"{prefix}-student",))
         evaluations.append(_curve_stage(cfg, paths, "student", seed, warm, (f"{prefix}-student",)))
-        evaluations.append(Stage(f"{prefix}-divergence", [
-            python, "-m", "experiments.study.divergence", "--data", str(paths.file("distill_prompts")),
-            "--tokenizer", str(cfg.tokenizer), "--student", str(paths.student(seed)),
-            "--student-arch", _arch_flag(cfg.student),
-            *(flag for kind in teachers for flag in ("--teacher", f"{kind}={paths.teacher(kind)}")),
-            "--teacher-arch", _arch_flag(cfg.teacher),
-            "--prompts", str(cfg.divergence.prompts), "--top-k", str(cfg.divergence.top_k),
-            "--push-tokens", str(cfg.divergence.push_tokens), "--seed", str(seed),
-            "--max-turns", str(d.max_turns), "--max-gen-len", str(d.max_gen_len),
-            "--max-total-len", str(d.max_total_len), "--out", str(paths.divergence(seed))],
+        evaluations.append(Stage(f"{prefix}-divergence", _divergence_command(
+            cfg, paths, seed, paths.student(seed), paths.file("distill_prompts"), paths.divergence(seed)),
             [paths.divergence(seed)], (f"{prefix}-student", *(f"teacher-{kind}" for kind in teachers))))
         # G4: the robust teacher continues the warm student's T=1 episodes after their first recoverable error; G6:
         # the warm student itself, its probability of the retry note there
@@ -422,17 +430,71 @@ def study_stages(cfg: StudyConfig) -> list[Stage]:
                                                "teacher-robust"))
         evaluations.append(_continuation_stage(cfg, paths, seed, "student-continuation", paths.student(seed),
                                                cfg.student, f"{prefix}-student"))
+        producer = None  # the first arm of the seed that distils the teacher's rollouts keeps them for the others
         for arm in [arm for arm in cfg.running_arms if seed in cfg.arm_seeds(arm)]:
-            spec = cfg.arm_settings[arm]
-            checkpoints = {f"step{step}": (paths.arm_checkpoint(seed, arm, step), cfg.student) for step in steps}
-            needs = (f"{prefix}-student", *([f"teacher-{spec.teacher}"] if spec.entry == "opd" else []),
-                     *(["noisy-data"] if spec.data in NOISY_FILES else []))
-            stages.append(Stage(f"{prefix}-{arm}", _arm_command(cfg, paths, seed, arm),
-                                [path for path, _ in checkpoints.values()], needs))
-            last = f"step{steps[-1]}"
-            evaluations += _eval_stages(cfg, paths, arm, seed, {last: checkpoints[last]}, (f"{prefix}-{arm}",))
-            evaluations.append(_curve_stage(cfg, paths, arm, seed, checkpoints, (f"{prefix}-{arm}",)))
+            stages.append(_arm_stage(cfg, paths, seed, arm, steps, producer))
+            if _distils_teacher_rollouts(cfg, arm):
+                producer = producer or arm
     return stages + evaluations
+
+
+def _distils_teacher_rollouts(cfg: StudyConfig, arm: str) -> bool:
+    return "offline.source=teacher_rollouts" in cfg.arm_settings[arm].overrides
+
+
+def _arm_stage(cfg: StudyConfig, paths: StudyPaths, seed: int, arm: str, steps: list[int],
+               producer: str | None) -> Stage:
+    """An arm on one seed, one stage: its run from the warm student, then on the kept checkpoints the learning curve,
+    on the last one the full evaluation, the shared-set recovery (it continues the warm student's recoverable T=1
+    error prefixes, as G4's teacher does) and the entropy of its own held-out T=1 rollouts (``divergence``), then
+    its last weights kept as safetensors in the fp16 they were evaluated in (read back equal). An arm distilling
+    the teacher's rollouts keeps them (the seed's first such arm) or restores and checks that one's, so both train on
+    the same bytes on any machine."""
+    spec, prefix, last = cfg.arm_settings[arm], f"seed{seed}", steps[-1]
+    checkpoints = {f"step{step}": (paths.arm_checkpoint(seed, arm, step), cfg.student) for step in steps}
+    final = {f"step{last}": checkpoints[f"step{last}"]}
+    needs = (f"{prefix}-student", f"{prefix}-student-eval-t1", "curve-data",
+             *([f"teacher-{spec.teacher}"] if spec.entry == "opd" else []),
+             *(["noisy-data"] if spec.data in NOISY_FILES else []),
+             *([f"{prefix}-{producer}"] if producer and _distils_teacher_rollouts(cfg, arm) else []))
+    commands, outputs = [_arm_command(cfg, paths, seed, arm)], [paths.arm_metrics(seed, arm)]
+    rollouts, cache = paths.teacher_rollouts(seed), [f"--cache-dir={paths.seed(seed) / 'teacher_rollouts'}"]
+    if _distils_teacher_rollouts(cfg, arm) and producer:
+        commands.insert(0, [sys.executable, "-m", "experiments.study.rollout_cache", "restore", f"--kept={rollouts}",
+                            *cache, f"--data={paths.file(spec.data)}"])
+        commands.append([sys.executable, "-m", "experiments.study.rollout_cache", "check", f"--kept={rollouts}", *cache])
+    elif _distils_teacher_rollouts(cfg, arm):
+        commands.append([sys.executable, "-m", "experiments.study.rollout_cache", "keep", f"--kept={rollouts}", *cache])
+        outputs.append(rollouts)
+    for out, data, decoding, models in (
+            (paths.curve(seed, arm), paths.curve_prompts(), cfg.curve.decoding, checkpoints),
+            *((paths.evaluation(seed, arm, decoding), paths.file("heldout_prompts"), decoding, final)
+              for decoding in cfg.evaluation.decodings)):
+        commands += [_evaluate_command(cfg, data, decoding, models, out),
+                     *(_gzip(paths.episodes(out, key)) for key in models)]
+        outputs += [out / "evaluation.json", *(paths.episodes(out, key) for key in models)]
+    recovery = _continuation_stage(cfg, paths, seed, f"{arm}/recovery", paths.arm_checkpoint(seed, arm, last),
+                                   cfg.student, "")
+    entropy = _divergence_command(cfg, paths, seed, paths.arm_checkpoint(seed, arm, last), paths.file("heldout_prompts"),
+                                  paths.arm(seed, arm) / "divergence.json")
+    commands += [*recovery.commands, entropy, _weights_copy(paths.arm_checkpoint(seed, arm, last),
+                                                            paths.arm_final(seed, arm))]
+    outputs += [*recovery.outputs, paths.arm(seed, arm) / "divergence.json", paths.arm_final(seed, arm)]
+    return Stage(f"{prefix}-{arm}", commands[0], outputs, needs, then=tuple(commands[1:]))
+
+
+def _divergence_command(cfg: StudyConfig, paths: StudyPaths, seed: int, student: Path, data: Path,
+                        out: Path) -> list[str]:
+    """``experiments.study.divergence``: ``student`` on ``data``'s first ``divergence.prompts`` at T=1, its entropy
+    and its KL and top-k overlap against each teacher."""
+    d = cfg.distill
+    return [sys.executable, "-m", "experiments.study.divergence", "--data", str(data), "--tokenizer",
+            str(cfg.tokenizer), "--student", str(student), "--student-arch", _arch_flag(cfg.student),
+            *(flag for kind in cfg.teachers for flag in ("--teacher", f"{kind}={paths.teacher(kind)}")),
+            "--teacher-arch", _arch_flag(cfg.teacher), "--prompts", str(cfg.divergence.prompts),
+            "--top-k", str(cfg.divergence.top_k), "--push-tokens", str(cfg.divergence.push_tokens), "--seed", str(seed),
+            "--max-turns", str(d.max_turns), "--max-gen-len", str(d.max_gen_len), "--max-total-len",
+            str(d.max_total_len), "--out", str(out)]
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="study")
@@ -442,26 +504,60 @@ def main(cfg: DictConfig) -> None:
         run(parse_config(StudyConfig, cfg))
 
 
+def stage_machines(out: Path) -> dict[str, dict]:
+    """Which machine ran each finished stage, when and for how long (the run folder's manifest)."""
+    return {name: {"cpu": entry["machine"]["cpu"], "node": entry["machine"]["node"], "finished": entry["finished"],
+                   "wall_s": entry["wall_s"], "torch": entry["torch"]}
+            for name, (_, entry) in Manifest(out).entries.items()}
+
+
+def _gate_line(name: str, gate: dict) -> str:
+    value = "-" if gate["value"] is None else f"{gate['value']:.3f}"
+    return f"{name} {value} ({gate['direction']} {gate['threshold']}: {'pass' if gate['passed'] else 'FAIL'})"
+
+
 def run(cfg: StudyConfig) -> dict:
-    """Run (or continue) the study; returns the summary also written to ``study_summary.json``."""
+    """Run (or continue) the study; returns the summary also written to ``study_summary.json`` (empty while stages
+    remain). Gates first: the stages of the baseline arm's slice (teachers, warm students, the baseline on every
+    seed, the probes) run before any other arm, then the gates are read pooled over the seeds into ``gates.json``;
+    a failed gate stops the study there (the stop rule of the study README), else every other stage runs."""
     require_matplotlib()
     if Path(cfg.tokenizer).exists():  # one spelling of the tokenizer in every command ({tokenizer} in the manifest)
         cfg = replace(cfg, tokenizer=str(Path(cfg.tokenizer).resolve()))
-    out, console = Path(cfg.out_dir).resolve(), Console()
-    stages = with_estimates(study_stages(cfg))
+    out, console, paths = Path(cfg.out_dir).resolve(), Console(), StudyPaths(cfg)
+    gate_cfg = replace(cfg, arms=[cfg.baseline_arm])
+    stages = with_estimates(study_stages(cfg), list(cfg.arm_settings))
+    first = with_estimates(study_stages(gate_cfg), list(cfg.arm_settings))
+    every = {stage.name: stage for stage in stages}
+    if any(every[stage.name] != stage for stage in first):
+        raise RuntimeError("the baseline's slice builds other stages than the full study")
     started = time.perf_counter()
-    results = run_stages(stages, out, jobs=cfg.jobs, threads=cfg.threads, console=console,
-                         places={"tokenizer": Path(cfg.tokenizer)}, max_wall_s=cfg.max_wall_s, keep=REPORT_FILES)
+    for phase in (first, stages):
+        left = None if cfg.max_wall_s is None else cfg.max_wall_s - (time.perf_counter() - started)
+        results = run_stages(phase, out, jobs=cfg.jobs, threads=cfg.threads, console=console,
+                             places={"tokenizer": Path(cfg.tokenizer)}, max_wall_s=left, keep=REPORT_FILES)
+        if len(results) < len(phase):
+            return {}  # max_wall_s: the runner named the stages left; the report waits for them
+        if phase is first:
+            gates = study_report(gate_cfg, paths, curve_steps(cfg))["gates"]
+            atomic_write_json(out / "gates.json", gates)
+            failed = [name for name, gate in gates.items() if gate["passed"] is False]
+            console.print("gates, pooled over seeds " + ", ".join(map(str, cfg.seeds)) + ": "
+                          + ", ".join(_gate_line(name, gate) for name, gate in gates.items()))
+            if failed and len(first) < len(stages):
+                console.print(f"stop rule: {', '.join(failed)} failed pooled over the seeds; the other arms are not "
+                              f"run (experiments/study/README.md), and the study answers nothing")
+                return {"gates": gates, "stopped": failed}
     wall = time.perf_counter() - started
-    if len(results) < len(stages):
-        return {}  # max_wall_s: the runner named the stages left; the report waits for them
-    report = study_report(cfg, StudyPaths(cfg), curve_steps(cfg))
+    report = study_report(cfg, paths, curve_steps(cfg))
     charts = write_study_charts(report, out)
     print_report(report, console)
     stage_wall = {name: result["wall_s"] for name, result in results.items()}
     summary = {"seeds": list(cfg.seeds), "horizons": list(cfg.horizons), "gates": report["gates"],
                "endpoint": report["endpoint"], "ties": report["ties"], "results": summary_results(report),
-               "per_seed": report["per_seed"], "curves": report["curve"],
+               "per_seed": report["per_seed"], "curves": report["curve"], "reading": report["reading"],
+               "shared_recovery": report["shared_recovery"], "entropy": report["entropy"],
+               "arm_seeds": report["arm_seeds"], "stages": stage_machines(out),
                "wall_s": wall, "stage_wall_s": stage_wall, "stage_wall_s_total": sum(stage_wall.values()),
                "wall_s_from_nothing": replay(stages, stage_wall, cfg.jobs),
                "reused_stages": [name for name, r in results.items() if r["reused"]],
@@ -470,4 +566,3 @@ def run(cfg: StudyConfig) -> dict:
     atomic_write_json(out / "study_summary.json", summary)
     console.print(f"wrote {out / 'study_summary.json'} and {', '.join(str(chart) for chart in charts)}")
     return summary
-

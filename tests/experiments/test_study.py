@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -19,8 +20,8 @@ from experiments.stages import replay
 from experiments.study.config import GATES, StudyConfig
 from experiments.study.curve_problems import main as curve_main
 from experiments.study.gates import intermediate_calls
-from experiments.study.report import checkpoint_scores, print_report, study_report, summary_results
-from experiments.study.study import StudyPaths, curve_steps, study_stages
+from experiments.study.report import checkpoint_scores, print_report, reading, study_report, summary_results
+from experiments.study.study import PILOT_TIMES, StudyPaths, curve_steps, study_stages, with_estimates
 from opd.episodes.scoring import EpisodeScore
 from tests.helpers.configs import compose_config
 from tests.helpers.entries import run_main
@@ -56,19 +57,43 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
         assert argument(warm.command, "data") == str(paths.curve_prompts())
         assert argument(warm.command, "sampling") == "opd_rollout" and argument(warm.command, "samples_per_prompt") == "4"
         for arm, spec in cfg.arm_settings.items():
-            run = stages[f"seed{seed}-{arm}"]
-            assert run.outputs == [paths.arm_checkpoint(seed, arm, step) for step in (40, 80, 100)]
-            # every kept checkpoint on the curve; the last one alone on every problem under every decoding
-            curve = stages[f"seed{seed}-{arm}-curve"]
-            assert curve.needs == (f"seed{seed}-{arm}", "curve-data") and curve.outputs == [
-                paths.curve(seed, arm) / "evaluation.json",
-                *(paths.curve(seed, arm) / f"episodes_step{step}.jsonl.gz" for step in (40, 80, 100))]
-            assert [argument(curve.command, key) for key in ("data", "sampling")] == [str(paths.curve_prompts()),
-                                                                                      "opd_rollout"]
-            assert all(f"step{step}: " in argument(curve.command, "models") for step in (40, 80, 100))
-            for decoding in ("t1", "greedy"):
-                models = argument(stages[f"seed{seed}-{arm}-eval-{decoding}"].command, "models")
+            # one stage per arm and seed: the run, then its curve, evaluations and probes, then its weights kept
+            whole = stages[f"seed{seed}-{arm}"]
+            run = SimpleNamespace(command=next(c for c in whole.commands if c[1] == "opd/train.py"),
+                                  needs=whole.needs)
+            evaluations = [c for c in whole.commands if c[1:2] == ["opd/evaluate.py"]]
+            curve, finals = evaluations[0], evaluations[1:]
+            assert [argument(curve, key) for key in ("data", "sampling")] == [str(paths.curve_prompts()), "opd_rollout"]
+            assert all(f"step{step}: " in argument(curve, "models") for step in (40, 80, 100))
+            assert [argument(c, "sampling") for c in finals] == ["opd_rollout", "greedy"]
+            for final in finals:  # the last checkpoint alone on every problem under every decoding
+                models = argument(final, "models")
                 assert "step100: " in models and "step40" not in models and "step80" not in models
+                assert argument(final, "data") == str(paths.file("heldout_prompts"))
+            assert whole.commands[-1] == [sys.executable, "-m", "experiments.weights",
+                                          str(paths.arm_checkpoint(seed, arm, 100)), str(paths.arm_final(seed, arm))]
+            assert whole.commands.index(finals[-1]) < len(whole.commands) - 1
+            recovery = next(c for c in whole.commands if c[2:3] == ["experiments.study.continuation"])
+            assert recovery[recovery.index("--model") + 1] == str(paths.arm_checkpoint(seed, arm, 100))
+            assert recovery[recovery.index("--episodes") + 1] == str(
+                paths.evaluation(seed, "student", "t1") / "episodes_student.jsonl.gz")
+            entropy = next(c for c in whole.commands if c[2:3] == ["experiments.study.divergence"])
+            assert entropy[entropy.index("--data") + 1] == str(paths.file("heldout_prompts"))
+            assert whole.outputs[0] == paths.arm_metrics(seed, arm) and paths.arm_final(seed, arm) in whole.outputs
+            assert {paths.curve(seed, arm) / "evaluation.json", paths.arm(seed, arm) / "recovery.json",
+                    paths.arm(seed, arm) / "divergence.json",
+                    *(paths.curve(seed, arm) / f"episodes_step{step}.jsonl.gz" for step in (40, 80, 100)),
+                    *(paths.evaluation(seed, arm, d) / "episodes_step100.jsonl.gz" for d in ("t1", "greedy"))
+                    } <= set(whole.outputs)
+            # the KD arms train on the same teacher rollouts: the seed's first keeps them, the other restores them
+            if arm == "kd":
+                assert paths.teacher_rollouts(seed) in whole.outputs and "keep" in whole.commands[1]
+            if arm == "kd_rkl":
+                assert f"seed{seed}-kd" in whole.needs
+                assert whole.commands[0][3:5] == ["restore", f"--kept={paths.teacher_rollouts(seed)}"]
+                assert whole.commands[2][3:5] == ["check", f"--kept={paths.teacher_rollouts(seed)}"]
+            elif arm != "kd":
+                assert f"seed{seed}-kd" not in whole.needs
             shared = ("batch_size", "optim.learning_rate", "optim.warmup_steps", "optim.lr_scheduler", "seed",
                       "max_steps", "save_interval", "keep_saved_weights")
             assert {key: argument(run.command, key) for key in shared} == {
@@ -80,7 +105,8 @@ def test_every_arm_continues_the_seeds_warm_student_on_one_schedule_with_its_own
             if spec.entry == "opd":
                 assert argument(run.command, "teacher.checkpoint") == str(paths.teacher(spec.teacher))
                 noisy = ("noisy-data",) if spec.data == "distill_noisy_demonstrations" else ()
-                assert run.needs == (f"seed{seed}-student", f"teacher-{spec.teacher}", *noisy)
+                reads = (f"seed{seed}-student", f"seed{seed}-student-eval-t1", "curve-data", f"teacher-{spec.teacher}")
+                assert run.needs == (*reads, *noisy, *([f"seed{seed}-kd"] if arm == "kd_rkl" else []))
                 assert all(override in run.command for override in spec.overrides)
             assert argument(run.command, "data") == str(paths.file(spec.data))
             noisy_data = spec.data == "distill_noisy_demonstrations"  # a few are longer than a rollout may grow
@@ -170,17 +196,22 @@ def test_every_evaluation_decodes_the_same_held_out_problems_with_the_same_setti
     cfg = study_config(tmp_path, "seeds=[0,1]")
     stages = study_stages(cfg)
     for decoding, sampling, samples in (("t1", "opd_rollout", "4"), ("greedy", "greedy", "1")):
-        evaluations = [stage for stage in stages if stage.name.endswith(f"eval-{decoding}")]
-        assert len(evaluations) == 1 + 2 * (1 + len(cfg.arm_settings))  # the teacher; per seed the student and arms
+        alone = [stage.command for stage in stages if stage.name.endswith(f"eval-{decoding}")]
+        assert len(alone) == 1 + 2  # the teacher; per seed the student; each arm evaluates in its own stage
+        held_out = f"data={StudyPaths(cfg).file('heldout_prompts')}"
+        in_arms = [command for stage in stages if stage.name.split("-", 1)[-1] in cfg.arm_settings
+                   for command in stage.commands if held_out in command and f"sampling={sampling}" in command]
+        evaluations = alone + in_arms
+        assert len(in_arms) == 2 * len(cfg.arm_settings)
 
-        def settings(stage):
-            return [part for part in stage.command if not part.startswith(("models=", "out_dir=", "hydra.run.dir="))]
+        def settings(command):
+            return [part for part in command if not part.startswith(("models=", "out_dir=", "hydra.run.dir="))]
 
-        assert all(settings(stage) == settings(evaluations[0]) for stage in evaluations)
-        assert argument(evaluations[0].command, "sampling") == sampling
-        assert argument(evaluations[0].command, "samples_per_prompt") == samples
-        assert argument(evaluations[0].command, "data") == str(StudyPaths(cfg).file("heldout_prompts"))
-        assert all(argument(stage.command, "rollout.max_turns") == "14" for stage in evaluations)
+        assert all(settings(command) == settings(evaluations[0]) for command in evaluations)
+        assert argument(evaluations[0], "sampling") == sampling
+        assert argument(evaluations[0], "samples_per_prompt") == samples
+        assert argument(evaluations[0], "data") == str(StudyPaths(cfg).file("heldout_prompts"))
+        assert all(argument(command, "rollout.max_turns") == "14" for command in evaluations)
     continuation = next(stage for stage in stages if stage.name == "seed1-continuation")
     assert continuation.needs == ("seed1-student-eval-t1", "teacher-robust")
     assert continuation.outputs == [StudyPaths(cfg).continuation(1),
@@ -200,7 +231,7 @@ def test_the_primary_arms_run_on_every_seed_and_the_secondary_ones_on_their_own(
     assert runs == {"kd": [0, 1, 2, 3, 4], "kd_rkl": [0, 1, 2, 3, 4], "opd_rkl": [0, 1, 2, 3, 4],
                     "opd_fkl_masked": [0, 1, 2], "kd_dart": [0, 1, 2]}
     assert {seed for seed in cfg.seeds if f"seed{seed}-student" in names} == set(cfg.seeds)
-    assert "seed3-kd_dart-eval-t1" not in names and "seed3-kd-eval-t1" in names
+    assert "seed3-kd_dart" not in names and "seed3-student-eval-t1" in names
     with pytest.raises(ConfigError, match=r"arm_settings.kd.seeds must be null: the baseline runs on every seed"):
         study_config(tmp_path, "+arm_settings.kd.seeds=[0]")
 
@@ -209,11 +240,10 @@ def test_a_slice_runs_the_chosen_arms_and_the_baseline_for_the_chosen_seeds(tmp_
     cfg = study_config(tmp_path, "seeds=[2]", "arms=[opd_rkl]", "horizons=[4]", "warm.horizons=[4]",
                        "endpoint.horizon=4")
     names = {stage.name for stage in study_stages(cfg)}
-    assert {"seed2-kd", "seed2-opd_rkl", "seed2-kd-eval-t1", "seed2-opd_rkl-eval-greedy"} <= names
     assert not any(name.startswith("seed0") for name in names)
     assert {name for name in names if name.startswith("seed2-") and "-eval-" not in name} == {
         "seed2-kd", "seed2-opd_rkl", "seed2-student", "seed2-divergence", "seed2-continuation",
-        "seed2-student-continuation", "seed2-student-curve", "seed2-kd-curve", "seed2-opd_rkl-curve"}
+        "seed2-student-continuation", "seed2-student-curve"}
     data = next(stage for stage in study_stages(cfg) if stage.name == "data")
     assert data.command[data.command.index("--horizons") + 1] == "4"
 
@@ -382,11 +412,20 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
             write_episodes(directory, names[step], {line: (bool(c), ["ok"]) for line, c in enumerate(correct, 1)},
                            paths.curve_prompts())
         (directory / "evaluation.json").write_text(json.dumps({"checkpoints": [{"name": n} for n in names.values()]}))
+    # the shared set: each arm's last checkpoint continues the warm student's prefixes; its entropy on held-out
+    recoveries = {0: {"continued": 4, "correct": 3, "recovered": 2, "by_first_error": {
+        "wrong_value": {"continued": 3, "correct": 3, "recovered": 2},
+        "failed_call": {"continued": 1, "correct": 0, "recovered": 0}}},
+        1: {"continued": 2, "correct": 2, "recovered": 2, "by_first_error": {
+            "wrong_value": {"continued": 2, "correct": 2, "recovered": 2}}}}
     for seed in (0, 1):
         for name in ("kd", "opd"):
             (paths.arm(seed, name) / "run").mkdir(parents=True)
             (paths.arm(seed, name) / "run" / "metrics.jsonl").write_text("".join(
                 json.dumps({"step": step, "elapsed_s": step * 0.7 + seed}) + "\n" for step in (5, 10)))
+        paths.continuation(seed, "opd/recovery").write_text(json.dumps(recoveries[seed]))
+        (paths.arm(seed, "opd") / "divergence.json").write_text(json.dumps({"teachers": {"robust": {"all": {
+            "student_entropy": 1.0 + seed, "teacher_entropy": 0.2, "forward_kl": 0.1, "reverse_kl": 0.3}}}}))
         paths.student(seed).parent.mkdir(parents=True, exist_ok=True)
         paths.student(seed).with_suffix(".json").write_text(json.dumps({
             "min_accuracy": 0.5, "prompts": 60, "measured": [], "reached": not seed,
@@ -415,6 +454,15 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     endpoint = dict(report["endpoint"])
     assert endpoint["minus_kd_per_seed"] == pytest.approx([0.5, 0.5])
     trend, interval = endpoint.pop("slope_over_horizons"), endpoint.pop("minus_kd_ci95")
+    assert endpoint.pop("co_primary") == {}  # endpoint.versus (kd_rkl) did not run in this slice
+    assert report["reading"]["verdict"] == "no answer" and "G0_teacher_t1_accuracy" in report["reading"]["why"]
+    shared = report["shared_recovery"]
+    assert shared["opd"]["all"] == {"continued": 6, "recovered": 4, "rate": pytest.approx(4 / 6)}
+    assert shared["opd"]["wrong_value"] == {"continued": 5, "recovered": 4, "rate": pytest.approx(0.8)}
+    assert shared["opd"]["failed_call"]["rate"] == 0.0 and shared["opd"]["seeds"] == [0, 1]
+    assert shared["robust_teacher"]["all"] == {"continued": 8, "recovered": 5, "rate": pytest.approx(5 / 8)}
+    assert "kd" not in shared  # its probe was not written
+    assert report["entropy"]["opd"]["student_entropy"] == {"mean": pytest.approx(1.5), "se": pytest.approx(0.5)}
     assert {key: value for key, value in endpoint.items() if key != "minus_kd_per_seed"} == pytest.approx(
         {"arm": "opd", "horizon": 2, "decoding": "t1", "step": 10, "minus_kd": 0.5, "minus_kd_se": 0.0, "seeds": 2})
     assert interval == pytest.approx([0.5, 0.5])  # no spread over the seeds
@@ -505,6 +553,31 @@ def test_the_report_pairs_every_arm_with_the_baseline_per_horizon_and_decoding(t
     assert report["warm_picks"]["1"] == {"step": 2625, "accuracy": 0.483, "reached": False, "min_accuracy": 0.5}
 
 
+def test_a_sitting_projects_each_stage_from_the_third_pilots_times_of_its_kind(tmp_path):
+    cfg = study_config(tmp_path)
+    pilot = json.loads(PILOT_TIMES.read_text())["stage_wall_s"]
+    stages = {stage.name: stage for stage in with_estimates(study_stages(cfg), list(cfg.arm_settings))}
+    assert stages["seed3-student"].estimate_s == stages["seed0-student"].estimate_s == pilot["seed0-student"]
+    assert stages["teacher-robust"].estimate_s == pilot["teacher-robust"]
+    parts = ("kd", "kd-curve", "kd-eval-t1", "kd-eval-greedy", "continuation", "divergence")
+    assert stages["seed4-opd_rkl"].estimate_s == pytest.approx(sum(pilot[f"seed0-{part}"] for part in parts))
+    assert all(stage.estimate_s is not None for stage in stages.values())
+
+
+def test_the_reading_rule_needs_every_gate_and_both_co_primary_intervals():
+    passed = {"G0": {"passed": True}, "G4": {"passed": True}}
+    endpoint = {"minus_kd_ci95": [0.01, 0.2], "co_primary": {"kd_rkl": {"ci95": [0.02, 0.1]}}}
+    assert reading(endpoint, passed)["verdict"] == "supported"
+    assert reading({**endpoint, "co_primary": {"kd_rkl": {"ci95": [-0.1, 0.1]}}}, passed)["verdict"] == "undecided"
+    refuted = {"minus_kd_ci95": [-0.2, 0.05], "co_primary": {"kd_rkl": {"ci95": [-0.1, 0.059]}}}
+    assert reading(refuted, passed)["verdict"] == "refuted"
+    assert reading({**refuted, "minus_kd_ci95": [-0.2, 0.06]}, passed)["verdict"] == "undecided"  # not below +0.06
+    failed = reading(endpoint, {**passed, "G4": {"passed": False}})
+    assert failed["verdict"] == "no answer" and failed["why"] == "gate(s) G4 not passed"
+    assert reading(endpoint, {**passed, "G4": {"passed": None}})["verdict"] == "no answer"  # not measured
+    assert reading(None, passed)["verdict"] == "no answer"
+
+
 def test_the_curve_problems_are_the_first_of_their_horizon_in_file_order(tmp_path):
     heldout, out = tmp_path / "heldout.jsonl", tmp_path / "curve.jsonl"
     write_heldout(heldout, [1, 6, 2, 6, 6, 1])
@@ -532,30 +605,53 @@ def test_intermediate_calls_are_those_past_the_first_expected_call_and_within_th
 
 
 @pytest.mark.slow
-def test_the_study_runs_end_to_end_and_writes_its_summary(tmp_path, tokenizer_path):
-    """Every stage of a minute-sized study (one seed, two arms, one horizon) runs as its real command, then a
-    second invocation skips them all."""
-    tiny = [f"out_dir={tmp_path}", f"tokenizer={tokenizer_path}", "seeds=[0]", OPD_ARM, "arms=[opd]", "endpoint.arm=opd", "horizons=[1]", "warm.horizons=[1]", "warm.check_every=1", "warm.prompts=2", "warm.min_accuracy=0",
-            "endpoint.horizon=1", "teacher_pick.check_every=1", "teacher_pick.prompts=2", "teacher_pick.min_accuracy=0",
-            "data.train=6", "data.distill=4", "teacher.sft_steps=2", "student.sft_steps=2", "teacher.hidden_size=32",
-            "teacher.num_hidden_layers=1", "student.hidden_size=32", "student.num_hidden_layers=1", "distill.steps=2",
-            "distill.eval_every=1", "distill.batch_size=2", "distill.max_gen_len=8", "evaluation.max_gen_len=8",
-            "divergence.prompts=2", "distill.max_turns=4", "evaluation.max_turns=4",
-            "curve.problems=3", "data.match_noise=false"]  # 8-token turns of a random student hold no call to match noise to
+@pytest.mark.timeout(3600)  # three invocations of every stage kind; minutes on an idle machine, more on a busy one
+def test_the_study_runs_end_to_end_gates_first_and_writes_its_summary(tmp_path, tokenizer_path):
+    """Every stage of a minute-sized study (one seed, three arms, one horizon) runs as its real command. Gates
+    first: with a gate failed, the study stops after the baseline's slice (the stop rule); with them passed, the
+    other arms run (kd_rkl on kd's kept teacher rollouts), and a last invocation skips every stage."""
+    tiny = [f"out_dir={tmp_path}", f"tokenizer={tokenizer_path}", "seeds=[0]", OPD_ARM, "arms=[opd,kd_rkl]",
+            "endpoint.arm=opd", "horizons=[1]", "warm.horizons=[1]", "warm.check_every=1", "warm.prompts=2",
+            "warm.min_accuracy=0", "endpoint.horizon=1", "teacher_pick.check_every=1", "teacher_pick.prompts=2",
+            "teacher_pick.min_accuracy=0", "data.train=6", "data.distill=4", "teacher.sft_steps=2",
+            "student.sft_steps=2", "teacher.hidden_size=32", "teacher.num_hidden_layers=1", "student.hidden_size=32",
+            "student.num_hidden_layers=1", "distill.steps=2", "distill.eval_every=1", "distill.batch_size=2",
+            "distill.max_gen_len=8", "evaluation.max_gen_len=8", "divergence.prompts=2", "distill.max_turns=4",
+            "evaluation.max_turns=4", "curve.problems=3", "data.match_noise=false",
+            *(f"gates.{gate}={1.0 if gate == 'G5_kd_recovery' else 0.0}" for gate in GATES)]  # random models pass
     command = [sys.executable, "-m", "experiments.study.study", *tiny]
+    stopped = subprocess.run([*command, "gates.G0_teacher_t1_accuracy=1.01"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=1200)
+    assert stopped.returncode == 0, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    assert "stop rule: G0_teacher_t1_accuracy failed" in " ".join(stopped.stdout.split())
+    assert json.loads((tmp_path / "gates.json").read_text())["G0_teacher_t1_accuracy"]["passed"] is False
+    logs = {path.stem for path in (tmp_path / "logs").iterdir()}
+    assert "seed0-kd" in logs and not {"seed0-opd", "seed0-kd_rkl"} & logs and not (tmp_path / "study_summary.json").exists()
     first = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    started = re.findall(r"(\S+): started", first.stdout)
+    assert sorted(started) == ["seed0-kd_rkl", "seed0-opd"]  # the baseline's slice was done
+    assert "restored" in (tmp_path / "logs" / "seed0-kd_rkl.log").read_text()
     summary = json.loads((tmp_path / "study_summary.json").read_text())
     assert summary["seeds"] == [0] and summary["horizons"] == [1]
     assert {(row["arm"], row["horizon"], row["decoding"]) for row in summary["results"]} == {
-        (arm, horizon, decoding) for arm in ("kd", "opd") for horizon in (1, "all") for decoding in ("t1", "greedy")}
+        (arm, horizon, decoding) for arm in ("kd", "opd", "kd_rkl") for horizon in (1, "all")
+        for decoding in ("t1", "greedy")}
     assert set(summary["gates"]) == set(GATES) and summary["endpoint"]["arm"] == "opd"
+    assert set(summary["endpoint"]["co_primary"]) == {"kd_rkl"} and summary["reading"]["verdict"] == "no answer"
+    assert set(summary["shared_recovery"]) >= {"warm_student", "robust_teacher"}
+    assert set(summary["entropy"]) == {"kd", "opd", "kd_rkl"}
+    assert summary["stages"]["seed0-opd"]["cpu"] and set(summary["stages"]) == set(summary["commands"])
     assert {(row["arm"], row["decoding"]) for row in summary["per_seed"]} == {
-        (arm, decoding) for arm in ("warm_student", "kd", "opd") for decoding in ("t1", "greedy")}
+        (arm, decoding) for arm in ("warm_student", "kd", "opd", "kd_rkl") for decoding in ("t1", "greedy")}
     assert (tmp_path / "accuracy_vs_horizon.png").is_file() and (tmp_path / "accuracy_vs_steps.png").is_file()
     assert summary["curves"]["steps"] == [0, 1, 2] and summary["curves"]["problems"] == 3
-    assert {arm: len(curve["points"]) for arm, curve in summary["curves"]["arms"].items()} == {"kd": 3, "opd": 3}
+    assert {arm: len(curve["points"]) for arm, curve in summary["curves"]["arms"].items()} == {
+        "kd": 3, "opd": 3, "kd_rkl": 3}
     assert max(summary["stage_wall_s"].values()) <= summary["wall_s_from_nothing"] <= summary["stage_wall_s_total"]
+    # the arms' last weights are kept as safetensors; git would keep the manifest's outputs and the report only
+    final = tmp_path / "seed0" / "opd" / "student_final_32.safetensors"
+    assert final.is_file() and "!/seed0/opd/student_final_32.safetensors" in (tmp_path / ".gitignore").read_text()
     again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "started" not in again.stdout
 
@@ -724,7 +820,9 @@ def test_the_continuation_command_writes_its_counts(tmp_path, tokenizer_path):
     assert {key: report[key] for key in ("episodes", "error_episodes", "continued", "not_continued")} == {
         "episodes": 4, "error_episodes": 3, "continued": 1, "not_continued": {"broken_json": 1, "no_turn_left": 1}}
     assert report["by_first_error"]["wrong_value"]["continued"] == 1 and report["rate"] in (0.0, 1.0)
-    assert report["by_error_call"] == {"later_call": {"continued": 1, "correct": report["correct"]}}
+    assert report["by_error_call"] == {"later_call": {"continued": 1, "correct": report["correct"],
+                                                      "recovered": report["recovered"]}}
+    assert report["recovered"] <= report["correct"] and report["recovered_rate"] == report["recovered"]
     assert report["by_misread_number"] == {"k": {"continued": 1, "correct": report["correct"]}}  # (7 - 5) for (7 - 6)
     [row] = [json.loads(line) for line in (tmp_path / "continued.jsonl").read_text().splitlines()]
     assert row["misread_number"] == "k"
