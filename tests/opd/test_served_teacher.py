@@ -207,25 +207,14 @@ def test_a_server_too_short_for_the_episodes_is_refused_before_any_compute(serve
         ServedTeacher(settings(url), max_total_len=1024, vocab=6400)
 
 
-def test_scores_without_the_prompts_own_id_name_the_record(serve, local_teacher, episodes):  # noqa: F811
-    url = serve(completions=PromptLogprobs(local_teacher, drop_prompt_id=True)).url
-    scorer = ServedTeacher(settings(url), max_total_len=2048, vocab=6400)
-    try:
-        with pytest.raises(TeacherServerError, match=r"answered loss.jsonl:1 with unusable prompt_logprobs: position "
-                                                      r"\d+: the prompt's own id \d+ is missing \(another tokenizer\?\)"):
-            scorer.score(episodes[:1])
-    finally:
-        scorer.close()
-
-
-@pytest.mark.parametrize(("forged", "problem"), [
-    (0.0, r"its probabilities sum to \d+, more than 1"),
-    (-1e39, r"log-probability -1e\+39 is not a finite float32 at most 0"),
-])
-def test_scores_that_cannot_be_probabilities_are_refused_naming_the_record(serve, local_teacher, episodes, forged,  # noqa: F811
-                                                                           problem):
-    """Issue 67: all-zero log-probabilities trained at loss 183, and -1e39 (-inf in float32) ended in a NaN loss."""
-    url = serve(completions=PromptLogprobs(local_teacher, forged=forged)).url
+@pytest.mark.parametrize(("answer", "problem"), [
+    ({"drop_prompt_id": True}, r"the prompt's own id \d+ is missing \(another tokenizer\?\)"),
+    # issue 67: all-zero log-probabilities trained at loss 183, and -1e39 (-inf in float32) ended in a NaN loss
+    ({"forged": 0.0}, r"its probabilities sum to \d+, more than 1"),
+    ({"forged": -1e39}, r"log-probability -1e\+39 is not a finite float32 at most 0"),
+], ids=["no-prompt-id", "zeros", "float32-overflow"])
+def test_unusable_scores_are_refused_naming_the_record(serve, local_teacher, episodes, answer, problem):  # noqa: F811
+    url = serve(completions=PromptLogprobs(local_teacher, **answer)).url
     scorer = ServedTeacher(settings(url), max_total_len=2048, vocab=6400)
     try:
         with pytest.raises(TeacherServerError, match=r"answered loss.jsonl:1 with unusable prompt_logprobs: position "
